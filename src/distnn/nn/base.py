@@ -1,0 +1,109 @@
+"""The layer contract every distnn layer follows.
+
+A layer is declared without input sizes; ``build(input_shape, rng=..., dtype=...)`` creates
+its parameters once the per-sample input shape is known and returns the per-sample output
+shape. ``forward(x, training)`` returns y and caches only what backward needs;
+``backward(dy)`` returns dx (or None when ``need_dx`` is False) and *overwrites* the
+arrays in ``grads`` in place (``grads[k][...] = ...`` or ``out=grads[k]``), never rebinding
+them: once a model is built, ``params``/``grads`` entries are views into the model's flat
+buffers (see ``Sequential``).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .init import get_initializer
+
+class Layer:
+    """Base class of all layers.
+
+    Attributes:
+        params: trainable arrays by name (``"w"``, ``"b"``, ``"gamma"`` ...).
+        grads: arrays with the same keys and shapes as ``params``.
+        buffers: non-trainable state saved with the weights (BatchNorm running stats).
+        input_shape / output_shape: per-sample shapes (no batch axis), set by ``build``.
+        need_dx: when False, ``backward`` may skip computing dx and return None
+            (set by containers on the first layer of a model).
+    """
+
+    def __init__(self, name: str | None = None):
+        # Unnamed layers get "<type>_<k>" names per model at build time (Sequential), so
+        # the same architecture always gets the same names (save/load relies on it).
+        self.name = name or type(self).__name__.lower()
+        self.auto_named = name is None
+        self.params: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.buffers: dict[str, np.ndarray] = {}
+        self.input_shape: tuple[int, ...] | None = None
+        self.output_shape: tuple[int, ...] | None = None
+        self.dtype = np.dtype(np.float32)
+        self.need_dx = True
+        self.built = False
+
+    # -- building -----------------------------------------------------------------------
+    def build(self, input_shape: tuple[int, ...], *, rng: np.random.Generator,
+              dtype=np.float32) -> tuple[int, ...]:
+        """Create parameters for per-sample ``input_shape``; return the output shape."""
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.dtype = np.dtype(dtype)
+        self.output_shape = tuple(self._build(self.input_shape, rng))
+        self.built = True
+        return self.output_shape
+
+    def _build(self, input_shape: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
+        """Subclasses create params here and return the output shape."""
+        return input_shape
+
+    def add_param(self, name: str, shape: tuple[int, ...], initializer, rng: np.random.Generator,
+                  fan_in: int = 1, fan_out: int = 1) -> np.ndarray:
+        init = get_initializer(initializer)
+        value = np.ascontiguousarray(init(tuple(shape), fan_in, fan_out, rng, self.dtype),
+                                     dtype=self.dtype)
+        self.params[name] = value
+        self.grads[name] = np.zeros_like(value)
+        return value
+
+    # -- computation --------------------------------------------------------------------
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
+        raise NotImplementedError
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def __call__(self, x: np.ndarray, training: bool = False) -> np.ndarray:
+        return self.forward(x, training)
+
+    # -- introspection ------------------------------------------------------------------
+    def sublayers(self) -> list["Layer"]:
+        """Direct children (containers and blocks override)."""
+        return []
+
+    def walk(self) -> Iterator["Layer"]:
+        """This layer and all nested layers, depth first, in forward order."""
+        yield self
+        for child in self.sublayers():
+            yield from child.walk()
+
+    @property
+    def num_params(self) -> int:
+        return int(sum(p.size for p in self.params.values()))
+
+    def describe(self) -> str:
+        """Short text of the layer's options for the summary table."""
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self.describe()
+        return f"{type(self).__name__}({extra})" if extra else f"{type(self).__name__}()"
+
+
+def check_input(layer: Layer, x: np.ndarray) -> None:
+    """Raise a clear error when x does not have the per-sample shape the layer was built for."""
+    if layer.input_shape is not None and tuple(x.shape[1:]) != layer.input_shape:
+        raise ValueError(
+            f"layer {layer.name!r} ({type(layer).__name__}) expects input of shape "
+            f"(batch, {', '.join(map(str, layer.input_shape))}) but got {tuple(x.shape)}; "
+            "check the model's input_shape and the dataset's sample shape"
+        )

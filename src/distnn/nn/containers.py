@@ -1,0 +1,269 @@
+"""Containers: Sequential (the model) and the two graph blocks, Add and Concat.
+
+A built top-level ``Sequential`` owns two flat contiguous buffers, one of parameters and
+one of gradients; every layer's ``params``/``grads`` entries are views into them, laid out
+in forward order. Collectives and optimizers work on whole buffers or contiguous slices.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .base import Layer, check_input
+
+GradHook = Callable[[Layer], None]
+
+
+def _as_layers(branch) -> list[Layer]:
+    if branch is None:
+        return []
+    if isinstance(branch, Layer):
+        return [branch]
+    return list(branch)
+
+
+class _Chain(Layer):
+    """Layers applied one after another; shared by Sequential and the block branches."""
+
+    def __init__(self, layers: Iterable[Layer] = (), name: str | None = None):
+        super().__init__(name)
+        self.layers: list[Layer] = list(layers)
+
+    def sublayers(self) -> list[Layer]:
+        return self.layers
+
+    def _build(self, input_shape, rng):
+        shape = input_shape
+        for layer in self.layers:
+            shape = layer.build(shape, rng=rng, dtype=self.dtype)
+        return shape
+
+    def forward(self, x, training=False):
+        for layer in self.layers:
+            x = layer.forward(x, training)
+        return x
+
+    def backward(self, dy):
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
+
+
+class Add(Layer):
+    """Sum of parallel branches (residual blocks). An empty branch is the identity.
+
+    Args:
+        *branches: each a layer or a list of layers; ``[]`` or ``None`` is the identity.
+
+    Example:
+        Add([Conv2D(16, 3, padding="same"), BatchNormalization()], [])  # x + f(x)
+    """
+
+    def __init__(self, *branches, name: str | None = None):
+        super().__init__(name)
+        if len(branches) < 2:
+            raise ValueError(f"Add needs at least 2 branches, got {len(branches)}")
+        self.branches = [_Chain(_as_layers(b), name=f"{self.name}/branch{i}")
+                         for i, b in enumerate(branches)]
+
+    def sublayers(self):
+        return self.branches
+
+    def _build(self, input_shape, rng):
+        shapes = [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError(f"Add block {self.name!r}: branch output shapes differ: {shapes}")
+        return shapes[0]
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        y = self.branches[0].forward(x, training)
+        y = y.copy() if y is x else y
+        for b in self.branches[1:]:
+            out = b.forward(x, training)
+            y = np.add(y, out, out=y) if y.flags.writeable else y + out
+        return y
+
+    def backward(self, dy):
+        dx = None
+        for b in self.branches:
+            d = b.backward(dy)
+            if d is None:
+                continue
+            dx = d.copy() if dx is None and d is dy else (d if dx is None else np.add(dx, d, out=dx))
+        return dx
+
+
+class Concat(Layer):
+    """Concatenation of parallel branches along the channel axis (axis 1).
+
+    Args:
+        *branches: each a layer or a list of layers; ``[]`` is the identity.
+
+    Example:
+        Concat([], [BatchNormalization(), ReLU(), Conv2D(32, 3, padding="same")])  # DenseNet
+    """
+
+    def __init__(self, *branches, name: str | None = None):
+        super().__init__(name)
+        if len(branches) < 2:
+            raise ValueError(f"Concat needs at least 2 branches, got {len(branches)}")
+        self.branches = [_Chain(_as_layers(b), name=f"{self.name}/branch{i}")
+                         for i, b in enumerate(branches)]
+
+    def sublayers(self):
+        return self.branches
+
+    def _build(self, input_shape, rng):
+        shapes = [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+        if any(s[1:] != shapes[0][1:] for s in shapes):
+            raise ValueError(
+                f"Concat block {self.name!r}: branches must agree on all but the channel axis: "
+                f"{shapes}")
+        self._splits = np.cumsum([s[0] for s in shapes])[:-1]
+        return (int(sum(s[0] for s in shapes)),) + tuple(shapes[0][1:])
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        return np.concatenate([b.forward(x, training) for b in self.branches], axis=1)
+
+    def backward(self, dy):
+        dx = None
+        for b, part in zip(self.branches, np.split(dy, self._splits, axis=1)):
+            d = b.backward(np.ascontiguousarray(part))
+            if d is None:
+                continue
+            dx = d.copy() if dx is None else np.add(dx, d, out=dx)
+        return dx
+
+
+class Sequential(_Chain):
+    """A model: layers applied in order, with all parameters in one flat buffer.
+
+    Args:
+        layers: the layers, in forward order (blocks may be nested).
+        input_shape: per-sample input shape (no batch axis); when given the model is
+            built at once, else call ``build(input_shape)``.
+        dtype: float32 (default) or float64.
+        rng: generator (or seed) for the initial weights.
+
+    Example:
+        model = Sequential([Flatten(), Dense(128), ReLU(), Dense(10)], input_shape=(1, 28, 28))
+        y = model.forward(x, training=True); model.backward(dy)
+        model.parameters_flat()  # one contiguous array; layer params are views into it
+    """
+
+    def __init__(self, layers: Iterable[Layer] = (), input_shape: Sequence[int] | None = None,
+                 dtype=np.float32, rng: np.random.Generator | int | None = None,
+                 name: str | None = None):
+        super().__init__(layers, name=name or "model")
+        self._params_flat: np.ndarray | None = None
+        self._grads_flat: np.ndarray | None = None
+        self.grad_hooks: list[GradHook] = []
+        self.dtype = np.dtype(dtype)
+        if input_shape is not None:
+            self.build(tuple(input_shape), rng=rng, dtype=dtype)
+
+    def add(self, layer: Layer) -> "Sequential":
+        if self.built:
+            raise RuntimeError("cannot add layers to a built model")
+        self.layers.append(layer)
+        return self
+
+    def build(self, input_shape, *, rng=None, dtype=None):
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype={dtype} is not supported; use float32 or float64")
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        counts: dict[str, int] = {}
+        for layer in self.walk():
+            if layer is not self and layer.auto_named and not isinstance(layer, _Chain):
+                base = type(layer).__name__.lower()
+                layer.name = f"{base}_{counts.get(base, 0)}"
+                counts[base] = counts.get(base, 0) + 1
+        out = super().build(input_shape, rng=rng, dtype=dtype)
+        if self.layers:
+            self.layers[0].need_dx = False
+        self._flatten()
+        return out
+
+    def _flatten(self) -> None:
+        """Move every parameter and gradient into one flat buffer each; keep views."""
+        entries = [(layer, key) for layer in self.walk() for key in layer.params]
+        total = sum(layer.params[key].size for layer, key in entries)
+        self._params_flat = np.empty(total, dtype=self.dtype)
+        self._grads_flat = np.zeros(total, dtype=self.dtype)
+        self._layout: list[tuple[Layer, str, int, int]] = []
+        self._has_params = {top for top in self.layers if any(l.params for l in top.walk())}
+        offset = 0
+        for layer, key in entries:
+            p = layer.params[key]
+            n = p.size
+            view = self._params_flat[offset:offset + n].reshape(p.shape)
+            view[...] = p
+            layer.params[key] = view
+            layer.grads[key] = self._grads_flat[offset:offset + n].reshape(p.shape)
+            self._layout.append((layer, key, offset, n))
+            offset += n
+
+    # -- flat buffers -------------------------------------------------------------------
+    def parameters_flat(self) -> np.ndarray:
+        self._require_built()
+        return self._params_flat
+
+    def gradients_flat(self) -> np.ndarray:
+        self._require_built()
+        return self._grads_flat
+
+    def layer_ranges(self) -> list[tuple[Layer, int, int]]:
+        """(top-level layer, start, stop) of each top-level layer that has parameters, in
+        forward order; the slices [start, stop) of the flat buffers are that layer's."""
+        self._require_built()
+        ranges = []
+        for top in self.layers:
+            inside = {id(l) for l in top.walk()}
+            spans = [(o, o + n) for l, _, o, n in self._layout if id(l) in inside]
+            if spans:
+                ranges.append((top, min(s for s, _ in spans), max(e for _, e in spans)))
+        return ranges
+
+    def _require_built(self):
+        if not self.built:
+            raise RuntimeError("the model is not built yet: pass input_shape= or call "
+                               "model.build(input_shape)")
+
+    # -- computation --------------------------------------------------------------------
+    def forward(self, x, training=False):
+        self._require_built()
+        if x.dtype != self.dtype:
+            x = x.astype(self.dtype)
+        check_input(self, x)
+        return super().forward(x, training)
+
+    def backward(self, dy):
+        """Backpropagate dy through all layers; after each top-level layer's backward the
+        registered grad hooks are called with that layer (its gradients are then final)."""
+        hooks = self.grad_hooks
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+            if hooks and layer in self._has_params:
+                for hook in hooks:
+                    hook(layer)
+        return dy
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        outs = [self.forward(x[i:i + batch_size], training=False)
+                for i in range(0, len(x), batch_size)]
+        return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, self.dtype)
+
+    # -- state --------------------------------------------------------------------------
+    def named_arrays(self) -> dict[str, np.ndarray]:
+        """Parameters and buffers by ``"<layer>/<name>"`` key (what save/load uses)."""
+        out = {}
+        for layer in self.walk():
+            for key, value in layer.params.items():
+                out[f"{layer.name}/{key}"] = value
+            for key, value in layer.buffers.items():
+                out[f"{layer.name}/{key}"] = value
+        return out
