@@ -23,6 +23,17 @@ def _as_layers(branch) -> list[Layer]:
     return list(branch)
 
 
+def _sum_fresh(arrays):
+    """Sum of the non-None arrays into a new array (inputs may be views of dy or caches)."""
+    arrays = [a for a in arrays if a is not None]
+    if not arrays:
+        return None
+    total = arrays[0].copy()
+    for a in arrays[1:]:
+        total += a
+    return total
+
+
 class _Chain(Layer):
     """Layers applied one after another; shared by Sequential and the block branches."""
 
@@ -78,21 +89,16 @@ class Add(Layer):
 
     def forward(self, x, training=False):
         check_input(self, x)
-        y = self.branches[0].forward(x, training)
-        y = y.copy() if y is x else y
-        for b in self.branches[1:]:
-            out = b.forward(x, training)
-            y = np.add(y, out, out=y) if y.flags.writeable else y + out
+        # Branch outputs may be arrays their last layer caches for backward: never add into
+        # them in place; the first sum makes a fresh array that later ones accumulate into.
+        outs = [b.forward(x, training) for b in self.branches]
+        y = outs[0] + outs[1]
+        for out in outs[2:]:
+            y += out
         return y
 
     def backward(self, dy):
-        dx = None
-        for b in self.branches:
-            d = b.backward(dy)
-            if d is None:
-                continue
-            dx = d.copy() if dx is None and d is dy else (d if dx is None else np.add(dx, d, out=dx))
-        return dx
+        return _sum_fresh([b.backward(dy) for b in self.branches])
 
 
 class Concat(Layer):
@@ -129,13 +135,8 @@ class Concat(Layer):
         return np.concatenate([b.forward(x, training) for b in self.branches], axis=1)
 
     def backward(self, dy):
-        dx = None
-        for b, part in zip(self.branches, np.split(dy, self._splits, axis=1)):
-            d = b.backward(np.ascontiguousarray(part))
-            if d is None:
-                continue
-            dx = d.copy() if dx is None else np.add(dx, d, out=dx)
-        return dx
+        return _sum_fresh([b.backward(np.ascontiguousarray(part))
+                           for b, part in zip(self.branches, np.split(dy, self._splits, axis=1))])
 
 
 class Sequential(_Chain):
@@ -267,3 +268,15 @@ class Sequential(_Chain):
             for key, value in layer.buffers.items():
                 out[f"{layer.name}/{key}"] = value
         return out
+
+    def summary(self) -> str:
+        from .serialization import summary
+        return summary(self)
+
+    def save_weights(self, path) -> None:
+        from .serialization import save_weights
+        save_weights(self, path)
+
+    def load_weights(self, path) -> None:
+        from .serialization import load_weights
+        load_weights(self, path)

@@ -1,0 +1,211 @@
+"""Model zoo: builders that return an unbuilt or built ``Sequential``.
+
+``get_model(name, input_shape=..., num_classes=...)`` resolves names like ``"simplecnn"``,
+``"vgg16bn"``, ``"resnet20"``, ``"resnet50"``, ``"alexnet_cifar"``, ``"densenet121"``.
+Models end in logits (no softmax): pair them with ``CategoricalCrossEntropy(from_logits=True)``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import numpy as np
+
+from ..nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout, Flatten,
+                  GlobalAvgPool2D, MaxPool2D, ReLU, Sequential)
+
+
+def simplemlp(num_classes=10):
+    """Flatten, three hidden Dense(512)+ReLU layers, Dense(classes)."""
+    return [Flatten(), Dense(512), ReLU(), Dense(512), ReLU(), Dense(512), ReLU(),
+            Dense(num_classes)]
+
+
+def simplecnn(num_classes=10):
+    """The seed's: Conv(4,3x3) ReLU Conv(8,3x3) ReLU MaxPool(2) Flatten Dense(128) ReLU Dense."""
+    return [Conv2D(4, 3), ReLU(), Conv2D(8, 3), ReLU(), MaxPool2D(2), Flatten(),
+            Dense(128), ReLU(), Dense(num_classes)]
+
+
+def simplecnn_pydtnn(num_classes=10):
+    """PyDTNN 3.11's own simplecnn (padding 1, dropout 0.5), for engine comparisons."""
+    return [Conv2D(4, 3, padding=1), ReLU(), Conv2D(8, 3, padding=1), ReLU(), MaxPool2D(2),
+            Flatten(), Dense(128), ReLU(), Dropout(0.5), Dense(num_classes)]
+
+
+def lenet(num_classes=10):
+    """LeNet-5 with ReLU and max pooling (for 1x28x28 input)."""
+    return [Conv2D(6, 5, padding=2), ReLU(), MaxPool2D(2), Conv2D(16, 5), ReLU(), MaxPool2D(2),
+            Flatten(), Dense(120), ReLU(), Dense(84), ReLU(), Dense(num_classes)]
+
+
+def alexnet_cifar(num_classes=10):
+    """AlexNet sized for 3x32x32 input."""
+    return [Conv2D(64, 3, padding=1), ReLU(), MaxPool2D(2),
+            Conv2D(192, 3, padding=1), ReLU(), MaxPool2D(2),
+            Conv2D(384, 3, padding=1), ReLU(), Conv2D(256, 3, padding=1), ReLU(),
+            Conv2D(256, 3, padding=1), ReLU(), MaxPool2D(2), Flatten(),
+            Dropout(0.5), Dense(1024), ReLU(), Dropout(0.5), Dense(1024), ReLU(),
+            Dense(num_classes)]
+
+
+def alexnet_imagenet(num_classes=1000):
+    """AlexNet for 3x227x227 (or 3x224x224) input."""
+    return [Conv2D(96, 11, strides=4), ReLU(), MaxPool2D(3, strides=2),
+            Conv2D(256, 5, padding=2), ReLU(), MaxPool2D(3, strides=2),
+            Conv2D(384, 3, padding=1), ReLU(), Conv2D(384, 3, padding=1), ReLU(),
+            Conv2D(256, 3, padding=1), ReLU(), MaxPool2D(3, strides=2), Flatten(),
+            Dropout(0.5), Dense(4096), ReLU(), Dropout(0.5), Dense(4096), ReLU(),
+            Dense(num_classes)]
+
+
+_VGG_CFG = {
+    11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    13: [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+         512, 512, 512, "M"],
+    19: [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+         512, 512, 512, 512, "M"],
+}
+
+
+def vgg(depth=16, batch_norm=False, num_classes=10, imagenet=False):
+    """VGG-11/13/16/19; CIFAR head (Dense 512) by default, the 4096-wide head for ImageNet."""
+    if depth not in _VGG_CFG:
+        raise ValueError(f"vgg: depth must be one of {sorted(_VGG_CFG)}, got {depth!r}")
+    layers = []
+    for v in _VGG_CFG[depth]:
+        if v == "M":
+            layers.append(MaxPool2D(2))
+        else:
+            layers.append(Conv2D(v, 3, padding=1, use_bias=not batch_norm))
+            layers += [BatchNormalization(), ReLU()] if batch_norm else [ReLU()]
+    layers.append(Flatten())
+    width = 4096 if imagenet else 512
+    layers += [Dense(width), ReLU(), Dropout(0.5), Dense(width), ReLU(), Dropout(0.5),
+               Dense(num_classes)]
+    return layers
+
+
+def _conv_bn(filters, k, stride=1, relu=True):
+    out = [Conv2D(filters, k, strides=stride, padding="same", use_bias=False),
+           BatchNormalization()]
+    return out + [ReLU()] if relu else out
+
+
+def _basic_block(filters, stride, downsample):
+    branch = _conv_bn(filters, 3, stride) + _conv_bn(filters, 3, relu=False)
+    shortcut = _conv_bn(filters, 1, stride, relu=False) if downsample else []
+    return [Add(branch, shortcut), ReLU()]
+
+
+def _bottleneck_block(filters, stride, downsample):
+    branch = (_conv_bn(filters, 1) + _conv_bn(filters, 3, stride)
+              + _conv_bn(4 * filters, 1, relu=False))
+    shortcut = _conv_bn(4 * filters, 1, stride, relu=False) if downsample else []
+    return [Add(branch, shortcut), ReLU()]
+
+
+def resnet(depth=20, num_classes=10, imagenet=None):
+    """ResNet. CIFAR variants (depth = 6n+2: 20, 32, 44, 56, 110) use 16/32/64 channels;
+    ImageNet variants 18, 34 (basic blocks) and 50, 101, 152 (bottlenecks)."""
+    imagenet_blocks = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3),
+                       101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+    if imagenet is None:
+        imagenet = depth in imagenet_blocks
+    if not imagenet:
+        if (depth - 2) % 6:
+            raise ValueError(f"resnet: CIFAR depth must be 6n+2 (20, 32, 56...), got {depth}")
+        n = (depth - 2) // 6
+        layers = _conv_bn(16, 3)
+        for stage, filters in enumerate((16, 32, 64)):
+            for i in range(n):
+                stride = 2 if stage > 0 and i == 0 else 1
+                layers += _basic_block(filters, stride, downsample=stride != 1)
+        return layers + [GlobalAvgPool2D(), Dense(num_classes)]
+    if depth not in imagenet_blocks:
+        raise ValueError(f"resnet: ImageNet depth must be one of {sorted(imagenet_blocks)}, "
+                         f"got {depth}")
+    bottleneck = depth >= 50
+    block = _bottleneck_block if bottleneck else _basic_block
+    layers = _conv_bn(64, 7, 2) + [MaxPool2D(3, strides=2, padding=1)]
+    in_ch = 64
+    for stage, (filters, count) in enumerate(zip((64, 128, 256, 512), imagenet_blocks[depth])):
+        for i in range(count):
+            stride = 2 if stage > 0 and i == 0 else 1
+            out_ch = filters * (4 if bottleneck else 1)
+            layers += block(filters, stride, downsample=stride != 1 or in_ch != out_ch)
+            in_ch = out_ch
+    return layers + [GlobalAvgPool2D(), Dense(num_classes)]
+
+
+def densenet(blocks=(6, 12, 24, 16), growth=32, num_classes=1000, imagenet=True):
+    """DenseNet-BC with concatenation blocks; densenet121 is blocks (6, 12, 24, 16)."""
+    ch = 2 * growth
+    if imagenet:
+        layers = _conv_bn(ch, 7, 2) + [MaxPool2D(3, strides=2, padding=1)]
+    else:
+        layers = [Conv2D(ch, 3, padding=1, use_bias=False)]
+    for b, count in enumerate(blocks):
+        for _ in range(count):
+            new = [BatchNormalization(), ReLU(), Conv2D(4 * growth, 1, use_bias=False),
+                   BatchNormalization(), ReLU(), Conv2D(growth, 3, padding=1, use_bias=False)]
+            layers.append(Concat([], new))
+            ch += growth
+        if b < len(blocks) - 1:
+            ch //= 2
+            layers += [BatchNormalization(), ReLU(), Conv2D(ch, 1, use_bias=False),
+                       AvgPool2D(2)]
+    return layers + [BatchNormalization(), ReLU(), GlobalAvgPool2D(), Dense(num_classes)]
+
+
+_DEFAULT_INPUT = {"mnist": (1, 28, 28), "cifar": (3, 32, 32), "imagenet": (3, 224, 224)}
+
+
+def _spec(builder: Callable, input_kind: str, classes: int = 10, **fixed):
+    return builder, input_kind, classes, fixed
+
+
+MODELS: dict[str, tuple] = {
+    "simplemlp": _spec(simplemlp, "mnist"),
+    "simplecnn": _spec(simplecnn, "mnist"),
+    "simplecnn_pydtnn": _spec(simplecnn_pydtnn, "mnist"),
+    "lenet": _spec(lenet, "mnist"),
+    "alexnet_cifar": _spec(alexnet_cifar, "cifar"),
+    "alexnet": _spec(alexnet_cifar, "cifar"),
+    "alexnet_imagenet": _spec(alexnet_imagenet, "imagenet", 1000),
+    "densenet121": _spec(densenet, "imagenet", 1000, blocks=(6, 12, 24, 16)),
+}
+for _d in (11, 13, 16, 19):
+    MODELS[f"vgg{_d}"] = _spec(vgg, "cifar", depth=_d)
+    MODELS[f"vgg{_d}bn"] = _spec(vgg, "cifar", depth=_d, batch_norm=True)
+    MODELS[f"vgg{_d}_imagenet"] = _spec(vgg, "imagenet", 1000, depth=_d, imagenet=True)
+    MODELS[f"vgg{_d}bn_imagenet"] = _spec(vgg, "imagenet", 1000, depth=_d, batch_norm=True,
+                                           imagenet=True)
+for _d in (20, 32, 44, 56, 110):
+    MODELS[f"resnet{_d}"] = _spec(resnet, "cifar", depth=_d, imagenet=False)
+for _d in (18, 34, 50, 101, 152):
+    MODELS[f"resnet{_d}"] = _spec(resnet, "imagenet", 1000, depth=_d, imagenet=True)
+
+
+def get_model(name: str, input_shape=None, num_classes: int | None = None, *,
+              dtype=np.float32, rng: np.random.Generator | int | None = 0,
+              build: bool = True) -> Sequential:
+    """Build a zoo model by name.
+
+    Args:
+        name: a key of ``MODELS`` (e.g. "simplecnn", "vgg11bn", "resnet20").
+        input_shape: per-sample (C, H, W); default: the model's usual input.
+        num_classes: outputs of the last layer; default 10 (1000 for ImageNet models).
+        dtype, rng: passed to ``Sequential.build``.
+        build: build at once (default) or return the unbuilt model.
+    """
+    key = re.sub(r"[-\s]", "_", name.lower())
+    if key not in MODELS:
+        raise ValueError(f"model={name!r} is not in the zoo; choose one of {sorted(MODELS)}")
+    builder, kind, classes, fixed = MODELS[key]
+    layers = builder(num_classes=num_classes or classes, **fixed)
+    model = Sequential(layers, dtype=dtype, name=key)
+    if build:
+        model.build(tuple(input_shape or _DEFAULT_INPUT[kind]), rng=rng, dtype=dtype)
+    return model

@@ -1,0 +1,93 @@
+"""Activation layers: ReLU, LeakyReLU, Sigmoid, Tanh, Softmax."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Layer, check_input
+
+
+class ReLU(Layer):
+    """max(x, 0)."""
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        self._y = np.maximum(x, 0)
+        return self._y
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return np.where(self._y > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
+class LeakyReLU(Layer):
+    """x if x > 0 else alpha * x."""
+
+    def __init__(self, alpha: float = 0.01, name: str | None = None):
+        super().__init__(name)
+        self.alpha = float(alpha)
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        self._pos = x > 0
+        return np.where(self._pos, x, x * x.dtype.type(self.alpha))
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return np.where(self._pos, dy, dy * dy.dtype.type(self.alpha))
+
+    def describe(self):
+        return f"alpha={self.alpha}"
+
+
+class Sigmoid(Layer):
+    """1 / (1 + exp(-x)), computed without overflow."""
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        e = np.exp(-np.abs(x))
+        self._y = np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+        return self._y
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return dy * self._y * (1 - self._y)
+
+
+class Tanh(Layer):
+    """tanh(x)."""
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        self._y = np.tanh(x)
+        return self._y
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return dy * (1 - self._y * self._y)
+
+
+class Softmax(Layer):
+    """Softmax over the last axis. For training with cross-entropy prefer logits and the
+    fused loss (``CategoricalCrossEntropy(from_logits=True)``)."""
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        z = x - x.max(axis=-1, keepdims=True)
+        np.exp(z, out=z)
+        z /= z.sum(axis=-1, keepdims=True)
+        self._y = z
+        return z
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        y = self._y
+        return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+
+ACTIVATIONS = {"relu": ReLU, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid, "tanh": Tanh,
+               "softmax": Softmax}

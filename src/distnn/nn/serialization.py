@@ -1,0 +1,83 @@
+"""Model summary table and saving/loading weights by layer and parameter name."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+
+def summary(model) -> str:
+    """A table like PyDTNN's: one row per layer with #params, output and weight shapes."""
+    rows = [("Layer", "Type", "#Params", "Output shape", "Weights shape", "Parameters")]
+
+    def visit(layer, depth):
+        for child in layer.sublayers():
+            is_chain = type(child).__name__ == "_Chain"
+            if not is_chain:
+                shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in child.params.items())
+                rows.append(("  " * depth + child.name, type(child).__name__,
+                             f"{child.num_params:,}" if child.params else "0",
+                             str(child.output_shape), shapes or "-", child.describe() or "-"))
+            visit(child, depth if is_chain else depth + 1)
+
+    visit(model, 0)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    out = [line, fmt(rows[0]), line.replace("-", "=")] + [fmt(r) for r in rows[1:]] + [line]
+    n = model.parameters_flat().size
+    out.append(f"Total parameters: {n:,} ({n * model.dtype.itemsize / 2**20:.2f} MiB, "
+               f"{model.dtype.name}); input shape {model.input_shape}, "
+               f"output shape {model.output_shape}")
+    return "\n".join(out)
+
+
+def save_weights(model, path: str | os.PathLike) -> None:
+    """Write parameters and buffers to ``path`` (.npz) atomically, keyed "<layer>/<name>"."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp.npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **model.named_arrays())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_weights(model, path: str | os.PathLike) -> None:
+    """Load weights saved by ``save_weights`` into a built model of the same architecture.
+
+    Raises ValueError naming the first layer whose parameter is missing or differs in shape.
+    """
+    path = os.fspath(path)
+    try:
+        data = np.load(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file {path!r} does not exist") from None
+    except Exception as exc:
+        raise ValueError(f"weights file {path!r} is not a readable .npz file: {exc}") from None
+    with data:
+        arrays = model.named_arrays()
+        extra = sorted(set(data.files) - set(arrays))
+        for key, target in arrays.items():
+            if key not in data.files:
+                raise ValueError(
+                    f"weights file {path!r} has no entry for {key!r} (shape {target.shape}); "
+                    f"it was saved from a different architecture (file keys start with "
+                    f"{sorted(data.files)[:4]})")
+            value = data[key]
+            if value.shape != target.shape:
+                raise ValueError(
+                    f"weights file {path!r}: {key!r} has shape {value.shape} but the model "
+                    f"expects {target.shape}; the architectures differ from layer "
+                    f"{key.split('/')[0]!r} on")
+        if extra:
+            raise ValueError(f"weights file {path!r} has entries the model lacks: {extra[:5]}; "
+                             "it was saved from a different architecture")
+        for key, target in arrays.items():
+            target[...] = data[key]
