@@ -1,0 +1,317 @@
+"""Readers of in-memory datasets: MNIST idx, CIFAR-10 binary, HDF5 lists, digits, synthetic.
+
+Every reader is ``reader(*, path, preprocess, seed, **options) -> Splits`` and checks what
+it reads: a wrong magic number, a truncated file, a count mismatch or a label out of range
+raise ``DatasetError`` naming the file. Images are kept as stored (uint8) and scaled per batch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from . import fetch
+from .base import ArrayDataset, DatasetError, Preprocess, Splits
+
+# Published MD5 sums (the Fashion-MNIST README and torchvision for the idx files, the
+# CIFAR-10 page for its archive). No SHA-256 is published for these files, and Debian's
+# Fashion-MNIST copies were re-gzipped without the file name (24 bytes shorter than the
+# mirror's), so their SHA-256 would reject a genuine download.
+MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+IDX_MD5 = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    },
+    "fashion_mnist": {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+    },
+}
+REMOTES: dict[str, list[fetch.Remote]] = {
+    "mnist": [fetch.Remote(MNIST_URL + f, ("md5", s)) for f, s in IDX_MD5["mnist"].items()],
+    "fashion_mnist": [fetch.Remote(FASHION_MNIST_URL + f, ("md5", s))
+                      for f, s in IDX_MD5["fashion_mnist"].items()],
+    "cifar10": [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+                             ("md5", "c32a1d4ab5d03f1284b67883e8d87530"))],
+}
+ALIASES = {"mnist": ("mnist",), "fashion_mnist": ("fashion_mnist", "fashion-mnist"),
+           "cifar10": ("cifar10", "cifar-10")}
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
+              0x0E: ">f8"}
+CIFAR_TRAIN = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+CIFAR_TEST = "test_batch.bin"
+CIFAR_RECORD = 1 + 3 * 32 * 32
+
+
+def _how_to(name: str) -> str:
+    extra = ("Install Debian's copy with `apt-get install dataset-fashion-mnist`, or put "
+             if name == "fashion_mnist" else "Put ")
+    return (f"{extra}the files in one of these folders, set ${fetch.ENV_VAR} to a folder holding "
+            f"{name}/, or pass path=<folder>.")
+
+
+def _read_bytes(path: Path) -> bytes:
+    raw = path.read_bytes()
+    if path.suffix != ".gz":
+        return raw
+    try:
+        return zlib.decompress(raw, wbits=31)
+    except zlib.error as exc:
+        raise DatasetError(f"{path}: cannot decompress ({exc}); the file is truncated or not "
+                           f"gzip. Delete it and download it again") from exc
+
+
+def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
+    """Read an idx file (plain or ``.gz``) holding an ``ndim``-dimensional array."""
+    path = Path(path)
+    raw = _read_bytes(path)
+    magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
+    if magic is None or raw[:2] != b"\0\0" or raw[2] not in IDX_DTYPES or raw[3] != ndim:
+        shown = "missing" if magic is None else f"0x{magic:08x}"
+        raise DatasetError(f"{path}: bad magic number {shown}, expected 0x0000080{ndim} "
+                           f"(idx, {ndim}-d ubyte); it is not this idx file or it is corrupt. "
+                           f"Delete it and download it again")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DatasetError(f"{path}: truncated idx header ({len(raw)} bytes); download it again")
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(IDX_DTYPES[raw[2]])
+    need = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != need:
+        problem = "truncated" if len(raw) - header < need else "has trailing bytes"
+        raise DatasetError(f"{path}: {problem}: the header announces shape {dims} "
+                           f"({need} data bytes) but the file has {len(raw) - header}; "
+                           f"delete it and download it again")
+    return np.frombuffer(raw, dtype, offset=header).reshape(dims)
+
+
+def _check_labels(path: Path, labels: np.ndarray, num_classes: int, count: int) -> np.ndarray:
+    if len(labels) != count:
+        raise DatasetError(f"{path}: {len(labels)} labels for {count} images; the image and "
+                           f"label files belong to different sets. Get a matching pair")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        bad = int(labels.max() if labels.max() >= num_classes else labels.min())
+        raise DatasetError(f"{path}: label {bad} out of range [0, {num_classes}); the file is "
+                           f"corrupt or of another dataset")
+    return labels.astype(np.int64)
+
+
+def _idx_file(folder: Path, base: str) -> Path | None:
+    for candidate in (folder / base, folder / f"{base}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_idx_dataset(name: str, path, preprocess: Preprocess, download: bool) -> Splits:
+    def find(folder):
+        return folder if all(_idx_file(folder, b) for b in IDX_FILES) else None
+
+    def fetch_all(folder):
+        for remote in REMOTES[name]:
+            if _idx_file(folder, remote.filename.removesuffix(".gz")) is None:
+                fetch.download(remote, folder / remote.filename)
+
+    folder = fetch.locate(name, ALIASES[name], path, find, fetch_all if download else None,
+                          _how_to(name))
+    splits = []
+    for prefix in ("train", "t10k"):
+        images_path = _idx_file(folder, f"{prefix}-images-idx3-ubyte")
+        labels_path = _idx_file(folder, f"{prefix}-labels-idx1-ubyte")
+        images = read_idx(images_path, 3)
+        labels = _check_labels(labels_path, read_idx(labels_path, 1), 10, len(images))
+        splits.append(ArrayDataset(images[:, None], labels, 10, preprocess=preprocess))
+    return Splits(splits[0], None, splits[1])
+
+
+def read_mnist(*, path=None, preprocess: Preprocess, seed: int = 0,
+               download: bool = True) -> Splits:
+    """MNIST idx files (plain or .gz): 60000 train / 10000 test, (1, 28, 28)."""
+    return _read_idx_dataset("mnist", path, preprocess, download)
+
+
+def read_fashion_mnist(*, path=None, preprocess: Preprocess, seed: int = 0,
+                       download: bool = True) -> Splits:
+    """Fashion-MNIST idx files (plain or .gz): 60000 train / 10000 test, (1, 28, 28)."""
+    return _read_idx_dataset("fashion_mnist", path, preprocess, download)
+
+
+def read_cifar_bin(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR-10 binary batch: (N, 3, 32, 32) uint8 images and int64 labels."""
+    path = Path(path)
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size % CIFAR_RECORD:
+        raise DatasetError(f"{path}: {raw.size} bytes is not a whole number of "
+                           f"{CIFAR_RECORD}-byte records; the file is truncated. "
+                           f"Download cifar-10-binary.tar.gz again")
+    records = raw.reshape(-1, CIFAR_RECORD)
+    labels = _check_labels(path, records[:, 0], 10, len(records))
+    return np.ascontiguousarray(records[:, 1:]).reshape(-1, 3, 32, 32), labels
+
+
+def _cifar_folder(folder: Path) -> Path | None:
+    for candidate in (folder, folder / "cifar-10-batches-bin"):
+        if all((candidate / f).is_file() for f in CIFAR_TRAIN + (CIFAR_TEST,)):
+            return candidate
+    return None
+
+
+def _fetch_cifar(folder: Path) -> None:
+    remote = REMOTES["cifar10"][0]
+    archive = fetch.download(remote, folder / remote.filename)
+    wanted = {f"cifar-10-batches-bin/{f}" for f in CIFAR_TRAIN + (CIFAR_TEST,)}
+    staging = Path(tempfile.mkdtemp(dir=folder, prefix=".extract."))
+    try:
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name in wanted and m.isfile()]
+            if len(members) != len(wanted):
+                raise DatasetError(f"{archive}: missing members "
+                                   f"{sorted(wanted - {m.name for m in members})}")
+            tar.extractall(staging, members=members, filter="data")
+        os.replace(staging / "cifar-10-batches-bin", folder / "cifar-10-batches-bin")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    archive.unlink()
+
+
+def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
+                 download: bool = True) -> Splits:
+    """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32)."""
+    folder = fetch.locate("cifar10", ALIASES["cifar10"], path, _cifar_folder,
+                          _fetch_cifar if download else None, _how_to("cifar10"))
+    parts = [read_cifar_bin(folder / f) for f in CIFAR_TRAIN]
+    x_test, y_test = read_cifar_bin(folder / CIFAR_TEST)
+    train = ArrayDataset(np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1] for p in parts]), 10, preprocess=preprocess)
+    return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
+
+
+def _read_h5_list(list_file: Path, features_name: str, labels_name: str):
+    import h5py
+
+    if not list_file.is_file():
+        raise DatasetError(f"file list {list_file} does not exist; give train_list/val_list/"
+                           f"test_list as a text file of HDF5 paths, one per line")
+    files = [line.strip() for line in list_file.read_text().splitlines()]
+    files = [list_file.parent / f for f in files if f and not f.startswith("#")]
+    if not files:
+        raise DatasetError(f"{list_file}: lists no HDF5 files")
+    xs, ys = [], []
+    for file in files:
+        try:
+            h5 = h5py.File(file, "r")
+        except OSError as exc:
+            raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: {exc}") from exc
+        with h5:
+            for key in (features_name, labels_name):
+                if key not in h5:
+                    raise DatasetError(f"{file}: no dataset {key!r}; it has {sorted(h5.keys())}. "
+                                       f"Pass features_name=/labels_name= to match")
+            x, y = h5[features_name][()], h5[labels_name][()]
+        if len(x) != len(y):
+            raise DatasetError(f"{file}: {len(x)} samples in {features_name!r} but {len(y)} "
+                               f"labels in {labels_name!r}")
+        if y.ndim == 2:
+            if not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
+                raise DatasetError(f"{file}: 2-d labels {labels_name!r} are not one-hot rows")
+        elif y.ndim != 1 or (y.dtype.kind == "f" and np.any(y != np.round(y))):
+            raise DatasetError(f"{file}: labels {labels_name!r} must be integers (N,) or "
+                               f"one-hot (N, C), got {y.dtype} {y.shape}")
+        xs.append((file, x))
+        ys.append((file, y))
+    return xs, ys
+
+
+def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=None,
+              val_list=None, test_list=None, features_name: str = "features",
+              labels_name: str = "labels", num_classes: int | None = None) -> Splits:
+    """NNLO-style HDF5: text files listing HDF5 paths (relative to the list or absolute).
+
+    ``path`` is the train list file, or a folder that relative list names are resolved in.
+    """
+    base = Path(path).expanduser() if path is not None else Path.cwd()
+    if base.is_file():
+        if train_list is not None:
+            raise ValueError(f"path={str(path)!r} is a file and train_list={train_list!r} is "
+                             f"given too; pass the train list as one of them only")
+        train_list, base = base.name, base.parent
+    if train_list is None:
+        raise ValueError("hdf5 needs train_list=<text file of HDF5 paths> (or path=<that file>)")
+    lists = {"train": train_list, "val": val_list, "test": test_list}
+    loaded = {k: _read_h5_list(base / v, features_name, labels_name)
+              for k, v in lists.items() if v is not None}
+    widths = {y.shape[1] for _, ys in loaded.values() for _, y in ys if y.ndim == 2}
+    if num_classes is None:
+        tops = [int(y.max()) + 1 for _, ys in loaded.values() for _, y in ys
+                if y.ndim == 1 and len(y)]
+        num_classes = max(widths | set(tops) or {0})
+    out = {}
+    for split, (xs, ys) in loaded.items():
+        labels = []
+        for file, y in ys:
+            y = y.argmax(axis=1) if y.ndim == 2 else y.astype(np.int64)
+            labels.append(_check_labels(file, y, num_classes, len(y)))
+        x = np.concatenate([x for _, x in xs])
+        out[split] = ArrayDataset(x, np.concatenate(labels), num_classes, preprocess=preprocess)
+    return Splits(out["train"], out.get("val"), out.get("test"))
+
+
+def read_digits(*, path=None, preprocess: Preprocess, seed: int = 0,
+                test_fraction: float = 0.2) -> Splits:
+    """scikit-learn's bundled 8x8 digits (1797 samples, offline) as (1, 8, 8), values 0..16.
+
+    The samples are shuffled with ``seed`` and the last ``test_fraction`` is the test set.
+    """
+    from sklearn.datasets import load_digits
+
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    x = digits.images[order].astype(np.uint8)[:, None]
+    y = digits.target[order].astype(np.int64)
+    cut = len(y) - int(round(len(y) * test_fraction))
+    kw = dict(value_range=16, preprocess=preprocess)
+    return Splits(ArrayDataset(x[:cut], y[:cut], 10, **kw), None,
+                  ArrayDataset(x[cut:], y[cut:], 10, **kw))
+
+
+def read_synthetic(*, path=None, preprocess: Preprocess, seed: int = 0,
+                   input_shape=(1, 28, 28), num_classes: int = 10, num_samples: int = 1024,
+                   test_samples: int | None = None, noise: float = 1.0) -> Splits:
+    """Gaussian classes around random class means: learnable, any shape, for benchmarks.
+
+    Sample = mean[label] + noise * N(0, 1); means are N(0, 1) per feature, drawn from ``seed``.
+    """
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or min(shape) < 1 or num_classes < 1 or num_samples < 1:
+        raise ValueError(f"synthetic needs positive input_shape, num_classes, num_samples; "
+                         f"got {shape}, {num_classes}, {num_samples}")
+    test_samples = num_samples // 4 if test_samples is None else test_samples
+    dtype = preprocess.dtype
+    means = np.random.default_rng([seed, 0]).standard_normal((num_classes, *shape), dtype=dtype)
+
+    def make(stream: int, n: int) -> ArrayDataset:
+        rng = np.random.default_rng([seed, stream])
+        y = rng.integers(0, num_classes, n)
+        x = rng.standard_normal((n, *shape), dtype=dtype)
+        x *= dtype.type(noise)
+        x += means[y]
+        return ArrayDataset(x, y, num_classes, preprocess=preprocess)
+
+    return Splits(make(1, num_samples), None, make(2, test_samples) if test_samples else None)
