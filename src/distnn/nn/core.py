@@ -68,7 +68,7 @@ class Flatten(Layer):
 
     def forward(self, x, training=False):
         check_input(self, x)
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], self.output_shape[0])
 
     def backward(self, dy):
         return dy.reshape((dy.shape[0],) + self.input_shape) if self.need_dx else None

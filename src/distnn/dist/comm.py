@@ -1,0 +1,325 @@
+"""Communicators: the one place distnn talks to MPI.
+
+``MPIComm`` wraps an mpi4py communicator; ``LocalComm`` is the size-1 stand-in used when
+mpi4py is not installed (every collective is then the identity). Both follow the
+``Communicator`` protocol, which is all the rest of distnn sees. mpi4py is imported
+lazily, on the first ``MPIComm`` or ``world()`` call, so ``import distnn`` never needs it.
+
+Array collectives are in place on contiguous NumPy arrays (uppercase mpi4py methods with
+``MPI.IN_PLACE``: no packing, no copies); the ``*_obj`` ones pickle small Python objects.
+Every rank must call the same collectives in the same order.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+OPS = ("sum", "mean", "max", "min")
+
+
+def _check_op(op: str, arr: np.ndarray | None = None) -> str:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if op == "mean" and arr is not None and not np.issubdtype(arr.dtype, np.inexact):
+        raise TypeError(f"op='mean' needs a floating array, got dtype {arr.dtype}; "
+                        "use op='sum' and divide yourself")
+    return op
+
+
+def _check_array(arr: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{what} needs a NumPy array, got {type(arr).__name__}; "
+                        "use the *_obj variant for Python objects")
+    if not arr.flags.c_contiguous or not arr.flags.writeable:
+        raise ValueError(f"{what} works in place on a C-contiguous writeable array; got "
+                         f"shape {arr.shape} contiguous={arr.flags.c_contiguous} "
+                         f"writeable={arr.flags.writeable}; pass np.ascontiguousarray(x)")
+    return arr
+
+
+def _divide_(arr: np.ndarray, n: int) -> np.ndarray:
+    if n != 1:
+        arr /= n
+    return arr
+
+
+@runtime_checkable
+class Handle(Protocol):
+    """A started non-blocking collective; ``wait()`` completes it and returns the array."""
+
+    def wait(self) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """What distnn needs from a group of processes (see ``MPIComm`` and ``LocalComm``)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+
+    def allreduce_(self, arr: np.ndarray, op: str = "sum") -> np.ndarray: ...
+    def iallreduce_(self, arr: np.ndarray, op: str = "sum") -> Handle: ...
+    def bcast_(self, arr: np.ndarray, root: int = 0) -> np.ndarray: ...
+    def allgather(self, arr: np.ndarray) -> np.ndarray: ...
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any: ...
+    def allgather_obj(self, obj: Any) -> list: ...
+    def allreduce_obj(self, obj: Any, op: str = "sum") -> Any: ...
+    def barrier(self) -> None: ...
+    def split(self, color: int, key: int = 0) -> "Communicator": ...
+    def abort(self, code: int = 1) -> None: ...
+
+
+class _DoneHandle:
+    """Handle of a collective that finished when it was started (size 1)."""
+
+    def __init__(self, arr: np.ndarray):
+        self._arr = arr
+
+    def wait(self) -> np.ndarray:
+        return self._arr
+
+
+class LocalComm:
+    """A communicator of one process: every collective returns its input.
+
+    Example:
+        comm = LocalComm(); comm.allreduce_(g, "mean")  # g unchanged
+    """
+
+    rank = 0
+    size = 1
+    local_rank = 0
+    local_size = 1
+
+    def allreduce_(self, arr, op="sum"):
+        _check_op(op, _check_array(arr, "allreduce_"))
+        return arr
+
+    def iallreduce_(self, arr, op="sum"):
+        return _DoneHandle(self.allreduce_(arr, op))
+
+    def bcast_(self, arr, root=0):
+        self._check_root(root)
+        return _check_array(arr, "bcast_")
+
+    def allgather(self, arr):
+        return np.asarray(arr)[None].copy()
+
+    def bcast_obj(self, obj, root=0):
+        self._check_root(root)
+        return obj
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def allreduce_obj(self, obj, op="sum"):
+        _check_op(op)
+        return obj
+
+    def barrier(self):
+        pass
+
+    def split(self, color, key=0):
+        return LocalComm()
+
+    def abort(self, code=1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def _check_root(self, root):
+        if root != 0:
+            raise ValueError(f"root must be 0 on a communicator of size 1, got {root}")
+
+    def __repr__(self):
+        return "LocalComm()"
+
+
+class _MPIHandle:
+    def __init__(self, request, arr: np.ndarray, divide_by: int, keep=None):
+        self._request = request
+        self._arr = arr
+        self._divide_by = divide_by
+        self._keep = keep  # objects MPI reads from until completion (datatype, op)
+        self._done = False
+
+    def wait(self) -> np.ndarray:
+        if not self._done:
+            self._request.Wait()
+            self._done = True
+            _divide_(self._arr, self._divide_by)
+        return self._arr
+
+    def test(self) -> bool:
+        """True once the collective is complete (drives MPI progress)."""
+        if not self._done and self._request.Test():
+            self._done = True
+            _divide_(self._arr, self._divide_by)
+        return self._done
+
+
+def _mpi():
+    from mpi4py import MPI  # the only import of mpi4py in distnn (lazy: optional dependency)
+    return MPI
+
+
+_FP16_SUM = None
+
+
+def _fp16_sum_op(MPI):
+    """SUM over float16 data sent as raw 16-bit words, accumulated in float32 (used when
+    the MPI library has no native float16 reduction)."""
+    global _FP16_SUM
+    if _FP16_SUM is None:
+        def add(inbuf, inoutbuf, datatype):
+            a = np.frombuffer(inbuf, dtype=np.float16)
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            np.add(a, b, out=b, dtype=np.float32, casting="unsafe")
+        _FP16_SUM = MPI.Op.Create(add, commute=True)
+    return _FP16_SUM
+
+
+class MPIComm:
+    """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``).
+
+    Args:
+        mpi_comm: an ``mpi4py.MPI.Comm``; None means ``COMM_WORLD``.
+        fp16: how float16 arrays are summed: "native" (MPI's float16 datatype, when the
+            library has one) or "op" (a user-defined op over 16-bit words that adds in
+            float32); "auto" picks "native" when available.
+
+    Example:
+        comm = MPIComm(); comm.allreduce_(grads, "sum")
+    """
+
+    def __init__(self, mpi_comm=None, fp16: str = "auto"):
+        MPI = _mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = node.Get_rank()
+        self.local_size = node.Get_size()
+        node.Free()
+        if fp16 not in ("auto", "native", "op"):
+            raise ValueError(f"fp16 must be 'auto', 'native' or 'op', got {fp16!r}")
+        native = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL) != MPI.DATATYPE_NULL
+        if fp16 == "native" and not native:
+            raise ValueError("fp16='native' but this MPI library has no float16 datatype; "
+                             "use fp16='op'")
+        self.fp16 = "native" if fp16 == "auto" and native else ("op" if fp16 == "auto" else fp16)
+        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+    def _buf_op(self, arr: np.ndarray, op: str):
+        """(buffer spec, MPI op) for arr; float16 goes through the float16 path."""
+        if arr.dtype == np.float16:
+            if op not in ("sum", "mean"):
+                raise ValueError(f"float16 arrays support op 'sum'/'mean' only, got {op!r}")
+            if self.fp16 == "native":
+                return [arr, self.MPI.FLOAT16_T], self.MPI.SUM
+            return [arr.view(np.uint16), self.MPI.UINT16_T], _fp16_sum_op(self.MPI)
+        return arr, self._ops[op]
+
+    def allreduce_(self, arr, op="sum"):
+        _check_op(op, _check_array(arr, "allreduce_"))
+        buf, mpi_op = self._buf_op(arr, op)
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
+        return _divide_(arr, self.size) if op == "mean" else arr
+
+    def iallreduce_(self, arr, op="sum"):
+        _check_op(op, _check_array(arr, "iallreduce_"))
+        buf, mpi_op = self._buf_op(arr, op)
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
+        return _MPIHandle(request, arr, self.size if op == "mean" else 1, keep=buf)
+
+    def bcast_(self, arr, root=0):
+        _check_array(arr, "bcast_")
+        buf = [arr.view(np.uint16), self.MPI.UINT16_T] if arr.dtype == np.float16 else arr
+        self.comm.Bcast(buf, root=root)
+        return arr
+
+    def allgather(self, arr):
+        arr = np.ascontiguousarray(arr)
+        out = np.empty((self.size,) + arr.shape, dtype=arr.dtype)
+        if arr.dtype == np.float16:
+            self.comm.Allgather([arr.view(np.uint16), self.MPI.UINT16_T],
+                                [out.view(np.uint16), self.MPI.UINT16_T])
+        else:
+            self.comm.Allgather(arr, out)
+        return out
+
+    def bcast_obj(self, obj, root=0):
+        return self.comm.bcast(obj, root=root)
+
+    def allgather_obj(self, obj):
+        return self.comm.allgather(obj)
+
+    def allreduce_obj(self, obj, op="sum"):
+        _check_op(op)
+        out = self.comm.allreduce(obj, op=self._ops[op])
+        return out / self.size if op == "mean" else out
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def split(self, color, key=0):
+        return MPIComm(self.comm.Split(color, key), fp16=self.fp16)
+
+    def abort(self, code=1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.MPI.COMM_WORLD.Abort(code)
+
+    def library_version(self) -> str:
+        """First line of the MPI library's version string."""
+        return " ".join(self.MPI.Get_library_version().strip().splitlines()[0].split())
+
+    def mpi4py_version(self) -> str:
+        import mpi4py
+        return mpi4py.__version__
+
+    def __repr__(self):
+        return f"MPIComm(rank={self.rank}, size={self.size})"
+
+
+def mpi_available() -> bool:
+    """True when mpi4py (and an MPI library for it) can be imported."""
+    try:
+        _mpi()
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True
+
+
+def world() -> "MPIComm | LocalComm":
+    """COMM_WORLD as a Communicator: ``MPIComm`` when mpi4py works (size 1 when started
+    without mpiexec: MPI singleton), else ``LocalComm``."""
+    return MPIComm() if mpi_available() else LocalComm()
+
+
+_default: "Communicator | None" = None
+
+
+def init(comm: "Communicator | None" = None) -> "Communicator":
+    """Set (or create, on the first call) the default communicator and return it.
+
+    Idempotent: later calls without ``comm`` return the same one. With no argument it is
+    ``world()``: COMM_WORLD under mpiexec, size 1 otherwise.
+    """
+    global _default
+    if comm is not None:
+        _default = comm
+    elif _default is None:
+        _default = world()
+    return _default
+
+
+def get_comm() -> "Communicator":
+    """The default communicator (``init()`` is called when none is set yet)."""
+    return _default if _default is not None else init()
