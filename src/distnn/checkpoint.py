@@ -1,0 +1,241 @@
+"""Full training state in one file, written atomically, to continue a run exactly.
+
+A checkpoint is an ``.npz`` file holding:
+
+* ``model/<layer>/<name>``: every parameter and buffer (``model.named_arrays()``);
+* ``optim/...``: the optimizer's ``state_dict()`` arrays;
+* ``callbacks/<i>/...``: arrays in callback states (e.g. best weights);
+* ``__meta__``: JSON with the format version, epochs done, global step, scheduled learning
+  rate, seed, history, callback states, the optimizer's scalars, and the state of every
+  random generator found in the model's layers (dropout), per rank.
+
+``save_checkpoint`` is collective (every rank calls it; RNG states are gathered) and only
+rank 0 writes, through a temporary file in the target folder and ``os.replace``, so a
+crash never leaves a half-written checkpoint; a write error is raised on every rank.
+``load_checkpoint(path).restore(trainer)`` puts everything back, so that training 2 epochs
+equals training 1 epoch, saving, and resuming for 1 more (bit-identical weights).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "pack", "unpack"]
+
+FORMAT = "distnn-checkpoint"
+VERSION = 1
+
+
+def pack(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    """A JSON-able skeleton of ``obj`` with its arrays moved into ``arrays`` by path."""
+    if isinstance(obj, np.ndarray):
+        arrays[prefix] = obj
+        return {"__array__": prefix}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: pack(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}
+        return {"__items__": [[k, pack(v, f"{prefix}/{i}", arrays)]
+                              for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [pack(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [pack(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"checkpoint: cannot store a {type(obj).__name__} at {prefix!r}; state "
+                    "dicts may hold arrays, numbers, strings, lists, tuples and dicts")
+
+
+def unpack(obj: Any, arrays) -> Any:
+    """Inverse of ``pack``."""
+    if isinstance(obj, dict):
+        if "__array__" in obj:
+            return np.array(arrays[obj["__array__"]])
+        if "__tuple__" in obj:
+            return tuple(unpack(v, arrays) for v in obj["__tuple__"])
+        if "__items__" in obj:
+            return {k: unpack(v, arrays) for k, v in obj["__items__"]}
+        return {k: unpack(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unpack(v, arrays) for v in obj]
+    return obj
+
+
+def _generators(model) -> dict[str, np.random.Generator]:
+    """Random generators held by the model's layers (dropout masks), by "<layer>.<attr>"."""
+    out = {}
+    for layer in model.walk():
+        for attr, value in vars(layer).items():
+            if isinstance(value, np.random.Generator):
+                out[f"{layer.name}.{attr}"] = value
+    return out
+
+
+def _base_optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None) -> None:
+    """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically).
+
+    Args:
+        path: target file (.npz).
+        trainer: a ``distnn.train.Trainer``.
+        epochs_done: number of finished epochs (default ``trainer.epoch + 1``).
+
+    Raises:
+        OSError (on every rank) when rank 0 could not write the file.
+    """
+    comm = trainer.comm
+    path = os.fspath(path)
+    rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
+    all_rng = comm.allgather_obj(rng_states)
+    error = None
+    if comm.rank == 0:
+        try:
+            _write(path, trainer, all_rng,
+                   trainer.epoch + 1 if epochs_done is None else int(epochs_done))
+        except Exception as exc:  # re-raised on every rank below, so no rank waits forever
+            error = f"could not write checkpoint {path!r}: {type(exc).__name__}: {exc}"
+    error = comm.bcast_obj(error, 0)
+    if error is not None:
+        raise OSError(error)
+
+
+def _write(path: str, trainer, all_rng: list, epochs_done: int) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for key, value in trainer.model.named_arrays().items():
+        arrays[f"model/{key}"] = np.asarray(value)
+    optim_state = pack(_base_optimizer(trainer.optimizer).state_dict(), "optim", arrays)
+    callbacks = [{"type": type(cb).__name__,
+                  "state": pack(cb.state_dict(), f"callbacks/{i}", arrays)}
+                 for i, cb in enumerate(trainer.callbacks)]
+    meta = {
+        "format": FORMAT, "version": VERSION, "epochs_done": epochs_done,
+        "global_step": trainer.global_step, "lr": trainer.lr, "seed": trainer.seed,
+        "history": trainer.history.records, "stop_reason": trainer.stop_reason,
+        "optimizer": optim_state, "callbacks": callbacks, "rng": all_rng,
+        "model": {"name": trainer.model.name, "dtype": trainer.model.dtype.name,
+                  "input_shape": list(trainer.model.input_shape or ())},
+        "ranks": trainer.comm.size,
+    }
+    arrays["__meta__"] = np.array(json.dumps(meta))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint; ``restore(trainer)`` applies it.
+
+    Attributes:
+        path: the file it came from.
+        meta: the JSON metadata (see the module doc).
+        arrays: every stored array by key.
+    """
+
+    path: str
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(repr=False)
+
+    @property
+    def epochs_done(self) -> int:
+        return int(self.meta["epochs_done"])
+
+    def model_arrays(self) -> dict[str, np.ndarray]:
+        return {k[len("model/"):]: v for k, v in self.arrays.items() if k.startswith("model/")}
+
+    def restore_model(self, model) -> None:
+        """Copy the stored parameters and buffers into ``model`` (same architecture)."""
+        stored = self.model_arrays()
+        target = model.named_arrays()
+        missing = sorted(set(target) - set(stored))
+        extra = sorted(set(stored) - set(target))
+        if missing or extra:
+            raise ValueError(
+                f"checkpoint {self.path!r} was saved from a different architecture "
+                f"(model {self.meta.get('model', {}).get('name')!r}): missing {missing[:4]}, "
+                f"unexpected {extra[:4]}; use the same --model as the run that wrote it")
+        for key, value in target.items():
+            if stored[key].shape != value.shape:
+                raise ValueError(f"checkpoint {self.path!r}: {key!r} has shape "
+                                 f"{stored[key].shape}, the model expects {value.shape}; "
+                                 "use the same --model and dataset as the run that wrote it")
+        for key, value in target.items():
+            value[...] = stored[key]
+
+    def restore(self, trainer) -> None:
+        """Put the model, optimizer, schedule, history, callbacks and RNG states back."""
+        from .train import History
+        meta = self.meta
+        self.restore_model(trainer.model)
+        base = _base_optimizer(trainer.optimizer)
+        state = unpack(meta["optimizer"], self.arrays)
+        try:
+            base.load_state_dict(state)
+        except ValueError as exc:
+            raise ValueError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
+                             "resume with the same --optimizer as the run that wrote it") from None
+        stored_cbs = meta["callbacks"]
+        mine = [type(cb).__name__ for cb in trainer.callbacks]
+        theirs = [c["type"] for c in stored_cbs]
+        if mine != theirs:
+            raise ValueError(f"checkpoint {self.path!r} holds the state of callbacks {theirs}, "
+                             f"this run has {mine}; resume with the same schedulers/callbacks")
+        for cb, c in zip(trainer.callbacks, stored_cbs):
+            cb.load_state_dict(unpack(c["state"], self.arrays))
+        trainer.lr = float(meta["lr"])
+        trainer.global_step = int(meta["global_step"])
+        trainer.seed = int(meta["seed"])
+        trainer.history = History(meta["history"])
+        trainer.epoch = max(self.epochs_done - 1, 0)
+        rng = meta["rng"]
+        rank = trainer.comm.rank
+        if rank < len(rng):
+            gens = _generators(trainer.model)
+            for key, value in rng[rank].items():
+                if key in gens:
+                    gens[key].bit_generator.state = value
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint written by ``save_checkpoint``.
+
+    Raises:
+        FileNotFoundError / ValueError: naming the file and what is wrong with it.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the file a run "
+                                "wrote with --checkpoint")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise ValueError(f"checkpoint {path!r} is not a readable .npz file: {exc}") from None
+    if "__meta__" not in arrays:
+        raise ValueError(f"{path!r} is not a distnn checkpoint (no __meta__ entry); a weights "
+                         "file goes to --weights_and_bias_filename, not --resume")
+    meta = json.loads(str(arrays.pop("__meta__")))
+    if meta.get("format") != FORMAT or int(meta.get("version", 0)) > VERSION:
+        raise ValueError(f"checkpoint {path!r} has format {meta.get('format')!r} version "
+                         f"{meta.get('version')!r}; this distnn reads {FORMAT!r} <= {VERSION}")
+    return Checkpoint(path, meta, arrays)

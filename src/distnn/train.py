@@ -1,0 +1,570 @@
+"""The training loop: epochs of sharded global batches, exact metrics, callbacks, progress.
+
+Everything here is written for a communicator of any size, 1 included (``LocalComm``):
+
+* ``batch_size`` is per rank, so the global batch is ``batch_size * comm.size`` unless
+  ``global_batch_size`` is given; each rank gets its ``np.array_split`` share of every
+  global batch (possibly empty on the last one).
+* The loss of a step is the SUM over this rank's samples divided by the *global* batch
+  size, and ``DistributedOptimizer(op="sum")`` sums the gradients: the update is exactly
+  that of one process on the whole global batch, also with uneven or empty shards. A rank
+  with no samples zeroes its gradients and still steps, so collectives stay in step.
+* Epoch metrics are exact: every rank all-reduces ``[loss_sum, metric_sums..., count]``
+  and divides afterwards, so each sample counts once whatever the sharding.
+* Only rank 0 prints, draws progress bars and writes files.
+
+Example:
+    trainer = Trainer(model, get_optimizer("sgd", model, lr=0.01, momentum=0.9),
+                      metrics=["accuracy"])
+    history = trainer.fit(splits.train, epochs=3, batch_size=64, validation=splits.val)
+    print(trainer.evaluate(splits.test))
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterable, Sequence, TextIO
+
+import numpy as np
+
+from . import dist
+from .callbacks import _ALIASES, Callback, TrainingCheckpoint
+
+__all__ = ["Trainer", "History", "fit", "metric_key", "resolve_batch_sizes"]
+
+
+def metric_key(name: str) -> str:
+    """The key a metric is logged under: its canonical name ("categorical_accuracy" and
+    "acc" log as "accuracy")."""
+    base = str(name).lower()
+    alias = _ALIASES.get(base)
+    return alias if alias is not None and alias != "loss" else base
+
+
+def resolve_batch_sizes(batch_size: int | None, global_batch_size: int | None,
+                        size: int) -> tuple[int, int]:
+    """(per-rank, global) batch sizes. ``batch_size`` is per rank (PyDTNN); a given
+    ``global_batch_size`` wins and the per-rank size is then its share rounded up."""
+    for name, value in (("batch_size", batch_size), ("global_batch_size", global_batch_size)):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if global_batch_size is not None:
+        return -(-int(global_batch_size) // size), int(global_batch_size)
+    if batch_size is None:
+        raise ValueError("give batch_size (per rank) or global_batch_size")
+    return int(batch_size), int(batch_size) * size
+
+
+class History:
+    """Per-epoch logs of a run, like Keras's ``History``.
+
+    Attributes:
+        records: one dict per finished epoch: "epoch" (1-based), "loss", metrics,
+            "val_*", "lr", "time" (s) and "samples_per_s".
+        history: the same as {key: [value per epoch]}.
+    """
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()):
+        self.records: list[dict[str, Any]] = [dict(r) for r in records]
+        self.stop_reason: str | None = None
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def history(self) -> dict[str, list]:
+        keys: list[str] = []
+        for r in self.records:
+            keys += [k for k in r if k not in keys]
+        return {k: [r.get(k) for r in self.records] for k in keys}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write to ``path``: CSV when it ends in .csv (one row per epoch), else JSON
+        ({key: [values]}). The write is atomic."""
+        path = os.fspath(path)
+
+        def write(f):
+            if path.lower().endswith(".csv"):
+                hist = self.history
+                w = csv.writer(f)
+                w.writerow(list(hist))
+                for row in zip(*hist.values()):
+                    w.writerow(["" if v is None else v for v in row])
+            else:
+                json.dump(self.history, f, indent=1)
+                f.write("\n")
+
+        atomic_write_text(path, write)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "History":
+        path = os.fspath(path)
+        with open(path, newline="") as f:
+            if path.lower().endswith(".csv"):
+                rows = list(csv.DictReader(f))
+                return cls([{k: _number(v) for k, v in r.items()} for r in rows])
+            hist = json.load(f)
+        n = max((len(v) for v in hist.values()), default=0)
+        return cls([{k: v[i] for k, v in hist.items()} for i in range(n)])
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} epochs, keys={list(self.history)})"
+
+
+def _number(text: str):
+    if text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+
+
+def atomic_write_text(path: str, write: Callable[[TextIO], None]) -> None:
+    """Write a text file through a temporary file in the same folder and ``os.replace``,
+    so readers never see a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt(value: float) -> str:
+    if value is None:
+        return "-"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4f}"
+
+
+class Trainer:
+    """Trains, evaluates and runs a model on sharded datasets, over a communicator.
+
+    Args:
+        model: a built ``distnn.nn.Sequential`` (outputs logits).
+        optimizer: a distnn optimizer over ``model``, or a ``dist.DistributedOptimizer``;
+            a plain one is wrapped (op="sum", see the module doc).
+        loss: loss name for ``distnn.nn.losses.get_loss`` or a callable
+            ``loss(logits, y, denom=...) -> (value, dlogits)``.
+        metrics: metric names for ``distnn.metrics.get_metric`` (or callables with a
+            ``__name__``); each returns the SUM over a batch.
+        comm: communicator (default ``dist.get_comm()``; size 1 without mpiexec).
+        callbacks: ``distnn.callbacks.Callback`` objects, called in order (a
+            ``TrainingCheckpoint`` is always called last).
+        progress: draw a tqdm bar per epoch on rank 0 (stderr).
+        verbose: print per-epoch and final summary lines on rank 0 (stdout).
+        seed: base seed of the epoch shuffles and augmentations.
+        bucket_size_mb, non_blocking, compression: ``DistributedOptimizer`` options.
+        profiler: a ``distnn.profiler.Profiler`` (None: no timing at all).
+        out: where the summary lines go (default sys.stdout).
+
+    Attributes:
+        lr: the scheduled learning rate (callbacks change it; the optimizer gets it
+            before every batch, scaled by a warm-up when there is one).
+        history: ``History`` of the finished epochs.
+        epoch, global_step: the current epoch (0-based) and number of steps taken.
+        stop_training, stop_reason: set by callbacks to end ``fit`` after this epoch.
+
+    Example:
+        trainer = Trainer(model, SGD(model, lr=0.01, momentum=0.9), metrics=["accuracy"])
+        trainer.fit(train, epochs=2, batch_size=64, validation=val)
+    """
+
+    loss_key = "loss"
+
+    def __init__(self, model, optimizer, *, loss: str | Callable = "categorical_cross_entropy",
+                 metrics: Sequence[str | Callable] = ("accuracy",), comm=None,
+                 callbacks: Sequence[Callback] = (), progress: bool = True,
+                 verbose: bool = True, seed: int = 0, bucket_size_mb: float = 4.0,
+                 non_blocking: bool = True, compression: str | None = None, profiler=None,
+                 out: TextIO | None = None):
+        self.comm = comm if comm is not None else dist.get_comm()
+        self.model = model
+        if isinstance(optimizer, dist.DistributedOptimizer):
+            self.optimizer = optimizer
+        else:
+            self.optimizer = dist.DistributedOptimizer(
+                optimizer, model, comm=self.comm, op="sum", bucket_size_mb=bucket_size_mb,
+                non_blocking=non_blocking, compression=compression)
+        self.loss_fn, self.loss_name = self._resolve_loss(loss)
+        self.metric_fns: dict[str, Callable] = {}
+        for m in metrics:
+            key, fn = self._resolve_metric(m)
+            if key in self.metric_fns or key == "loss":
+                raise ValueError(f"metrics: {m!r} is given twice (or clashes with 'loss'); "
+                                 f"got {list(metrics)}")
+            self.metric_fns[key] = fn
+        self.callbacks = list(callbacks)
+        for cb in self.callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks must be distnn.callbacks.Callback objects, got "
+                                f"{type(cb).__name__}")
+        if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self.progress = bool(progress)
+        self.verbose = bool(verbose)
+        self.profiler = profiler
+        self.out = out if out is not None else sys.stdout
+        self.lr = float(self.optimizer.lr)
+        self.history = History()
+        self.epoch = 0
+        self.global_step = 0
+        self.num_epochs = 0
+        self.steps_per_epoch = 0
+        self.stop_training = False
+        self.stop_reason: str | None = None
+        self.log_keys: list[str] = []
+        self._bar = None
+        self.train_time = 0.0
+        self.train_samples = 0
+        self.last_eval_count = 0
+
+    # -- resolution of names ------------------------------------------------------------
+    @staticmethod
+    def _resolve_loss(loss):
+        if callable(loss):
+            return loss, getattr(loss, "__name__", type(loss).__name__)
+        from .nn.losses import get_loss
+        return get_loss(loss), str(loss)
+
+    @staticmethod
+    def _resolve_metric(metric):
+        if callable(metric):
+            return metric_key(getattr(metric, "__name__", type(metric).__name__)), metric
+        from .metrics import get_metric
+        return metric_key(metric), get_metric(metric)
+
+    # -- output -------------------------------------------------------------------------
+    @property
+    def is_root(self) -> bool:
+        return self.comm.rank == 0
+
+    def print(self, message: str, force: bool = False) -> None:
+        """Print a line on rank 0 (through tqdm while a bar is drawn); only when verbose,
+        unless ``force`` (output the user asked for, like profiles)."""
+        if not (self.is_root and (self.verbose or force)):
+            return
+        if self._bar is not None:
+            from tqdm import tqdm
+            tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=self.out, flush=True)
+
+    def _make_bar(self, total: int, desc: str):
+        if not (self.progress and self.is_root):
+            return None
+        from tqdm import tqdm
+        tty = sys.stderr.isatty()
+        return tqdm(total=total, desc=desc, unit="sample", unit_scale=True, file=sys.stderr,
+                    leave=True, dynamic_ncols=True, mininterval=0.2 if tty else 10.0,
+                    smoothing=0.1)
+
+    # -- one step -----------------------------------------------------------------------
+    def _train_step(self, batch, sums: np.ndarray) -> None:
+        model = self.model
+        n = len(batch.x)
+        if n:
+            logits = model.forward(batch.x, training=True)
+            loss_value, dlogits = self.loss_fn(logits, batch.y, denom=batch.global_size)
+            model.backward(dlogits)
+            sums[0] += float(loss_value) * batch.global_size
+            for i, fn in enumerate(self.metric_fns.values(), start=1):
+                sums[i] += float(fn(logits, batch.y))
+            sums[-1] += n
+        else:
+            # This rank has no samples in the last global batch: contribute zeros to the
+            # all-reduce so every rank posts the same collectives.
+            model.gradients_flat()[...] = 0
+        self.optimizer.step()
+
+    def _logs(self, sums: np.ndarray, prefix: str = "") -> dict[str, float]:
+        count = sums[-1]
+        names = [self.loss_key, *self.metric_fns]
+        if count == 0:
+            return {prefix + k: float("nan") for k in names}
+        return {prefix + k: float(v / count) for k, v in zip(names, sums[:-1])}
+
+    # -- fit ----------------------------------------------------------------------------
+    def fit(self, train, *, epochs: int = 1, batch_size: int | None = 64,
+            global_batch_size: int | None = None, validation=None, steps_per_epoch: int = 0,
+            shuffle: bool = True, drop_last: bool = False, augment=None,
+            prefetch: bool = False, history_file: str | None = None,
+            resume: str | None = None, eval_batch_size: int | None = None,
+            validation_steps: int = 0) -> History:
+        """Train for ``epochs`` epochs (in total: a resumed run continues to this number).
+
+        Args:
+            train: a ``distnn.data`` Dataset.
+            epochs: total number of epochs.
+            batch_size: per-rank batch size (global = batch_size * comm.size).
+            global_batch_size: the global batch size instead (wins over batch_size).
+            validation: Dataset evaluated after each epoch (logged as "val_*").
+            steps_per_epoch: use at most this many batches per epoch (0: all).
+            shuffle, drop_last, augment, prefetch: passed to ``Dataset.batches``.
+            history_file: rank 0 rewrites it (JSON, or CSV for a .csv name) after each epoch.
+            resume: a checkpoint written by ``TrainingCheckpoint``/``save_checkpoint``; the
+                run continues from its state (weights, optimizer, epoch, callbacks, RNGs).
+            eval_batch_size: per-rank batch size of validation (default max(batch_size, 256)).
+            validation_steps: validate on at most this many batches (0: all).
+
+        Returns:
+            the ``History``.
+        """
+        comm = self.comm
+        if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0:
+            raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
+        if isinstance(steps_per_epoch, bool) or int(steps_per_epoch) != steps_per_epoch \
+                or steps_per_epoch < 0:
+            raise ValueError(f"steps_per_epoch must be an integer >= 0 (0: whole dataset), "
+                             f"got {steps_per_epoch!r}")
+        local_bs, gbs = resolve_batch_sizes(batch_size, global_batch_size, comm.size)
+        eval_bs = eval_batch_size or max(local_bs, 256)
+        self.num_epochs = int(epochs)
+        n_batches = train.num_batches(gbs, drop_last=drop_last)
+        if steps_per_epoch:
+            n_batches = min(n_batches, int(steps_per_epoch))
+        if n_batches == 0:
+            raise ValueError(f"the training set has {len(train)} samples: no full batch of "
+                             f"global size {gbs} (drop_last={drop_last}); lower batch_size")
+        self.steps_per_epoch = n_batches
+        epoch_samples = min(n_batches * gbs, len(train))
+        self.log_keys = [self.loss_key, *self.metric_fns]
+        if validation is not None:
+            self.log_keys += [f"val_{k}" for k in self.log_keys]
+        self.log_keys += ["lr", "time", "samples_per_s"]
+
+        start_epoch = 0
+        if resume is not None:
+            from .checkpoint import load_checkpoint
+            state = load_checkpoint(resume)
+            state.restore(self)
+            start_epoch = state.epochs_done
+            if start_epoch >= self.num_epochs:
+                self.print(f"checkpoint {resume!r} already holds {start_epoch} epochs "
+                           f"(>= epochs={self.num_epochs}); nothing to train")
+        dist.broadcast_parameters(self.model, comm=comm)
+        self.stop_training = False
+        self.stop_reason = None
+        ordered = ([cb for cb in self.callbacks if not isinstance(cb, TrainingCheckpoint)]
+                   + [cb for cb in self.callbacks if isinstance(cb, TrainingCheckpoint)])
+        for cb in ordered:
+            cb.on_train_begin(self)
+        if self.profiler is not None:
+            self.profiler.attach(self)
+
+        t_fit = time.perf_counter()
+        try:
+            for epoch in range(start_epoch, self.num_epochs):
+                self.epoch = epoch
+                for cb in ordered:
+                    cb.on_epoch_begin(self, epoch)
+                if self.profiler is not None:
+                    self.profiler.epoch_begin(epoch)
+                logs = self._train_epoch(train, epoch, gbs, n_batches, epoch_samples, shuffle,
+                                         drop_last, augment, prefetch, ordered)
+                if validation is not None:
+                    logs.update(self.evaluate(validation, global_batch_size=eval_bs * comm.size,
+                                              steps=validation_steps, prefix="val_"))
+                record = {"epoch": epoch + 1, **logs}
+                self.history.append(record)
+                for cb in ordered:
+                    cb.on_epoch_end(self, epoch, record)
+                self._epoch_line(record)
+                if self.profiler is not None:
+                    self.profiler.epoch_end(epoch)
+                if history_file and self.is_root:
+                    self.history.save(history_file)
+                if self.stop_training:
+                    self.history.stop_reason = self.stop_reason
+                    self.print(f"Stopping after epoch {epoch + 1}: {self.stop_reason}")
+                    break
+        finally:
+            if self.profiler is not None:
+                self.profiler.detach()
+        for cb in ordered:
+            cb.on_train_end(self)
+        elapsed = time.perf_counter() - t_fit
+        epochs_run = len(self.history) - start_epoch
+        if epochs_run > 0:
+            rate = self.train_samples / self.train_time if self.train_time else float("nan")
+            self.print(f"Training: {epochs_run} epoch{'s' * (epochs_run != 1)} in "
+                       f"{elapsed:.2f} s, {rate:,.0f} samples/s "
+                       f"(global batch {gbs}, {comm.size} rank{'s' * (comm.size != 1)})")
+        return self.history
+
+    def _epoch_seed(self, epoch: int) -> int:
+        return int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
+
+    def _train_epoch(self, train, epoch, gbs, n_batches, epoch_samples, shuffle, drop_last,
+                     augment, prefetch, callbacks) -> dict[str, float]:
+        comm = self.comm
+        sums = np.zeros(len(self.metric_fns) + 2, dtype=np.float64)
+        bar = self._make_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
+        self._bar = bar
+        batches = train.batches(gbs, shuffle=shuffle, seed=self._epoch_seed(epoch),
+                                rank=comm.rank, size=comm.size, drop_last=drop_last,
+                                augment=augment, prefetch=prefetch)
+        samples = 0
+        t0 = time.perf_counter()
+        last_postfix = t0
+        try:
+            for i, batch in enumerate(batches):
+                if i >= n_batches:
+                    break
+                step = self.global_step
+                self.optimizer.lr = self.lr
+                for cb in callbacks:
+                    cb.on_batch_begin(self, step)
+                self._train_step(batch, sums)
+                self.global_step += 1
+                samples += batch.global_size
+                if callbacks:
+                    batch_logs = self._logs(sums)
+                    for cb in callbacks:
+                        cb.on_batch_end(self, step, batch_logs)
+                if bar is not None:
+                    bar.update(batch.global_size)
+                    now = time.perf_counter()
+                    if now - last_postfix > 0.5 or i + 1 == n_batches:
+                        last_postfix = now
+                        bar.set_postfix_str(self._postfix(self._logs(sums)), refresh=False)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        elapsed = time.perf_counter() - t0
+        # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
+        comm.allreduce_(sums, "sum")
+        logs = self._logs(sums)
+        logs["lr"] = float(self.optimizer.lr)
+        logs["time"] = elapsed
+        logs["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
+        self.train_time += elapsed
+        self.train_samples += samples
+        return logs
+
+    @staticmethod
+    def _postfix(logs: dict[str, float]) -> str:
+        return " ".join(f"{k}={_fmt(v)}" for k, v in logs.items()
+                        if k not in ("time", "samples_per_s", "lr"))
+
+    def _epoch_line(self, record: dict[str, Any]) -> None:
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.set_postfix_str(self._postfix({k: v for k, v in record.items()
+                                               if k != "epoch"}), refresh=False)
+            bar.close()
+            return
+        parts = [f"{k}={_fmt(v)}" for k, v in record.items()
+                 if k not in ("epoch", "time", "samples_per_s")]
+        self.print(f"Epoch {record['epoch']}/{self.num_epochs}: {' '.join(parts)} "
+                   f"({record['time']:.1f} s, {record['samples_per_s']:,.0f} samples/s)")
+
+    # -- evaluate / predict -------------------------------------------------------------
+    def evaluate(self, dataset, *, batch_size: int | None = None,
+                 global_batch_size: int | None = None, steps: int = 0,
+                 prefix: str = "") -> dict[str, float]:
+        """Loss and metrics over ``dataset``, exact over the ranks (every sample counted
+        once). Collective: every rank must call it.
+
+        Args:
+            dataset: a Dataset.
+            batch_size / global_batch_size: per-rank (default 256) or global batch size.
+            steps: evaluate at most this many batches (0: all).
+            prefix: put before every key (the trainer uses "val_").
+        """
+        comm = self.comm
+        if batch_size is None and global_batch_size is None:
+            batch_size = 256
+        _, gbs = resolve_batch_sizes(batch_size, global_batch_size, comm.size)
+        sums = np.zeros(len(self.metric_fns) + 2, dtype=np.float64)
+        batches = dataset.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
+        try:
+            for i, batch in enumerate(batches):
+                if steps and i >= steps:
+                    break
+                n = len(batch.x)
+                if not n:
+                    continue
+                logits = self.model.forward(batch.x, training=False)
+                loss_value, _ = self.loss_fn(logits, batch.y, denom=n)
+                sums[0] += float(loss_value) * n
+                for j, fn in enumerate(self.metric_fns.values(), start=1):
+                    sums[j] += float(fn(logits, batch.y))
+                sums[-1] += n
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        comm.allreduce_(sums, "sum")
+        self.last_eval_count = int(sums[-1])
+        return self._logs(sums, prefix)
+
+    def predict(self, data, *, batch_size: int = 256, steps: int = 0,
+                return_labels: bool = False):
+        """Model outputs (logits) for a Dataset (in dataset order, the ranks sharing the
+        work, every rank getting the whole result; collective) or for an array (computed
+        locally). With ``return_labels`` (datasets only) returns (outputs, labels)."""
+        if isinstance(data, np.ndarray):
+            return self.model.predict(data, batch_size=batch_size)
+        comm = self.comm
+        _, gbs = resolve_batch_sizes(batch_size, None, comm.size)
+        empty = np.empty((0,) + tuple(self.model.output_shape), self.model.dtype)
+        outs, labels = [], []
+        batches = data.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
+        try:
+            for i, batch in enumerate(batches):
+                if steps and i >= steps:
+                    break
+                outs.append(self.model.forward(batch.x, training=False) if len(batch.x)
+                            else empty)
+                labels.append(batch.y)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        if comm.size > 1:
+            # Shards are np.array_split pieces in rank order: global batch i is the ranks'
+            # i-th parts, concatenated in rank order.
+            everyone = comm.allgather_obj((outs, labels))
+            outs = [everyone[r][0][i] for i in range(len(outs)) for r in range(comm.size)]
+            labels = [everyone[r][1][i] for i in range(len(labels)) for r in range(comm.size)]
+        result = np.concatenate(outs) if outs else empty
+        if return_labels:
+            return result, (np.concatenate(labels) if labels else np.empty(0, np.int64))
+        return result
+
+
+def fit(model, train, *, optimizer=None, lr: float = 0.01, epochs: int = 1,
+        batch_size: int = 64, validation=None, loss="categorical_cross_entropy",
+        metrics=("accuracy",), callbacks=(), comm=None, progress: bool = True,
+        **fit_options) -> History:
+    """One-call training: build a ``Trainer`` (SGD with momentum 0.9 unless ``optimizer``)
+    and run ``fit``. Extra keyword arguments go to ``Trainer.fit``.
+
+    Example:
+        history = distnn.train.fit(model, splits.train, epochs=2, validation=splits.val)
+    """
+    if optimizer is None:
+        from .optim import get_optimizer
+        optimizer = get_optimizer("sgd", model, lr=lr, momentum=0.9)
+    trainer = Trainer(model, optimizer, loss=loss, metrics=metrics, comm=comm,
+                      callbacks=callbacks, progress=progress)
+    return trainer.fit(train, epochs=epochs, batch_size=batch_size, validation=validation,
+                       **fit_options)

@@ -1,0 +1,82 @@
+"""End to end through the real ``distnn`` command on Fashion-MNIST (needs the dataset:
+Debian's dataset-fashion-mnist, $DISTNN_DATA, or the download cache)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent / "distnn"
+COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
+
+
+def distnn(*args, cwd, timeout=300):
+    return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+def _have_fashion_mnist() -> bool:
+    try:
+        from distnn.data import load_dataset
+        load_dataset("fashion_mnist", download=False)
+    except Exception:
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")]
+
+TEST_LINE = re.compile(r"^Test: loss=(\S+) accuracy=(\S+) \((\d+) samples")
+
+
+def _test_result(stdout: str) -> tuple[str, str, str]:
+    for line in stdout.splitlines():
+        match = TEST_LINE.match(line)
+        if match:
+            return match.groups()
+    raise AssertionError(f"no 'Test:' line in:\n{stdout}")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One epoch of the PyTorch recipe: simplecnn, SGD lr 0.01 momentum 0.9, batch 64."""
+    folder = tmp_path_factory.mktemp("e2e")
+    proc = distnn("train", "--model", "simplecnn", "--dataset", "fashion_mnist",
+                  "--num_epochs", "1", "--batch_size", "64", "--optimizer", "sgd",
+                  "--learning_rate", "0.01", "--momentum", "0.9", "--validation_split", "0",
+                  "--save_weights", "w.npz", "--history_file", "h.csv", cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder, proc
+
+
+def test_one_epoch_reaches_83_percent(trained):
+    folder, proc = trained
+    loss, acc, samples = _test_result(proc.stdout)
+    assert samples == "10000"
+    assert float(acc) >= 0.83, proc.stdout[-2000:]
+    assert "Training: 1 epoch in" in proc.stdout and "samples/s" in proc.stdout
+    assert "Total parameters: 149,210" in proc.stdout  # model summary printed at start
+    assert (folder / "h.csv").read_text().startswith("epoch,loss,accuracy")
+
+
+def test_evaluate_reproduces_the_test_accuracy(trained):
+    folder, proc = trained
+    ev = distnn("evaluate", "--model", "simplecnn", "--dataset", "fashion_mnist",
+                "--weights_and_bias_filename", "w.npz", cwd=folder)
+    assert ev.returncode == 0, ev.stderr
+    assert _test_result(ev.stdout) == _test_result(proc.stdout)
+
+
+def test_predict_writes_the_test_predictions(trained):
+    folder, proc = trained
+    pr = distnn("predict", "--dataset", "fashion_mnist", "--weights", "w.npz", "--output",
+                "pred.csv", cwd=folder)
+    assert pr.returncode == 0, pr.stderr
+    rows = (folder / "pred.csv").read_text().splitlines()
+    assert len(rows) == 10001
+    correct = sum(int(p) == int(t) for _, p, t in (r.split(",") for r in rows[1:]))
+    assert f"{correct / 10000:.4f}" == _test_result(proc.stdout)[1]
