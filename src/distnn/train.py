@@ -276,10 +276,17 @@ class Trainer:
                     smoothing=0.1)
 
     # -- one step -----------------------------------------------------------------------
+    @property
+    def _sync_bn(self) -> bool:
+        return any(getattr(layer, "stat_reducer", None) is not None
+                   for layer in self.model.walk())
+
     def _train_step(self, batch, sums: np.ndarray) -> None:
         model = self.model
         n = len(batch.x)
-        if n:
+        # SyncBatchNorm layers make collectives inside forward/backward, so a rank with an
+        # empty shard must still run them (the layers accept 0 rows).
+        if n or self._sync_bn:
             logits = model.forward(batch.x, training=True)
             loss_value, dlogits = self.loss_fn(logits, batch.y, denom=batch.global_size)
             model.backward(dlogits)

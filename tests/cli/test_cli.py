@@ -362,3 +362,21 @@ def test_convert_imagenet_then_train(tmp_path):
                   "--model", "simplecnn", "--num_epochs", "1", "--batch_size", "2",
                   "--validation_split", "0", "--evaluate", "false", "--quiet")
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_sync_batchnorm_with_empty_shards_does_not_hang(tmp_path):
+    # 101 samples in global batches of 50 on 3 ranks: the last batch has one sample, so
+    # ranks 1 and 2 get empty shards and must still join the SyncBatchNorm all-reduces.
+    args = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "101",
+            "--global_batch_size", "50", "--model", "resnet20", "--num_epochs", "1",
+            "--validation_split", "0", "--evaluate", "false", "--quiet",
+            "--history_file", "h{}.json"]
+    fmt = lambda n: [a.format(n) if "{}" in a else a for a in args]  # noqa: E731
+    assert distnn("train", *fmt(1), cwd=tmp_path).returncode == 0
+    proc = distnn("train", *fmt(3), "--parallel", "data", "--sync_batchnorm", cwd=tmp_path,
+                  launcher=(MPIEXEC, "-n", "3"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    h1, h3 = _history(tmp_path / "h1.json"), _history(tmp_path / "h3.json")
+    assert h3["loss"] == pytest.approx(h1["loss"], rel=1e-4)
