@@ -80,3 +80,21 @@ def test_predict_writes_the_test_predictions(trained):
     assert len(rows) == 10001
     correct = sum(int(p) == int(t) for _, p, t in (r.split(",") for r in rows[1:]))
     assert f"{correct / 10000:.4f}" == _test_result(proc.stdout)[1]
+
+
+@pytest.mark.mpi
+def test_readme_main_job_on_two_ranks_matches_one_rank(tmp_path):
+    """`mpiexec -n 2 distnn train` (the README main job: defaults, batch 64 per rank, so a
+    global batch of 128) reaches the test accuracy of 1 rank with the same global batch."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("needs the mpiexec of the mpi extra")
+    two = subprocess.run([str(mpiexec), "-n", "2", *COMMAND, "train"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=400)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 ranks" in two.stdout
+    one = distnn("train", "--global_batch_size", "128", cwd=tmp_path, timeout=400)
+    assert one.returncode == 0, one.stderr[-3000:]
+    acc2, acc1 = float(_test_result(two.stdout)[1]), float(_test_result(one.stdout)[1])
+    assert acc2 >= 0.83
+    assert abs(acc2 - acc1) <= 0.01, (acc1, acc2)
