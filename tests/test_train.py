@@ -177,3 +177,15 @@ def test_bad_arguments(splits):
     with pytest.raises(ValueError, match="no full batch"):
         trainer.fit(ArrayDataset(np.zeros((5, 1, 4, 4)), np.zeros(5, np.int64), 3), epochs=1,
                     batch_size=8, drop_last=True)
+
+
+def test_model_fit_shortcut_learns_synthetic_data():
+    from distnn.data import load_dataset
+    from distnn.models import get_model
+    splits = load_dataset("synthetic", input_shape=(1, 8, 8), num_samples=400, seed=1)
+    model = get_model("simplecnn", input_shape=(1, 8, 8), rng=0)
+    history = model.fit(splits.train, epochs=3, batch_size=32, lr=0.01, progress=False,
+                        validation=splits.test)
+    acc = history.history["accuracy"]
+    assert acc[-1] > acc[0]
+    assert history.history["val_accuracy"][-1] > 0.5
