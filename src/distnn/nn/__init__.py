@@ -2,14 +2,10 @@
 from .activations import ACTIVATIONS, LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from .base import Layer
 from .containers import Add, Concat, Sequential
+from .conv import Conv2D
 from .core import Dense, Dropout, Flatten
-
-try:  # TEMPORARY while the conv/pooling/normalization modules are being written
-    from .conv import Conv2D
-    from .normalization import BatchNormalization
-    from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
-except ImportError:
-    pass
+from .normalization import BatchNormalization
+from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 
 __all__ = ["Layer", "Sequential", "Add", "Concat", "Dense", "Flatten", "Dropout", "Conv2D",
            "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "BatchNormalization", "ReLU",

@@ -1,0 +1,25 @@
+"""Pure NumPy kernels behind the layers: convolution, pooling, batch-norm math.
+
+Each op family is one module (``conv``, ``pooling``, ``batchnorm``) of functions over
+arrays; they import nothing from the rest of distnn and keep no state, so another backend
+can be swapped in per module.
+"""
+from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
+                        bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
+                        bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
+                        channel_sum)
+from .conv import (ConvCache, ConvGeometry, col2im, conv2d_backward, conv2d_forward,
+                   conv_geometry, conv_output_size, im2col, same_padding)
+from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
+                      global_avgpool2d_backward, global_avgpool2d_forward, maxpool2d_backward,
+                      maxpool2d_forward, pool_output_shape)
+
+__all__ = [
+    "im2col", "col2im", "conv2d_forward", "conv2d_backward", "conv_output_size",
+    "same_padding", "conv_geometry", "ConvGeometry", "ConvCache",
+    "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+    "global_avgpool2d_forward", "global_avgpool2d_backward", "pool_output_shape", "PoolCache",
+    "bn_forward_train", "bn_batch_stats", "bn_sums", "bn_stats_from_sums", "bn_normalize",
+    "bn_xhat", "bn_inference", "bn_grad_sums", "bn_backward_dx", "bn_backward_dx_inference",
+    "channel_sum", "channel_dot", "channel_count",
+]

@@ -1,0 +1,151 @@
+"""Batch-normalization math over the channel axis (axis 1) of (N, C) or (N, C, ...) arrays.
+
+Statistics are per channel over every other axis. Training uses the biased batch variance
+to normalize; the unbiased one is what a caller puts into its running variance.
+
+For synchronized batch norm across processes the statistics travel as sums: ``bn_sums``
+packs [sum(x), sum(x*x), count] into one float64 vector that can be added over ranks,
+and ``bn_stats_from_sums`` turns the total back into mean and variance. The backward pass
+likewise needs only the two per-channel sums of ``bn_grad_sums`` (add them over ranks for
+the synchronized version) and the global count.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _by_channel(x: np.ndarray) -> np.ndarray:
+    """x as (N, C, rest) so that reductions run over contiguous runs."""
+    return x.reshape(x.shape[0], x.shape[1], int(np.prod(x.shape[2:])))
+
+
+def _bshape(x: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per-channel vector v shaped to broadcast against x."""
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False)
+
+
+def channel_count(x: np.ndarray) -> int:
+    """Values per channel: N * prod(spatial)."""
+    return int(x.size // x.shape[1]) if x.shape[1] else 0
+
+
+def channel_sum(x: np.ndarray) -> np.ndarray:
+    """Per-channel sum over all axes but 1."""
+    if x.ndim == 2:
+        return x.sum(axis=0)
+    return np.einsum("ncp->c", _by_channel(x))
+
+
+def channel_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-channel sum of a * b over all axes but 1, without a temporary of a's size."""
+    if a.ndim == 2:
+        return np.einsum("nc,nc->c", a, b)
+    return np.einsum("ncp,ncp->c", _by_channel(a), _by_channel(b))
+
+
+def bn_batch_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and biased variance (two passes, for accuracy), in x's dtype;
+    zeros for an empty batch."""
+    n = max(channel_count(x), 1)
+    mean = channel_sum(x) / x.dtype.type(n)
+    xc = x - _bshape(x, mean)
+    var = channel_dot(xc, xc) / x.dtype.type(n)
+    return mean, var
+
+
+def bn_sums(x: np.ndarray) -> np.ndarray:
+    """[sum(x) (C), sum(x*x) (C), count (1)] per channel, packed in one float64 vector."""
+    c = x.shape[1]
+    out = np.empty(2 * c + 1, np.float64)
+    out[:c] = channel_sum(x)
+    out[c:2 * c] = channel_dot(x, x)
+    out[2 * c] = channel_count(x)
+    return out
+
+
+def bn_stats_from_sums(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Mean, biased variance (float64) and count from (possibly rank-summed) ``bn_sums``."""
+    c = (sums.size - 1) // 2
+    count = int(round(float(sums[2 * c])))
+    mean = sums[:c] / max(count, 1)
+    var = np.maximum(sums[c:2 * c] / max(count, 1) - mean * mean, 0.0)
+    return mean, var, count
+
+
+def bn_xhat(x: np.ndarray, mean: np.ndarray, var: np.ndarray,
+            eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """xhat = (x - mean) / sqrt(var + eps) (a new array) and invstd per channel, in x's dtype."""
+    dt = x.dtype
+    invstd = (1.0 / np.sqrt(np.asarray(var, np.float64) + eps)).astype(dt)
+    xhat = np.subtract(x, _bshape(x, np.asarray(mean)))
+    xhat *= _bshape(x, invstd)
+    return xhat, invstd
+
+
+def bn_normalize(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.ndarray,
+                 beta: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """y = gamma * xhat + beta with xhat = (x - mean) / sqrt(var + eps).
+
+    Returns (y, xhat, invstd); invstd is per channel in x's dtype.
+    """
+    xhat, invstd = bn_xhat(x, mean, var, eps)
+    y = np.multiply(xhat, _bshape(x, gamma))
+    y += _bshape(x, beta)
+    return y, xhat, invstd
+
+
+def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Training-mode batch norm with this batch's statistics, centring x only once.
+
+    Returns (y, xhat, mean, var, invstd); var is the biased batch variance.
+    """
+    n = max(channel_count(x), 1)
+    mean = channel_sum(x) / x.dtype.type(n)
+    xhat = np.subtract(x, _bshape(x, mean))
+    var = channel_dot(xhat, xhat) / x.dtype.type(n)
+    invstd = (1.0 / np.sqrt(var.astype(np.float64) + eps)).astype(x.dtype)
+    xhat *= _bshape(x, invstd)
+    y = np.multiply(xhat, _bshape(x, gamma))
+    y += _bshape(x, beta)
+    return y, xhat, mean, var, invstd
+
+
+def bn_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.ndarray,
+                 beta: np.ndarray, eps: float) -> np.ndarray:
+    """y with fixed (running) statistics, as one scale and shift per channel."""
+    invstd = 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
+    scale = np.asarray(gamma, np.float64) * invstd
+    shift = np.asarray(beta, np.float64) - np.asarray(mean, np.float64) * scale
+    y = np.multiply(x, _bshape(x, scale))
+    y += _bshape(x, shift)
+    return y
+
+
+def bn_grad_sums(dy: np.ndarray, xhat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel sum(dy) (= dbeta) and sum(dy * xhat) (= dgamma)."""
+    return channel_sum(dy), channel_dot(dy, xhat)
+
+
+def bn_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, invstd: np.ndarray,
+                   sum_dy: np.ndarray, sum_dy_xhat: np.ndarray, count: int) -> np.ndarray:
+    """dx of training-mode batch norm, given the (global) sums and count:
+    dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count)."""
+    dt = dy.dtype
+    count = max(count, 1)
+    g = np.asarray(gamma, np.float64) * np.asarray(invstd, np.float64)
+    a = g                                                   # coefficient of dy
+    b = -g * np.asarray(sum_dy_xhat, np.float64) / count    # coefficient of xhat
+    c = -g * np.asarray(sum_dy, np.float64) / count         # constant
+    dx = np.multiply(dy, _bshape(dy, a.astype(dt)))
+    tmp = np.multiply(xhat, _bshape(dy, b.astype(dt)))
+    dx += tmp
+    dx += _bshape(dy, c.astype(dt))
+    return dx
+
+
+def bn_backward_dx_inference(dy: np.ndarray, gamma: np.ndarray, var: np.ndarray,
+                             eps: float) -> np.ndarray:
+    """dx of ``bn_inference`` (statistics are constants there)."""
+    scale = np.asarray(gamma, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
+    return np.multiply(dy, _bshape(dy, scale))
