@@ -229,10 +229,18 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     g = conv_geometry(x.shape, w.shape[2:], stride, padding, dilation)
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
-    flat = (g.sh, g.sw) == (1, 1) if method is None else method == "flat"
+    ckk = g.c * g.kh * g.kw
+    if method is None:
+        # The flat layout wins for few input channels on large images (simplecnn, first
+        # layers); it computes every padded position, so with many channels or small
+        # images (padding a large share of the columns) the compact layout is faster
+        # (measured: 512ch 4x4 fwd+bwd 198 vs 380 ms; 16ch 32x32 36 vs 30 ms).
+        flat = ((g.sh, g.sw) == (1, 1) and ckk <= 256
+                and g.hp * g.wp <= 1.3 * g.oh * g.ow)
+    else:
+        flat = method == "flat"
     if flat and (g.sh, g.sw) != (1, 1):
         raise ValueError("method='flat' needs stride 1")
-    ckk = g.c * g.kh * g.kw
     w2 = w.reshape(f, ckk)
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     if flat:
