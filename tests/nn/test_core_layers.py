@@ -186,3 +186,12 @@ def test_save_load_roundtrip_and_mismatch(tmp_path):
 def test_summary_table():
     text = _mlp().summary()
     assert "dense_0" in text and "Total parameters" in text and "#Params" in text
+
+
+def test_reuse_freed_memory_toggles_on_glibc():
+    import sys
+
+    from distnn.nn import reuse_freed_memory
+    expected = sys.platform.startswith("linux")
+    assert reuse_freed_memory(False) is expected
+    assert reuse_freed_memory(True) is expected

@@ -1,5 +1,6 @@
 """distnn's NumPy layer engine."""
 from .activations import ACTIVATIONS, LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
+from .allocator import reuse_freed_memory
 from .base import Layer
 from .containers import Add, Concat, Sequential
 from .conv import Conv2D
@@ -7,6 +8,8 @@ from .core import Dense, Dropout, Flatten
 from .normalization import BatchNormalization
 from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 
-__all__ = ["Layer", "Sequential", "Add", "Concat", "Dense", "Flatten", "Dropout", "Conv2D",
-           "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "BatchNormalization", "ReLU",
+reuse_freed_memory()
+
+__all__ = ["reuse_freed_memory", "Layer", "Sequential", "Add", "Concat", "Dense", "Flatten",
+           "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "BatchNormalization", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS"]
