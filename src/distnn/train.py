@@ -21,18 +21,19 @@ Example:
 """
 from __future__ import annotations
 
-import csv
-import json
-import os
 import sys
-import tempfile
 import time
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
 from . import dist
 from .callbacks import _ALIASES, Callback, TrainingCheckpoint
+from .evaluation import _EvaluationMixin, resolve_batch_sizes
+from .history import History, _OutputMixin
+# Re-exported: the profiler and the CLI import it from here.
+from .history import atomic_write_text  # noqa: F401
+
 
 __all__ = ["Trainer", "History", "fit", "metric_key", "resolve_batch_sizes"]
 
@@ -45,114 +46,7 @@ def metric_key(name: str) -> str:
     return alias if alias is not None and alias != "loss" else base
 
 
-def resolve_batch_sizes(batch_size: int | None, global_batch_size: int | None,
-                        size: int) -> tuple[int, int]:
-    """(per-rank, global) batch sizes. ``batch_size`` is per rank (PyDTNN); a given
-    ``global_batch_size`` wins and the per-rank size is then its share rounded up."""
-    for name, value in (("batch_size", batch_size), ("global_batch_size", global_batch_size)):
-        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if global_batch_size is not None:
-        return -(-int(global_batch_size) // size), int(global_batch_size)
-    if batch_size is None:
-        raise ValueError("give batch_size (per rank) or global_batch_size")
-    return int(batch_size), int(batch_size) * size
-
-
-class History:
-    """Per-epoch logs of a run, like Keras's ``History``.
-
-    Attributes:
-        records: one dict per finished epoch: "epoch" (1-based), "loss", metrics,
-            "val_*", "lr", "time" (s) and "samples_per_s".
-        history: the same as {key: [value per epoch]}.
-    """
-
-    def __init__(self, records: Iterable[dict[str, Any]] = ()):
-        self.records: list[dict[str, Any]] = [dict(r) for r in records]
-        self.stop_reason: str | None = None
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.records.append(dict(record))
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    @property
-    def history(self) -> dict[str, list]:
-        keys: list[str] = []
-        for r in self.records:
-            keys += [k for k in r if k not in keys]
-        return {k: [r.get(k) for r in self.records] for k in keys}
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write to ``path``: CSV when it ends in .csv (one row per epoch), else JSON
-        ({key: [values]}). The write is atomic."""
-        path = os.fspath(path)
-
-        def write(f):
-            if path.lower().endswith(".csv"):
-                hist = self.history
-                w = csv.writer(f)
-                w.writerow(list(hist))
-                for row in zip(*hist.values()):
-                    w.writerow(["" if v is None else v for v in row])
-            else:
-                json.dump(self.history, f, indent=1)
-                f.write("\n")
-
-        atomic_write_text(path, write)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "History":
-        path = os.fspath(path)
-        with open(path, newline="") as f:
-            if path.lower().endswith(".csv"):
-                rows = list(csv.DictReader(f))
-                return cls([{k: _number(v) for k, v in r.items()} for r in rows])
-            hist = json.load(f)
-        n = max((len(v) for v in hist.values()), default=0)
-        return cls([{k: v[i] for k, v in hist.items()} for i in range(n)])
-
-    def __repr__(self) -> str:
-        return f"History({len(self)} epochs, keys={list(self.history)})"
-
-
-def _number(text: str):
-    if text == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
-
-
-def atomic_write_text(path: str, write: Callable[[TextIO], None]) -> None:
-    """Write a text file through a temporary file in the same folder and ``os.replace``,
-    so readers never see a half-written file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _fmt(value: float) -> str:
-    if value is None:
-        return "-"
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        return f"{value:.3e}"
-    return f"{value:.4f}"
-
-
-class Trainer:
+class Trainer(_OutputMixin, _EvaluationMixin):
     """Trains, evaluates and runs a model on sharded datasets, over a communicator.
 
     Args:
@@ -250,31 +144,6 @@ class Trainer:
         from .metrics import get_metric
         return metric_key(metric), get_metric(metric)
 
-    # -- output -------------------------------------------------------------------------
-    @property
-    def is_root(self) -> bool:
-        return self.comm.rank == 0
-
-    def print(self, message: str, force: bool = False) -> None:
-        """Print a line on rank 0 (through tqdm while a bar is drawn); only when verbose,
-        unless ``force`` (output the user asked for, like profiles)."""
-        if not (self.is_root and (self.verbose or force)):
-            return
-        if self._bar is not None:
-            from tqdm import tqdm
-            tqdm.write(message, file=sys.stderr)
-        else:
-            print(message, file=self.out, flush=True)
-
-    def _make_bar(self, total: int, desc: str):
-        if not (self.progress and self.is_root):
-            return None
-        from tqdm import tqdm
-        tty = sys.stderr.isatty()
-        return tqdm(total=total, desc=desc, unit="sample", unit_scale=True, file=sys.stderr,
-                    leave=True, dynamic_ncols=True, mininterval=0.2 if tty else 10.0,
-                    smoothing=0.1)
-
     # -- one step -----------------------------------------------------------------------
     @property
     def _sync_bn(self) -> bool:
@@ -299,13 +168,6 @@ class Trainer:
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
         self.optimizer.step()
-
-    def _logs(self, sums: np.ndarray, prefix: str = "") -> dict[str, float]:
-        count = sums[-1]
-        names = [self.loss_key, *self.metric_fns]
-        if count == 0:
-            return {prefix + k: float("nan") for k in names}
-        return {prefix + k: float(v / count) for k, v in zip(names, sums[:-1])}
 
     # -- fit ----------------------------------------------------------------------------
     def fit(self, train, *, epochs: int = 1, batch_size: int | None = 64,
@@ -465,97 +327,6 @@ class Trainer:
         self.train_time += elapsed
         self.train_samples += samples
         return logs
-
-    @staticmethod
-    def _postfix(logs: dict[str, float]) -> str:
-        return " ".join(f"{k}={_fmt(v)}" for k, v in logs.items()
-                        if k not in ("time", "samples_per_s", "lr"))
-
-    def _epoch_line(self, record: dict[str, Any]) -> None:
-        bar, self._bar = self._bar, None
-        if bar is not None:
-            bar.set_postfix_str(self._postfix({k: v for k, v in record.items()
-                                               if k != "epoch"}), refresh=False)
-            bar.close()
-            return
-        parts = [f"{k}={_fmt(v)}" for k, v in record.items()
-                 if k not in ("epoch", "time", "samples_per_s")]
-        self.print(f"Epoch {record['epoch']}/{self.num_epochs}: {' '.join(parts)} "
-                   f"({record['time']:.1f} s, {record['samples_per_s']:,.0f} samples/s)")
-
-    # -- evaluate / predict -------------------------------------------------------------
-    def evaluate(self, dataset, *, batch_size: int | None = None,
-                 global_batch_size: int | None = None, steps: int = 0,
-                 prefix: str = "") -> dict[str, float]:
-        """Loss and metrics over ``dataset``, exact over the ranks (every sample counted
-        once). Collective: every rank must call it.
-
-        Args:
-            dataset: a Dataset.
-            batch_size / global_batch_size: per-rank (default 256) or global batch size.
-            steps: evaluate at most this many batches (0: all).
-            prefix: put before every key (the trainer uses "val_").
-        """
-        comm = self.comm
-        if batch_size is None and global_batch_size is None:
-            batch_size = 256
-        _, gbs = resolve_batch_sizes(batch_size, global_batch_size, comm.size)
-        sums = np.zeros(len(self.metric_fns) + 2, dtype=np.float64)
-        batches = dataset.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
-        try:
-            for i, batch in enumerate(batches):
-                if steps and i >= steps:
-                    break
-                n = len(batch.x)
-                if not n:
-                    continue
-                logits = self.model.forward(batch.x, training=False)
-                loss_value, _ = self.loss_fn(logits, batch.y, denom=n)
-                sums[0] += float(loss_value) * n
-                for j, fn in enumerate(self.metric_fns.values(), start=1):
-                    sums[j] += float(fn(logits, batch.y))
-                sums[-1] += n
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-        comm.allreduce_(sums, "sum")
-        self.last_eval_count = int(sums[-1])
-        return self._logs(sums, prefix)
-
-    def predict(self, data, *, batch_size: int = 256, steps: int = 0,
-                return_labels: bool = False):
-        """Model outputs (logits) for a Dataset (in dataset order, the ranks sharing the
-        work, every rank getting the whole result; collective) or for an array (computed
-        locally). With ``return_labels`` (datasets only) returns (outputs, labels)."""
-        if isinstance(data, np.ndarray):
-            return self.model.predict(data, batch_size=batch_size)
-        comm = self.comm
-        _, gbs = resolve_batch_sizes(batch_size, None, comm.size)
-        empty = np.empty((0,) + tuple(self.model.output_shape), self.model.dtype)
-        outs, labels = [], []
-        batches = data.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
-        try:
-            for i, batch in enumerate(batches):
-                if steps and i >= steps:
-                    break
-                outs.append(self.model.forward(batch.x, training=False) if len(batch.x)
-                            else empty)
-                labels.append(batch.y)
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-        if comm.size > 1:
-            # Shards are np.array_split pieces in rank order: global batch i is the ranks'
-            # i-th parts, concatenated in rank order.
-            everyone = comm.allgather_obj((outs, labels))
-            outs = [everyone[r][0][i] for i in range(len(outs)) for r in range(comm.size)]
-            labels = [everyone[r][1][i] for i in range(len(labels)) for r in range(comm.size)]
-        result = np.concatenate(outs) if outs else empty
-        if return_labels:
-            return result, (np.concatenate(labels) if labels else np.empty(0, np.int64))
-        return result
 
 
 def fit(model, train, *, optimizer=None, lr: float = 0.01, epochs: int = 1,

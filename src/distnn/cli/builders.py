@@ -1,0 +1,198 @@
+"""Set-up shared by the ``distnn`` commands: the communicator, collective error checks,
+and the dataset splits, model, optimizer, callbacks and augmentation a ``RunConfig``
+asks for.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from .config import TRAIN, ConfigError, RunConfig
+
+
+class UserError(Exception):
+    """An error caused by the user's input, reported in one line with exit status 2."""
+
+
+def make_comm(parallel: str):
+    """LocalComm for 'sequential'; the MPI world (size 1 without mpiexec) otherwise."""
+    from .. import dist
+    if parallel == "sequential":
+        return dist.init(dist.LocalComm())
+    return dist.init()
+
+
+def _collective(comm, what: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on every rank; if it fails with a user error on any rank, raise
+    ``UserError`` on every rank (one all-gather), so no rank waits in a collective."""
+    from ..data import DatasetError
+    error = None
+    result = None
+    try:
+        result = fn()
+    except (DatasetError, ValueError, OSError, KeyError) as exc:
+        error = f"{what}: {exc}" if not str(exc).startswith(what) else str(exc)
+        if isinstance(exc, KeyError):
+            error = f"{what}: missing entry {exc}"
+    errors = comm.allgather_obj(error) if comm.size > 1 else [error]
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, message = failed[0]
+        raise UserError(message if comm.size == 1 or rank == comm.rank or len(failed) == comm.size
+                        else f"[rank {rank}] {message}")
+    return result
+
+
+def load_splits(cfg: RunConfig, comm):
+    """The dataset splits the config asks for (train/val/test; test from
+    --dataset_test_path when given)."""
+    from ..data import DATASETS, load_dataset
+    d = cfg.data
+    accepted = set(inspect.signature(DATASETS[d.dataset]).parameters)
+    reader_options = {name: getattr(d, name) for name in READER_OPTIONS
+                      if name in accepted and getattr(d, name) is not None}
+    common = dict(dtype=np.dtype(cfg.model.dtype), normalize=d.normalize,
+                  seed=cfg.model.random_seed, **reader_options)
+    training = cfg.command == TRAIN and not cfg.train.evaluate_only
+    test_as_val = training and d.test_as_validation
+    splits = load_dataset(d.dataset, path=d.dataset_path,
+                          validation_split=0.0 if test_as_val or not training
+                          else d.validation_split,
+                          test_as_validation=test_as_val, **common)
+    if d.dataset_test_path:
+        from ..data import Splits
+        test = load_dataset(d.dataset, path=d.dataset_test_path, **common).test
+        splits = Splits(splits.train, test if test_as_val else splits.val, test)
+    return splits
+
+
+READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name", "labels_name",
+                  "input_shape", "num_classes", "num_samples")
+
+
+def build_model(cfg: RunConfig, dataset):
+    from ..models import get_model
+    model = get_model(cfg.model.model, input_shape=dataset.input_shape,
+                      num_classes=dataset.num_classes, dtype=np.dtype(cfg.model.dtype),
+                      rng=cfg.model.random_seed)
+    if cfg.model.weights_and_bias_filename:
+        model.load_weights(cfg.model.weights_and_bias_filename)
+    return model
+
+
+# Optimizer hyper-parameters from PyDTNN's option names, per optimizer (None: its default).
+def _sgd_options(o):
+    return {"momentum": o.momentum, "nesterov": o.nesterov, "weight_decay": o.decay}
+
+
+def _rmsprop_options(o):
+    return {"alpha": o.rho, "eps": o.epsilon, "weight_decay": o.decay}
+
+
+def _adam_options(o):
+    betas = None
+    if o.beta1 is not None or o.beta2 is not None:
+        betas = (0.9 if o.beta1 is None else o.beta1, 0.999 if o.beta2 is None else o.beta2)
+    return {"betas": betas, "eps": o.epsilon, "weight_decay": o.decay}
+
+
+def _adadelta_options(o):
+    return {"rho": o.rho, "eps": o.epsilon, "weight_decay": o.decay}
+
+
+OPTIMIZER_OPTIONS: dict[str, Callable] = {
+    "sgd": _sgd_options, "rmsprop": _rmsprop_options, "adam": _adam_options,
+    "adamw": _adam_options, "nadam": _adam_options, "adadelta": _adadelta_options,
+}
+
+
+def build_optimizer(cfg: RunConfig, model, size: int):
+    from ..optim import get_optimizer
+    o = cfg.optim
+    hyper = {k: v for k, v in OPTIMIZER_OPTIONS[o.optimizer](o).items() if v is not None}
+    lr = o.learning_rate * (size if o.learning_rate_scaling else 1)
+    return get_optimizer(o.optimizer, model, lr=lr, **hyper)
+
+
+# LR schedulers and callbacks by --lr_schedulers name.
+def _warm_up(s, ctx):
+    from ..callbacks import WarmUp
+    start = 1.0 / ctx["size"] if ctx["scaled"] and ctx["size"] > 1 else 0.0
+    return WarmUp(epochs=s.warm_up_epochs, batches=s.warm_up_batches, start_factor=start)
+
+
+def _early_stopping(s, ctx):
+    from ..callbacks import EarlyStopping
+    return EarlyStopping(s.early_stopping_metric, patience=s.early_stopping_patience,
+                         min_delta=s.early_stopping_min_delta,
+                         restore_best_weights=s.early_stopping_restore_best)
+
+
+def _reduce_lr_on_plateau(s, ctx):
+    from ..callbacks import ReduceLROnPlateau
+    return ReduceLROnPlateau(s.reduce_lr_on_plateau_metric, factor=s.reduce_lr_on_plateau_factor,
+                             patience=s.reduce_lr_on_plateau_patience,
+                             min_lr=s.reduce_lr_on_plateau_min_lr)
+
+
+def _reduce_lr_every_nepochs(s, ctx):
+    from ..callbacks import ReduceLREveryNEpochs
+    return ReduceLREveryNEpochs(s.reduce_lr_every_nepochs_nepochs,
+                                factor=s.reduce_lr_every_nepochs_factor,
+                                min_lr=s.reduce_lr_every_nepochs_min_lr)
+
+
+def _stop_at_loss(s, ctx):
+    from ..callbacks import TargetMetric, metric_mode
+    op = ">=" if metric_mode(s.stop_at_loss_metric) == "max" else "<="
+    return TargetMetric(s.stop_at_loss_metric, op, s.stop_at_loss_threshold)
+
+
+def _model_checkpoint(s, ctx):
+    from ..callbacks import ModelCheckpoint
+    return ModelCheckpoint(s.model_checkpoint_file, monitor=s.model_checkpoint_metric,
+                           save_freq=s.model_checkpoint_save_freq,
+                           save_best_only=s.model_checkpoint_best_only)
+
+
+SCHEDULERS: dict[str, Callable] = {
+    "warm_up": _warm_up, "early_stopping": _early_stopping,
+    "reduce_lr_on_plateau": _reduce_lr_on_plateau,
+    "reduce_lr_every_nepochs": _reduce_lr_every_nepochs, "stop_at_loss": _stop_at_loss,
+    "model_checkpoint": _model_checkpoint,
+}
+
+
+def build_callbacks(cfg: RunConfig, size: int) -> list:
+    from ..callbacks import (TrainingCheckpoint, parse_early_stopping, parse_target_metric)
+    s = cfg.sched
+    ctx = {"size": size, "scaled": cfg.optim.learning_rate_scaling}
+    names = list(dict.fromkeys(s.lr_schedulers))
+    if s.early_stopping and "early_stopping" in names:
+        names.remove("early_stopping")
+    try:
+        callbacks = [SCHEDULERS[name](s, ctx) for name in names]
+        if s.early_stopping:
+            callbacks.append(parse_early_stopping(
+                s.early_stopping, min_delta=s.early_stopping_min_delta,
+                restore_best_weights=s.early_stopping_restore_best))
+        if s.target_metric:
+            callbacks.append(parse_target_metric(s.target_metric))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.train.checkpoint:
+        callbacks.append(TrainingCheckpoint(cfg.train.checkpoint, cfg.train.checkpoint_freq))
+    return callbacks
+
+
+def build_augment(cfg: RunConfig) -> list:
+    from ..data import RandomCrop, RandomFlip
+    d = cfg.data
+    out = []
+    if d.flip_images:
+        out.append(RandomFlip(d.flip_images_prob))
+    if d.crop_images:
+        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob))
+    return out

@@ -1,0 +1,172 @@
+"""Kinds of option values: each parses a command-line string and checks a value from
+anywhere (TOML, Python), raising ValueError with the rule and the value.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+
+class Kind:
+    """Parses a command-line string and checks a value from anywhere (TOML, Python)."""
+
+    metavar = "VALUE"
+
+    def parse(self, text: str) -> Any:
+        return self.check(text)
+
+    def check(self, value: Any) -> Any:
+        return value
+
+
+class Int(Kind):
+    metavar = "N"
+
+    def __init__(self, low: int = 1):
+        self.low = low
+
+    def parse(self, text):
+        try:
+            return self.check(int(text))
+        except ValueError:
+            raise ValueError(f"must be an integer >= {self.low}, got {text!r}") from None
+
+    def check(self, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.low:
+            raise ValueError(f"must be an integer >= {self.low}, got {value!r}")
+        return int(value)
+
+
+class Float(Kind):
+    metavar = "X"
+
+    def __init__(self, low: float = 0.0, high: float = math.inf, low_open: bool = False,
+                 high_open: bool = False):
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        lo = "(" if low_open else "["
+        hi = ")" if high_open or high == math.inf else "]"
+        self.rule = f"must be a number in {lo}{low:g}, {high:g}{hi}"
+
+    def parse(self, text):
+        try:
+            return self.check(float(text))
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.rule}, got {text!r}") from None
+
+    def check(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{self.rule}, got {value!r}")
+        v = float(value)
+        ok = (not math.isnan(v) and (v > self.low if self.low_open else v >= self.low)
+              and (v < self.high if self.high_open else v <= self.high))
+        if not ok:
+            raise ValueError(f"{self.rule}, got {value!r}")
+        return v
+
+
+class Bool(Kind):
+    metavar = "BOOL"
+    TRUE = {"true", "yes", "on", "1", "y", "t"}
+    FALSE = {"false", "no", "off", "0", "n", "f"}
+
+    def parse(self, text):
+        low = str(text).strip().lower()
+        if low in self.TRUE:
+            return True
+        if low in self.FALSE:
+            return False
+        raise ValueError(f"must be true or false, got {text!r}")
+
+    def check(self, value):
+        if isinstance(value, str):
+            return self.parse(value)
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+
+
+class Str(Kind):
+    metavar = "TEXT"
+
+    def __init__(self, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+                 metavar: str | None = None, lower: bool = True):
+        self._choices, self.lower = choices, lower
+        if metavar:
+            self.metavar = metavar
+
+    @property
+    def choices(self):
+        c = self._choices() if callable(self._choices) else self._choices
+        return sorted(c) if c is not None else None
+
+    def check(self, value):
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string, got {value!r}")
+        choices = self.choices
+        if choices is not None:
+            key = value.lower().replace("-", "_") if self.lower else value
+            if key not in choices:
+                raise ValueError(f"must be one of {', '.join(choices)}; got {value!r}")
+            return key
+        if not value:
+            raise ValueError("must not be empty, got ''")
+        return value
+
+
+class List(Kind):
+    """Comma-separated names on the command line; a list (or such a string) in TOML."""
+
+    metavar = "A,B"
+
+    def __init__(self, choices: Callable[[], Sequence[str]] | Sequence[str] | None = None):
+        self._choices = choices
+
+    def check(self, value):
+        if isinstance(value, str):
+            items = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            items = [v.strip() for v in value if v.strip()]
+        else:
+            raise ValueError(f"must be comma-separated names, got {value!r}")
+        choices = self._choices() if callable(self._choices) else self._choices
+        if choices is not None:
+            items = [v.lower().replace("-", "_") for v in items]
+            bad = [v for v in items if v not in choices]
+            if bad:
+                raise ValueError(f"must list names from {', '.join(sorted(choices))}; got "
+                                 f"{', '.join(bad)!r}")
+        return tuple(items)
+
+
+class Shape(Kind):
+    metavar = "C,H,W"
+
+    def check(self, value):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                value = [int(v) for v in value.replace("x", ",").split(",")]
+            except ValueError:
+                raise ValueError(f"must be positive integers like 1,28,28, got {value!r}") from None
+        if (not isinstance(value, (list, tuple)) or not value
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                           for v in value)):
+            raise ValueError(f"must be positive integers like 1,28,28, got {value!r}")
+        return tuple(value)
+
+
+class Maybe(Kind):
+    """Another kind that also accepts None ('' or 'none' on the command line)."""
+
+    def __init__(self, inner: Kind):
+        self.inner = inner
+        self.metavar = inner.metavar
+
+    def parse(self, text):
+        return None if str(text).strip().lower() in ("", "none") else self.inner.parse(text)
+
+    def check(self, value):
+        return None if value is None else self.inner.check(value)

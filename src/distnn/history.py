@@ -1,0 +1,151 @@
+"""What a run records and shows: the per-epoch ``History`` (saved atomically as JSON or
+CSV) and the ``Trainer``'s rank-0 output (epoch lines, tqdm progress bars).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Callable, Iterable, TextIO
+
+
+class History:
+    """Per-epoch logs of a run, like Keras's ``History``.
+
+    Attributes:
+        records: one dict per finished epoch: "epoch" (1-based), "loss", metrics,
+            "val_*", "lr", "time" (s) and "samples_per_s".
+        history: the same as {key: [value per epoch]}.
+    """
+
+    def __init__(self, records: Iterable[dict[str, Any]] = ()):
+        self.records: list[dict[str, Any]] = [dict(r) for r in records]
+        self.stop_reason: str | None = None
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def history(self) -> dict[str, list]:
+        keys: list[str] = []
+        for r in self.records:
+            keys += [k for k in r if k not in keys]
+        return {k: [r.get(k) for r in self.records] for k in keys}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write to ``path``: CSV when it ends in .csv (one row per epoch), else JSON
+        ({key: [values]}). The write is atomic."""
+        path = os.fspath(path)
+
+        def write(f):
+            if path.lower().endswith(".csv"):
+                hist = self.history
+                w = csv.writer(f)
+                w.writerow(list(hist))
+                for row in zip(*hist.values()):
+                    w.writerow(["" if v is None else v for v in row])
+            else:
+                json.dump(self.history, f, indent=1)
+                f.write("\n")
+
+        atomic_write_text(path, write)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "History":
+        path = os.fspath(path)
+        with open(path, newline="") as f:
+            if path.lower().endswith(".csv"):
+                rows = list(csv.DictReader(f))
+                return cls([{k: _number(v) for k, v in r.items()} for r in rows])
+            hist = json.load(f)
+        n = max((len(v) for v in hist.values()), default=0)
+        return cls([{k: v[i] for k, v in hist.items()} for i in range(n)])
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} epochs, keys={list(self.history)})"
+
+
+def _number(text: str):
+    if text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+
+
+def atomic_write_text(path: str, write: Callable[[TextIO], None]) -> None:
+    """Write a text file through a temporary file in the same folder and ``os.replace``,
+    so readers never see a half-written file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt(value: float) -> str:
+    if value is None:
+        return "-"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4f}"
+
+
+class _OutputMixin:
+    """The ``Trainer``'s output on rank 0: summary lines and one progress bar per epoch.
+    Uses the trainer's ``comm``, ``verbose``, ``progress``, ``out``, ``num_epochs`` and
+    ``_bar``."""
+
+    @property
+    def is_root(self) -> bool:
+        return self.comm.rank == 0
+
+    def print(self, message: str, force: bool = False) -> None:
+        """Print a line on rank 0 (through tqdm while a bar is drawn); only when verbose,
+        unless ``force`` (output the user asked for, like profiles)."""
+        if not (self.is_root and (self.verbose or force)):
+            return
+        if self._bar is not None:
+            from tqdm import tqdm
+            tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=self.out, flush=True)
+
+    def _make_bar(self, total: int, desc: str):
+        if not (self.progress and self.is_root):
+            return None
+        from tqdm import tqdm
+        tty = sys.stderr.isatty()
+        return tqdm(total=total, desc=desc, unit="sample", unit_scale=True, file=sys.stderr,
+                    leave=True, dynamic_ncols=True, mininterval=0.2 if tty else 10.0,
+                    smoothing=0.1)
+
+    @staticmethod
+    def _postfix(logs: dict[str, float]) -> str:
+        return " ".join(f"{k}={_fmt(v)}" for k, v in logs.items()
+                        if k not in ("time", "samples_per_s", "lr"))
+
+    def _epoch_line(self, record: dict[str, Any]) -> None:
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.set_postfix_str(self._postfix({k: v for k, v in record.items()
+                                               if k != "epoch"}), refresh=False)
+            bar.close()
+            return
+        parts = [f"{k}={_fmt(v)}" for k, v in record.items()
+                 if k not in ("epoch", "time", "samples_per_s")]
+        self.print(f"Epoch {record['epoch']}/{self.num_epochs}: {' '.join(parts)} "
+                   f"({record['time']:.1f} s, {record['samples_per_s']:,.0f} samples/s)")
