@@ -1,0 +1,35 @@
+"""Smoke test of the benchmark harness: ``python -m benchmarks --quick`` end to end."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_quick_run_prints_table_rows():
+    pytest.importorskip("torch")
+    mpi = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) is not None
+    configs, peers = ("1p1t,2r1t", "torch,ddp") if mpi else ("1p1t", "torch")
+    cmd = [sys.executable, "-m", "benchmarks", "--quick", "--models", "simplecnn",
+           "--configs", configs, "--peers", peers]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]): line
+            for line in r.stdout.splitlines() if line.startswith("| simplecnn ")}
+    expected = [("1p1t", "distnn"), ("1p1t", "torch")]
+    if mpi:
+        expected += [("2r1t", "distnn"), ("2r1t", "torch-ddp")]
+    for config, system in expected:
+        line = rows.get(("simplecnn", config, system))
+        assert line is not None, f"no {system} row in:\n{r.stdout}\n{r.stderr[-2000:]}"
+        sps = line.strip("|").split("|")[3].strip()
+        assert float(sps) > 0, line
+    assert "0.00x" not in rows[("simplecnn", "1p1t", "torch")]
+    assert "distnn ÷ system" in r.stdout
