@@ -113,6 +113,17 @@ def _offset_views(g: ConvGeometry, i: int, j: int):
     return out_sl, in_sl, (oh1 - oh0) * (ow1 - ow0)
 
 
+def _zero_outside(a: np.ndarray, rows: slice, cols: slice) -> None:
+    """Zero a[..., h, w] outside the window [rows, cols] (the padding border only)."""
+    h, w = a.shape[-2:]
+    r0, r1 = rows.start, rows.stop
+    c0, c1 = cols.start, cols.stop
+    a[..., :r0, :].fill(0)
+    a[..., r1:, :].fill(0)
+    a[..., r0:r1, :c0].fill(0)
+    a[..., r0:r1, c1:].fill(0)
+
+
 # -- compact layout -----------------------------------------------------------------------
 def _im2col_compact(x: np.ndarray, g: ConvGeometry, out: np.ndarray) -> np.ndarray:
     col = out.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
@@ -122,7 +133,7 @@ def _im2col_compact(x: np.ndarray, g: ConvGeometry, out: np.ndarray) -> np.ndarr
             dst = col[:, i, j]
             (osh, osw), (ish, isw), count = _offset_views(g, i, j)
             if count < g.oh * g.ow:
-                dst.fill(0)
+                _zero_outside(dst, osh, osw)
             if count:
                 dst[:, :, osh, osw] = xt[:, :, ish, isw]
     return out
@@ -277,7 +288,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     ckk = g.c * g.kh * g.kw
     if flat:
         dyw = _buffer(ws, "yw", (f, g.n * g.hp * g.wp), dy.dtype).reshape(f, g.n, g.hp, g.wp)
-        dyw.fill(0)
+        _zero_outside(dyw, slice(0, g.oh), slice(0, g.ow))
         dyw[:, :, :g.oh, :g.ow] = dy.transpose(1, 0, 2, 3)
     else:
         dyw = _buffer(ws, "yw", (f, g.n * g.oh * g.ow), dy.dtype).reshape(f, g.n, g.oh, g.ow)
