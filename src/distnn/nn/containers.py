@@ -61,7 +61,25 @@ class _Chain(Layer):
         return dy
 
 
-class Add(Layer):
+class _Block(Layer):
+    """Parallel branches fed the same input; subclasses combine their outputs."""
+
+    def __init__(self, *branches, name: str | None = None):
+        super().__init__(name)
+        if len(branches) < 2:
+            raise ValueError(f"{type(self).__name__} needs at least 2 branches, "
+                             f"got {len(branches)}")
+        self.branches = [_Chain(_as_layers(b), name=f"{self.name}/branch{i}")
+                         for i, b in enumerate(branches)]
+
+    def sublayers(self):
+        return self.branches
+
+    def _build_branches(self, input_shape, rng) -> list[tuple[int, ...]]:
+        return [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+
+
+class Add(_Block):
     """Sum of parallel branches (residual blocks). An empty branch is the identity.
 
     Args:
@@ -71,18 +89,8 @@ class Add(Layer):
         Add([Conv2D(16, 3, padding="same"), BatchNormalization()], [])  # x + f(x)
     """
 
-    def __init__(self, *branches, name: str | None = None):
-        super().__init__(name)
-        if len(branches) < 2:
-            raise ValueError(f"Add needs at least 2 branches, got {len(branches)}")
-        self.branches = [_Chain(_as_layers(b), name=f"{self.name}/branch{i}")
-                         for i, b in enumerate(branches)]
-
-    def sublayers(self):
-        return self.branches
-
     def _build(self, input_shape, rng):
-        shapes = [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+        shapes = self._build_branches(input_shape, rng)
         if any(s != shapes[0] for s in shapes):
             raise ValueError(f"Add block {self.name!r}: branch output shapes differ: {shapes}")
         return shapes[0]
@@ -101,7 +109,7 @@ class Add(Layer):
         return _sum_fresh([b.backward(dy) for b in self.branches])
 
 
-class Concat(Layer):
+class Concat(_Block):
     """Concatenation of parallel branches along the channel axis (axis 1).
 
     Args:
@@ -111,18 +119,8 @@ class Concat(Layer):
         Concat([], [BatchNormalization(), ReLU(), Conv2D(32, 3, padding="same")])  # DenseNet
     """
 
-    def __init__(self, *branches, name: str | None = None):
-        super().__init__(name)
-        if len(branches) < 2:
-            raise ValueError(f"Concat needs at least 2 branches, got {len(branches)}")
-        self.branches = [_Chain(_as_layers(b), name=f"{self.name}/branch{i}")
-                         for i, b in enumerate(branches)]
-
-    def sublayers(self):
-        return self.branches
-
     def _build(self, input_shape, rng):
-        shapes = [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+        shapes = self._build_branches(input_shape, rng)
         if any(s[1:] != shapes[0][1:] for s in shapes):
             raise ValueError(
                 f"Concat block {self.name!r}: branches must agree on all but the channel axis: "
