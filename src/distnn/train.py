@@ -208,6 +208,14 @@ class Trainer(_OutputMixin, _EvaluationMixin):
         n_batches = train.num_batches(gbs, drop_last=drop_last)
         if steps_per_epoch:
             n_batches = min(n_batches, int(steps_per_epoch))
+        # Every rank must post the same collectives: check the step plan agrees (one small
+        # allgather per fit) so a mismatch is an error on every rank, not a hang.
+        plans = comm.allgather_obj((len(train), gbs, n_batches, self.num_epochs))
+        if any(plan != plans[0] for plan in plans):
+            detail = "; ".join(f"rank {r}: {n} samples, global batch {g}, {b} batches/epoch, "
+                               f"{e} epochs" for r, (n, g, b, e) in enumerate(plans))
+            raise RuntimeError(f"ranks disagree on the training plan ({detail}); give every "
+                               "rank the same dataset and options")
         if n_batches == 0:
             raise ValueError(f"the training set has {len(train)} samples: no full batch of "
                              f"global size {gbs} (drop_last={drop_last}); lower batch_size")

@@ -126,3 +126,12 @@ def test_different_models_raise_instead_of_hanging(n):
     assert proc.returncode != 0
     assert "the model differs across ranks" in proc.stderr
     assert "ranks [1]" in proc.stderr, proc.stderr
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_different_step_counts_raise_instead_of_hanging(n):
+    proc = mpirun(n, "fail_prog.py", "steps", timeout=30)
+    assert proc.returncode != 0
+    assert "ranks disagree on the training plan" in proc.stderr, proc.stderr
+    assert "rank 1:" in proc.stderr

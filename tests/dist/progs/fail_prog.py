@@ -3,6 +3,8 @@
 Usage: mpiexec -n N python fail_prog.py raise|mismatch
   raise:    rank 1 raises mid-training inside abort_on_error; the job must abort.
   mismatch: rank 1 builds a different model; DistributedOptimizer must raise everywhere.
+  steps:    rank 1 has a longer dataset (more steps per epoch); Trainer.fit must raise
+            everywhere before the first step.
 """
 import sys
 
@@ -36,10 +38,23 @@ def mismatched_models(comm) -> None:
     dist.DistributedOptimizer(SGD(model, lr=0.1), model, comm=comm)
 
 
+def mismatched_steps(comm) -> None:
+    from distnn.data import load_dataset
+    from distnn.train import Trainer
+    samples = 64 if comm.rank != 1 else 96
+    train = load_dataset("synthetic", input_shape=common.INPUT_SHAPE,
+                         num_classes=common.CLASSES, num_samples=samples).train
+    model = common.build_model("mlp", np.float64, seed=0)
+    Trainer(model, SGD(model, lr=0.1), comm=comm, progress=False, verbose=False).fit(
+        train, epochs=1, batch_size=8)
+
+
 if __name__ == "__main__":
     comm = dist.init()
     if sys.argv[1] == "raise":
         with dist.abort_on_error(comm):
             train_until_failure(comm)
+    elif sys.argv[1] == "steps":
+        mismatched_steps(comm)
     else:
         mismatched_models(comm)
