@@ -110,11 +110,13 @@ def test_conv2d_matches_loops(case):
     oh, ow = ref_geometry(x_shape, k, stride, pads, dil)
     dy = rng.standard_normal((x_shape[0], f, oh, ow))
     y_ref, dx_ref, dw_ref, db_ref = ref_conv(x, w, b, stride, pads, dil, dy)
-    methods = ["flat", "compact"] if stride == (1, 1) else ["compact"]
-    for method in methods:
+    methods = ([("flat", True), ("flat", False), ("compact", None)] if stride == (1, 1)
+               else [("compact", None)])
+    for method, keep in methods:
         ws = {}
         for _ in range(2):  # the second pass reuses the work arrays
-            y, cache = conv2d_forward(x, w, b, stride, pads, dil, ws=ws, method=method)
+            y, cache = conv2d_forward(x, w, b, stride, pads, dil, ws=ws, method=method,
+                                      keep_columns=keep)
             np.testing.assert_allclose(y, y_ref, atol=1e-12, err_msg=method)
             dx, dw, db = conv2d_backward(dy, cache, w, ws=ws)
             np.testing.assert_allclose(dx, dx_ref, atol=1e-12, err_msg=method)
