@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .fileio import atomic_open
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "pack", "unpack"]
 
@@ -127,19 +128,8 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int) -> None:
         "ranks": trainer.comm.size,
     }
     arrays["__meta__"] = np.array(json.dumps(meta))
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, fsync=True) as f:
+        np.savez(f, **arrays)
 
 
 @dataclass

@@ -7,8 +7,9 @@ import csv
 import json
 import os
 import sys
-import tempfile
 from typing import Any, Callable, Iterable, TextIO
+
+from .fileio import atomic_open
 
 
 class History:
@@ -83,17 +84,8 @@ def _number(text: str):
 def atomic_write_text(path: str, write: Callable[[TextIO], None]) -> None:
     """Write a text file through a temporary file in the same folder and ``os.replace``,
     so readers never see a half-written file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "w", newline="") as f:
+        write(f)
 
 
 def _fmt(value: float) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..fileio import atomic_open
 from .base import DatasetError
 
 SYSTEM_ROOT = Path("/usr/share/datasets")
@@ -101,23 +101,16 @@ def download(remote: Remote, dest: str | os.PathLike, *, timeout: float = 60.0) 
     left untouched) and lets network errors (``URLError``/``OSError``) through.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.new(remote.checksum[0], usedforsecurity=False) if remote.checksum else None
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(remote.url,
-                                                                timeout=timeout) as response:
-            while chunk := response.read(CHUNK):
-                out.write(chunk)
-                if digest is not None:
-                    digest.update(chunk)
+    with atomic_open(dest) as out, urllib.request.urlopen(remote.url,
+                                                          timeout=timeout) as response:
+        while chunk := response.read(CHUNK):
+            out.write(chunk)
+            if digest is not None:
+                digest.update(chunk)
         if digest is not None and digest.hexdigest() != remote.checksum[1].lower():
             raise DatasetError(
                 f"{remote.url}: {remote.checksum[0]} of the download is {digest.hexdigest()}, "
                 f"expected {remote.checksum[1]}; the transfer was corrupted or the mirror "
                 f"serves a different file. Retry, or fetch the file by hand into {dest.parent}")
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return dest

@@ -9,12 +9,12 @@ from __future__ import annotations
 import io
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..fileio import atomic_open
 from .base import DatasetError
 
 _POLY = 0x82F63B78  # Castagnoli, reflected
@@ -258,15 +258,9 @@ def decode_image(data: bytes, image_size: int) -> np.ndarray:
 
 
 def _write_shard(path: Path, xs: list[np.ndarray], ys: list[int], compress: bool) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            save = np.savez_compressed if compress else np.savez
-            save(f, x=np.stack(xs), y=np.asarray(ys, dtype=np.int64))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save = np.savez_compressed if compress else np.savez
+    with atomic_open(path) as f:
+        save(f, x=np.stack(xs), y=np.asarray(ys, dtype=np.int64))
 
 
 def convert_imagenet_tfrecords(tfrecord_files: Sequence[str | os.PathLike],

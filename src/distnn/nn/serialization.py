@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
+
+from ..fileio import atomic_open
 
 
 def summary(model) -> str:
@@ -35,18 +36,8 @@ def summary(model) -> str:
 
 def save_weights(model, path: str | os.PathLike) -> None:
     """Write parameters and buffers to ``path`` (.npz) atomically, keyed "<layer>/<name>"."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp.npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **model.named_arrays())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as f:
+        np.savez(f, **model.named_arrays())
 
 
 def load_weights(model, path: str | os.PathLike) -> None:
