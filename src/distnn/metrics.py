@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .nn.losses import same_shape
+
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
 
@@ -117,16 +119,9 @@ def categorical_mae(y_pred: np.ndarray, y_true: np.ndarray) -> float:
 
 def _regression_diff(name: str, y_pred: Any, y_true: Any) -> np.ndarray:
     y = np.asarray(y_pred, dtype=np.float64)
-    t = np.asarray(y_true, dtype=np.float64)
-    if t.shape != y.shape:
-        if t.size == y.size and t.shape[:1] == y.shape[:1] and max(t.ndim, y.ndim) <= 2:
-            t = t.reshape(y.shape)
-        else:
-            raise ValueError(f"{name}: y_true has shape {t.shape} but y_pred has shape "
-                             f"{y.shape}; they must match")
     if y.ndim < 1:
         raise ValueError(f"{name}: y_pred must have a batch axis, got shape {y.shape}")
-    return (y - t).reshape(y.shape[0], int(np.prod(y.shape[1:])))
+    return (y - same_shape(name, y, y_true)).reshape(y.shape[0], int(np.prod(y.shape[1:])))
 
 
 def mean_squared_error(y_pred: np.ndarray, y_true: np.ndarray) -> float:

@@ -61,7 +61,7 @@ def _labels(owner: str, t: Array, n_classes: int) -> Array:
     return labels
 
 
-def _same_shape(owner: str, y: Array, y_true: Any) -> Array:
+def same_shape(owner: str, y: Array, y_true: Any) -> Array:
     """y_true as an array of y's shape and dtype; (N,) and (N, 1) are interchangeable."""
     t = np.asarray(y_true)
     if t.shape != y.shape:
@@ -215,7 +215,7 @@ class BinaryCrossEntropy(Loss):
         self.eps = float(eps)
 
     def _sum_and_grad(self, y, y_true):
-        t = _same_shape(type(self).__name__, y, y_true)
+        t = same_shape(type(self).__name__, y, y_true)
         features = y.size // y.shape[0] if y.shape[0] else 1
         if self.from_logits:
             e = np.abs(y)
@@ -253,7 +253,7 @@ class MeanSquaredError(Loss):
     name = "mean_squared_error"
 
     def _sum_and_grad(self, y, y_true):
-        t = _same_shape(type(self).__name__, y, y_true)
+        t = same_shape(type(self).__name__, y, y_true)
         features = y.size // y.shape[0] if y.shape[0] else 1
         diff = np.subtract(y, t)
         total = float(np.sum(np.square(diff), dtype=np.float64))
@@ -275,7 +275,7 @@ class MeanAbsoluteError(Loss):
     name = "mean_absolute_error"
 
     def _sum_and_grad(self, y, y_true):
-        t = _same_shape(type(self).__name__, y, y_true)
+        t = same_shape(type(self).__name__, y, y_true)
         features = y.size // y.shape[0] if y.shape[0] else 1
         diff = np.subtract(y, t)
         total = float(np.sum(np.abs(diff), dtype=np.float64))
