@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 _limits = C.limit_blas(args.threads)
 
-from distnn import dist  # noqa: E402
+from distnn import distributed as dist  # noqa: E402
 from distnn.models import get_model  # noqa: E402
 from distnn.nn.losses import CategoricalCrossEntropy  # noqa: E402
 from distnn.optim import SGD  # noqa: E402

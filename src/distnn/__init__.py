@@ -1,7 +1,14 @@
 """distnn: distributed training and inference of deep neural networks over MPI."""
-from .dist import (DistributedOptimizer, broadcast_parameters, init, local_rank, local_size,
-                   rank, size)
+import sys as _sys
+
+from . import distributed
+from .distributed import (DistributedOptimizer, broadcast_parameters, init, local_rank,
+                          local_size, rank, size)
+
+# The package was called ``distnn.dist`` before; the old name keeps working.
+dist = distributed
+_sys.modules[__name__ + ".dist"] = distributed
 
 __version__ = "0.1.0"
 __all__ = ["init", "rank", "size", "local_rank", "local_size", "broadcast_parameters",
-           "DistributedOptimizer", "__version__"]
+           "DistributedOptimizer", "distributed", "__version__"]

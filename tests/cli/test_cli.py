@@ -182,7 +182,7 @@ def test_config_dataclasses_validate_in_post_init():
     with pytest.raises(ConfigError, match="--nesterov needs --momentum > 0"):
         OptimizerConfig(nesterov=True, momentum=0.0)
     cfg = build_config("train", resolve_values({}))
-    with pytest.raises(Exception):  # frozen
+    with pytest.raises(AttributeError):  # frozen dataclass
         cfg.train.batch_size = 3
     assert isinstance(cfg, RunConfig) and cfg.model.model == "simplecnn"
     with pytest.raises(ConfigError, match="needs a weights file"):

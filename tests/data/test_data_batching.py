@@ -63,7 +63,7 @@ def test_evaluation_sees_each_sample_once(size):
     ds = make_dataset(23)
     x_all, y_all = ds.arrays()
     seen = []
-    for r, batches in enumerate(epoch(ds, 5, size, shuffle=False)):
+    for batches in epoch(ds, 5, size, shuffle=False):
         for b in batches:
             seen.extend(b.indices.tolist())
             np.testing.assert_array_equal(b.x, x_all[b.indices])
@@ -134,7 +134,8 @@ def test_sharded_rank_reads_only_its_shards(tmp_path, monkeypatch):
     ds = ShardedDataset.from_files(paths, num_classes=5)
     loads = []
     original = ShardedDataset._load
-    monkeypatch.setattr(ShardedDataset, "_load", lambda self, k: loads.append(k) or original(self, k))
+    monkeypatch.setattr(ShardedDataset, "_load",
+                        lambda self, k: loads.append(k) or original(self, k))
     for rank in range(4):
         loads.clear()
         list(ds.batches(16, seed=0, rank=rank, size=4))

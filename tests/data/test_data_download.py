@@ -71,7 +71,8 @@ def test_download_checksum_mismatch_fails_the_load(places, monkeypatch):
     write_mnist(places / "mirror", gz=True)
     remotes = _mirror(monkeypatch, "mnist", places / "mirror")
     remotes[1] = Remote(remotes[1].url, ("sha256", "f" * 64))
-    with pytest.raises(DatasetError, match=r"(?s)looked in:.*downloading into .* failed: .*expected f+"):
+    with pytest.raises(DatasetError,
+                       match=r"(?s)looked in:.*downloading into .* failed: .*expected f+"):
         load_dataset("mnist")
     assert not any(p.name.endswith(".part") for p in (places / "env" / "mnist").iterdir())
 
@@ -105,7 +106,7 @@ def test_cifar10_download_extracts_the_archive(places, monkeypatch):
 
 
 def test_published_checksums_are_well_formed():
-    for name, remotes in readers.REMOTES.items():
+    for remotes in readers.REMOTES.values():
         for remote in remotes:
             algorithm, digest = remote.checksum
             assert len(digest) == hashlib.new(algorithm).digest_size * 2

@@ -190,7 +190,8 @@ def test_hdf5_lists(tmp_path):
 def test_hdf5_errors(tmp_path):
     _h5(tmp_path / "a.h5", np.zeros((3, 2)), np.array([0, 1, 2]), features="X")
     (tmp_path / "train.txt").write_text("a.h5\n")
-    with pytest.raises(DatasetError, match=r"a.h5: no dataset 'features'; it has \['X', 'labels'\]"):
+    with pytest.raises(DatasetError,
+                       match=r"a.h5: no dataset 'features'; it has \['X', 'labels'\]"):
         load_dataset("hdf5", path=tmp_path / "train.txt")
     _h5(tmp_path / "a.h5", np.zeros((3, 2)), np.array([0, 1]))
     with pytest.raises(DatasetError, match=r"a.h5: 3 samples .* but 2 labels"):

@@ -18,7 +18,7 @@ class UserError(Exception):
 
 def make_comm(parallel: str):
     """LocalComm for 'sequential'; the MPI world (size 1 without mpiexec) otherwise."""
-    from .. import dist
+    from .. import distributed as dist
     if parallel == "sequential":
         return dist.init(dist.LocalComm())
     return dist.init()
@@ -118,40 +118,40 @@ def build_optimizer(cfg: RunConfig, model, size: int):
 
 # LR schedulers and callbacks by --lr_schedulers name.
 def _warm_up(s, ctx):
-    from ..callbacks import WarmUp
+    from ..training.callbacks import WarmUp
     start = 1.0 / ctx["size"] if ctx["scaled"] and ctx["size"] > 1 else 0.0
     return WarmUp(epochs=s.warm_up_epochs, batches=s.warm_up_batches, start_factor=start)
 
 
 def _early_stopping(s, ctx):
-    from ..callbacks import EarlyStopping
+    from ..training.callbacks import EarlyStopping
     return EarlyStopping(s.early_stopping_metric, patience=s.early_stopping_patience,
                          min_delta=s.early_stopping_min_delta,
                          restore_best_weights=s.early_stopping_restore_best)
 
 
 def _reduce_lr_on_plateau(s, ctx):
-    from ..callbacks import ReduceLROnPlateau
+    from ..training.callbacks import ReduceLROnPlateau
     return ReduceLROnPlateau(s.reduce_lr_on_plateau_metric, factor=s.reduce_lr_on_plateau_factor,
                              patience=s.reduce_lr_on_plateau_patience,
                              min_lr=s.reduce_lr_on_plateau_min_lr)
 
 
 def _reduce_lr_every_nepochs(s, ctx):
-    from ..callbacks import ReduceLREveryNEpochs
+    from ..training.callbacks import ReduceLREveryNEpochs
     return ReduceLREveryNEpochs(s.reduce_lr_every_nepochs_nepochs,
                                 factor=s.reduce_lr_every_nepochs_factor,
                                 min_lr=s.reduce_lr_every_nepochs_min_lr)
 
 
 def _stop_at_loss(s, ctx):
-    from ..callbacks import TargetMetric, metric_mode
+    from ..training.callbacks import TargetMetric, metric_mode
     op = ">=" if metric_mode(s.stop_at_loss_metric) == "max" else "<="
     return TargetMetric(s.stop_at_loss_metric, op, s.stop_at_loss_threshold)
 
 
 def _model_checkpoint(s, ctx):
-    from ..callbacks import ModelCheckpoint
+    from ..training.callbacks import ModelCheckpoint
     return ModelCheckpoint(s.model_checkpoint_file, monitor=s.model_checkpoint_metric,
                            save_freq=s.model_checkpoint_save_freq,
                            save_best_only=s.model_checkpoint_best_only)
@@ -166,7 +166,7 @@ SCHEDULERS: dict[str, Callable] = {
 
 
 def build_callbacks(cfg: RunConfig, size: int) -> list:
-    from ..callbacks import (TrainingCheckpoint, parse_early_stopping, parse_target_metric)
+    from ..training.callbacks import (TrainingCheckpoint, parse_early_stopping, parse_target_metric)
     s = cfg.sched
     ctx = {"size": size, "scaled": cfg.optim.learning_rate_scaling}
     names = list(dict.fromkeys(s.lr_schedulers))

@@ -73,7 +73,7 @@ def _metrics_line(title: str, logs: dict, samples: int, seconds: float) -> str:
 
 # -- commands ------------------------------------------------------------------------------
 def _trainer(cfg: RunConfig, comm, model, optimizer, callbacks=(), profiler=None):
-    from ..train import Trainer
+    from ..training import Trainer
     p = cfg.parallel
     return Trainer(model, optimizer, loss=cfg.optim.loss_func, metrics=cfg.optim.metrics,
                    comm=comm, callbacks=callbacks, progress=not cfg.output.quiet,
@@ -100,17 +100,17 @@ def run_train(cfg: RunConfig, comm) -> int:
     splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
     model = _collective(comm, "model", lambda: build_model(cfg, splits.train))
     if cfg.parallel.sync_batchnorm:
-        from .. import dist
+        from .. import distributed as dist
         dist.sync_batchnorm(model, comm)
     optimizer = _collective(comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size))
     callbacks = build_callbacks(cfg, comm.size)
     profiler = None
     if cfg.output.profile or cfg.output.trace:
-        from ..profiler import Profiler
+        from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     trainer = _trainer(cfg, comm, model, optimizer, callbacks, profiler)
     t = cfg.train
-    from ..train import resolve_batch_sizes
+    from ..training import resolve_batch_sizes
     local_bs, gbs = resolve_batch_sizes(t.batch_size, t.global_batch_size, comm.size)
     print_header(console, cfg, comm, model, splits, {
         "ranks": comm.size, "batch size per rank": local_bs, "global batch size": gbs,
@@ -142,7 +142,7 @@ def run_train(cfg: RunConfig, comm) -> int:
 
 
 def _check_checkpoint(path: str) -> None:
-    from ..checkpoint import load_checkpoint
+    from ..training.checkpoint import load_checkpoint
     load_checkpoint(path)
 
 
@@ -199,7 +199,7 @@ def _root_write(comm, what: str, write: Callable[[], None]) -> None:
 
 def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None:
     """Write predictions: .npy logits, .npz (logits, predicted, labels) or .csv rows."""
-    from ..train import atomic_write_text
+    from ..training import atomic_write_text
     predicted = logits.argmax(axis=1)
     true = labels.argmax(axis=1) if labels.ndim == 2 else labels
     folder = os.path.dirname(os.path.abspath(path))
@@ -220,7 +220,7 @@ def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None
 
 
 def run_info(args) -> int:
-    from .. import dist
+    from .. import distributed as dist
     comm = make_comm(args.parallel)
     text = dist.describe(comm)
     if comm.rank == 0:

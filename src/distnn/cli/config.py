@@ -92,7 +92,7 @@ class OptimizerConfig:
             raise ConfigError(f"--nesterov needs --momentum > 0, got momentum={self.momentum}")
         if not self.metrics:
             raise ConfigError("--metrics: give at least one metric, got ''")
-        from ..metrics import get_metric
+        from ..nn.metrics import get_metric
         for name in self.metrics:
             try:
                 get_metric(name)
@@ -105,7 +105,7 @@ class ScheduleConfig:
     """LR schedulers and callbacks and their parameters."""
 
     def _check(self):
-        from ..callbacks import parse_early_stopping, parse_target_metric
+        from ..training.callbacks import parse_early_stopping, parse_target_metric
         for spec, parse in ((self.early_stopping, parse_early_stopping),
                             (self.target_metric, parse_target_metric)):
             if spec is not None:

@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail(prog, str(exc), _env_rank() == 0)
     comm = make_comm(cfg.parallel.parallel)
-    from .. import dist
+    from .. import distributed as dist
     show_tb = cfg.output.traceback
     with dist.abort_on_error(comm):
         try:

@@ -33,7 +33,7 @@ def _losses():
 
 
 def _schedulers():
-    from ..callbacks import CALLBACKS
+    from ..training.callbacks import CALLBACKS
     return CALLBACKS
 
 

@@ -1,7 +1,8 @@
 """ImageNet as NPZ shards (``x``: uint8 NCHW, ``y``: int labels), read shard by shard.
 
 The dataset knows every shard's size from the ``.npy`` headers inside the zip; opening it
-reads only the labels (to check their range), never the images. An epoch is one stream of samples: the shards in an order drawn from
+reads only the labels (to check their range), never the images. An epoch is one stream of
+samples: the shards in an order drawn from
 the seed, each permuted by its own generator. Rank ``r`` takes a contiguous stretch of that
 stream, exactly as long as the sum of its ``array_split`` shares of the global batches, so
 every rank reads only about 1/size of the shards, all ranks agree on the plan, the batch

@@ -216,7 +216,8 @@ def _read_h5_list(list_file: Path, features_name: str, labels_name: str):
         try:
             h5 = h5py.File(file, "r")
         except OSError as exc:
-            raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: {exc}") from exc
+            raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: "
+                               f"{exc}") from exc
         with h5:
             for key in (features_name, labels_name):
                 if key not in h5:

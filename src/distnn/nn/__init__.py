@@ -11,5 +11,6 @@ from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 reuse_freed_memory()
 
 __all__ = ["reuse_freed_memory", "Layer", "Sequential", "Add", "Concat", "Dense", "Flatten",
-           "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "BatchNormalization", "ReLU",
+           "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
+           "BatchNormalization", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS"]

@@ -25,7 +25,10 @@ def summary(model) -> str:
     visit(model, 0)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
+    def fmt(r):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+
     out = [line, fmt(rows[0]), line.replace("-", "=")] + [fmt(r) for r in rows[1:]] + [line]
     n = model.parameters_flat().size
     out.append(f"Total parameters: {n:,} ({n * model.dtype.itemsize / 2**20:.2f} MiB, "

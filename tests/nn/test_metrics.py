@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from distnn.metrics import (METRICS, categorical_accuracy, categorical_hinge, categorical_mae,
+from distnn.nn.metrics import (METRICS, categorical_accuracy, categorical_hinge, categorical_mae,
                             categorical_mse, get_metric, mean_absolute_error,
                             mean_squared_error, top_k_accuracy)
 

@@ -206,7 +206,7 @@ class Profiler:
         """Write the Chrome trace (collective). Each rank writes ``path.rank{r}`` (just
         ``path`` with one rank), or with ``merged`` rank 0 writes all events to ``path``.
         Returns the files written by this rank."""
-        from .train import atomic_write_text
+        from .history import atomic_write_text
         meta = [{"name": "process_name", "ph": "M", "pid": comm.rank,
                  "args": {"name": f"rank {comm.rank}"}},
                 {"name": "thread_name", "ph": "M", "pid": comm.rank, "tid": _COMPUTE,

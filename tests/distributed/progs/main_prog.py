@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distnn import dist
+from distnn import distributed as dist
 from distnn.optim import Adam
 
 import common

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distnn.callbacks import (CALLBACKS, EarlyStopping, ModelCheckpoint, ReduceLREveryNEpochs,
+from distnn.training.callbacks import (CALLBACKS, EarlyStopping, ModelCheckpoint,
+                                       ReduceLREveryNEpochs,
                               ReduceLROnPlateau, TargetMetric, WarmUp, metric_mode,
                               parse_early_stopping, parse_target_metric, resolve_key)
 

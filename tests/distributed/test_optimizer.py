@@ -6,7 +6,7 @@ import pytest
 
 import common
 from conftest import mpirun, needs_mpi
-from distnn.dist import DistributedOptimizer, LocalComm, make_buckets
+from distnn.distributed import DistributedOptimizer, LocalComm, make_buckets
 from distnn.optim import SGD
 
 NAMES = sorted(common.scenarios(2))

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import common
-from distnn.dist import LocalComm, scale_lr, sync_batchnorm
+from distnn.distributed import LocalComm, scale_lr, sync_batchnorm
 from test_optimizer import reference
 
 

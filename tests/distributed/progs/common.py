@@ -1,9 +1,9 @@
-"""Shared by the MPI test programs and the in-process references of tests/dist."""
+"""Shared by the MPI test programs and the in-process references of tests/distributed."""
 from __future__ import annotations
 
 import numpy as np
 
-from distnn import dist
+from distnn import distributed as dist
 from distnn.nn.activations import ReLU
 from distnn.nn.containers import Sequential
 from distnn.nn.core import Dense, Flatten

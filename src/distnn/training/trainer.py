@@ -6,9 +6,11 @@ Everything here is written for a communicator of any size, 1 included (``LocalCo
   ``global_batch_size`` is given; each rank gets its ``np.array_split`` share of every
   global batch (possibly empty on the last one).
 * The loss of a step is the SUM over this rank's samples divided by the *global* batch
-  size, and ``DistributedOptimizer(op="sum")`` sums the gradients: the update is exactly
-  that of one process on the whole global batch, also with uneven or empty shards. A rank
-  with no samples zeroes its gradients and still steps, so collectives stay in step.
+  size. What happens to the gradients is the training rule's (``distnn.rules``): the
+  default ``DataParallel`` sums them with ``DistributedOptimizer(op="sum")``, so the update
+  is exactly that of one process on the whole global batch, also with uneven or empty
+  shards. A rank with no samples zeroes its gradients and still steps, so collectives
+  stay in step.
 * Epoch metrics are exact: every rank all-reduces ``[loss_sum, metric_sums..., count]``
   and divides afterwards, so each sample counts once whatever the sharding.
 * Only rank 0 prints, draws progress bars and writes files.
@@ -21,56 +23,50 @@ Example:
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, Sequence, TextIO
 
 import numpy as np
 
-from . import dist
-from .callbacks import _ALIASES, Callback, TrainingCheckpoint
-from .evaluation import _EvaluationMixin, resolve_batch_sizes
-from .history import History, _OutputMixin
-# Re-exported: the profiler and the CLI import it from here.
-from .history import atomic_write_text  # noqa: F401
+from .. import distributed as dist
+from ..rules import DataParallel, Rule
+from .callbacks import Callback, TrainingCheckpoint
+from .evaluation import MetricSet, evaluate, predict, resolve_batch_sizes
+from .history import History, Reporter
+
+__all__ = ["Trainer", "fit"]
 
 
-__all__ = ["Trainer", "History", "fit", "metric_key", "resolve_batch_sizes"]
-
-
-def metric_key(name: str) -> str:
-    """The key a metric is logged under: its canonical name ("categorical_accuracy" and
-    "acc" log as "accuracy")."""
-    base = str(name).lower()
-    alias = _ALIASES.get(base)
-    return alias if alias is not None and alias != "loss" else base
-
-
-class Trainer(_OutputMixin, _EvaluationMixin):
+class Trainer:
     """Trains, evaluates and runs a model on sharded datasets, over a communicator.
 
     Args:
         model: a built ``distnn.nn.Sequential`` (outputs logits).
-        optimizer: a distnn optimizer over ``model``, or a ``dist.DistributedOptimizer``;
-            a plain one is wrapped (op="sum", see the module doc).
+        optimizer: a distnn optimizer over ``model`` (the rule may wrap it: the default
+            ``DataParallel`` wraps it in a ``DistributedOptimizer``, op="sum"), or a
+            ``distributed.DistributedOptimizer``.
         loss: loss name for ``distnn.nn.losses.get_loss`` or a callable
             ``loss(logits, y, denom=...) -> (value, dlogits)``.
         metrics: metric names for ``distnn.metrics.get_metric`` (or callables with a
             ``__name__``); each returns the SUM over a batch.
-        comm: communicator (default ``dist.get_comm()``; size 1 without mpiexec).
+        comm: communicator (default ``distributed.get_comm()``; size 1 without mpiexec).
+        rule: a ``distnn.rules.Rule``: how the replicas cooperate (default
+            ``DataParallel`` with ``bucket_size_mb``, ``non_blocking``, ``compression``).
         callbacks: ``distnn.callbacks.Callback`` objects, called in order (a
             ``TrainingCheckpoint`` is always called last).
         progress: draw a tqdm bar per epoch on rank 0 (stderr).
         verbose: print per-epoch and final summary lines on rank 0 (stdout).
         seed: base seed of the epoch shuffles and augmentations.
-        bucket_size_mb, non_blocking, compression: ``DistributedOptimizer`` options.
-        profiler: a ``distnn.profiler.Profiler`` (None: no timing at all).
+        bucket_size_mb, non_blocking, compression: options of the default rule.
+        profiler: a ``distnn.training.Profiler`` (None: no timing at all).
         out: where the summary lines go (default sys.stdout).
 
     Attributes:
         lr: the scheduled learning rate (callbacks change it; the optimizer gets it
             before every batch, scaled by a warm-up when there is one).
         history: ``History`` of the finished epochs.
+        metrics: the ``MetricSet`` (loss and metric functions).
+        reporter: the ``Reporter`` writing rank 0's lines and bars.
         epoch, global_step: the current epoch (0-based) and number of steps taken.
         stop_training, stop_reason: set by callbacks to end ``fit`` after this epoch.
 
@@ -79,42 +75,35 @@ class Trainer(_OutputMixin, _EvaluationMixin):
         trainer.fit(train, epochs=2, batch_size=64, validation=val)
     """
 
-    loss_key = "loss"
+    loss_key = MetricSet.loss_key
 
     def __init__(self, model, optimizer, *, loss: str | Callable = "categorical_cross_entropy",
                  metrics: Sequence[str | Callable] = ("accuracy",), comm=None,
                  callbacks: Sequence[Callback] = (), progress: bool = True,
-                 verbose: bool = True, seed: int = 0, bucket_size_mb: float = 4.0,
-                 non_blocking: bool = True, compression: str | None = None, profiler=None,
-                 out: TextIO | None = None):
+                 verbose: bool = True, seed: int = 0, rule: Rule | None = None,
+                 bucket_size_mb: float = 4.0, non_blocking: bool = True,
+                 compression: str | None = None, profiler=None, out: TextIO | None = None):
         self.comm = comm if comm is not None else dist.get_comm()
         self.model = model
-        if isinstance(optimizer, dist.DistributedOptimizer):
-            self.optimizer = optimizer
-        else:
-            self.optimizer = dist.DistributedOptimizer(
-                optimizer, model, comm=self.comm, op="sum", bucket_size_mb=bucket_size_mb,
-                non_blocking=non_blocking, compression=compression)
-        self.loss_fn, self.loss_name = self._resolve_loss(loss)
-        self.metric_fns: dict[str, Callable] = {}
-        for m in metrics:
-            key, fn = self._resolve_metric(m)
-            if key in self.metric_fns or key == "loss":
-                raise ValueError(f"metrics: {m!r} is given twice (or clashes with 'loss'); "
-                                 f"got {list(metrics)}")
-            self.metric_fns[key] = fn
+        self.metrics = MetricSet(loss, metrics)
         self.callbacks = list(callbacks)
         for cb in self.callbacks:
             if not isinstance(cb, Callback):
-                raise TypeError(f"callbacks must be distnn.callbacks.Callback objects, got "
+                raise TypeError(f"callbacks must be distnn.training.Callback objects, got "
                                 f"{type(cb).__name__}")
         if isinstance(seed, bool) or int(seed) != seed or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.seed = int(seed)
-        self.progress = bool(progress)
-        self.verbose = bool(verbose)
+        self.reporter = Reporter(self.comm.rank == 0, progress=progress, verbose=verbose,
+                                 out=out)
         self.profiler = profiler
-        self.out = out if out is not None else sys.stdout
+        if rule is None:
+            rule = DataParallel(bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
+                                compression=compression)
+        if not isinstance(rule, Rule):
+            raise TypeError(f"rule must be a distnn.rules.Rule, got {type(rule).__name__}")
+        self.rule = rule
+        self.optimizer = rule.bind(self, optimizer)
         self.lr = float(self.optimizer.lr)
         self.history = History()
         self.epoch = 0
@@ -124,25 +113,47 @@ class Trainer(_OutputMixin, _EvaluationMixin):
         self.stop_training = False
         self.stop_reason: str | None = None
         self.log_keys: list[str] = []
-        self._bar = None
         self.train_time = 0.0
         self.train_samples = 0
         self.last_eval_count = 0
 
-    # -- resolution of names ------------------------------------------------------------
-    @staticmethod
-    def _resolve_loss(loss):
-        if callable(loss):
-            return loss, getattr(loss, "__name__", type(loss).__name__)
-        from .nn.losses import get_loss
-        return get_loss(loss), str(loss)
+    # -- shortcuts to the collaborators ---------------------------------------------------
+    @property
+    def is_root(self) -> bool:
+        return self.comm.rank == 0
 
-    @staticmethod
-    def _resolve_metric(metric):
-        if callable(metric):
-            return metric_key(getattr(metric, "__name__", type(metric).__name__)), metric
-        from .metrics import get_metric
-        return metric_key(metric), get_metric(metric)
+    @property
+    def verbose(self) -> bool:
+        return self.reporter.verbose
+
+    @property
+    def loss_fn(self) -> Callable:
+        return self.metrics.loss_fn
+
+    @property
+    def metric_fns(self) -> dict[str, Callable]:
+        return self.metrics.metric_fns
+
+    def print(self, message: str, force: bool = False) -> None:
+        """Print a line on rank 0 (see ``Reporter.print``)."""
+        self.reporter.print(message, force)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self, dataset, *, batch_size: int | None = None,
+                 global_batch_size: int | None = None, steps: int = 0,
+                 prefix: str = "") -> dict[str, float]:
+        """Loss and metrics over ``dataset``, exact over the ranks (collective; see
+        ``distnn.training.evaluate``)."""
+        logs, self.last_eval_count = evaluate(
+            self.model, self.metrics, self.comm, dataset, batch_size=batch_size,
+            global_batch_size=global_batch_size, steps=steps, prefix=prefix)
+        return logs
+
+    def predict(self, data, *, batch_size: int = 256, steps: int = 0,
+                return_labels: bool = False):
+        """Model outputs for a Dataset or an array (see ``distnn.training.predict``)."""
+        return predict(self.model, self.comm, data, batch_size=batch_size, steps=steps,
+                       return_labels=return_labels)
 
     # -- one step -----------------------------------------------------------------------
     @property
@@ -159,15 +170,12 @@ class Trainer(_OutputMixin, _EvaluationMixin):
             logits = model.forward(batch.x, training=True)
             loss_value, dlogits = self.loss_fn(logits, batch.y, denom=batch.global_size)
             model.backward(dlogits)
-            sums[0] += float(loss_value) * batch.global_size
-            for i, fn in enumerate(self.metric_fns.values(), start=1):
-                sums[i] += float(fn(logits, batch.y))
-            sums[-1] += n
+            self.metrics.accumulate(sums, logits, batch.y, loss_value, batch.global_size)
         else:
             # This rank has no samples in the last global batch: contribute zeros to the
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
-        self.optimizer.step()
+        self.rule.step(self)
 
     # -- fit ----------------------------------------------------------------------------
     def fit(self, train, *, epochs: int = 1, batch_size: int | None = 64,
@@ -221,7 +229,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
                              f"global size {gbs} (drop_last={drop_last}); lower batch_size")
         self.steps_per_epoch = n_batches
         epoch_samples = min(n_batches * gbs, len(train))
-        self.log_keys = [self.loss_key, *self.metric_fns]
+        self.log_keys = list(self.metrics.names)
         if validation is not None:
             self.log_keys += [f"val_{k}" for k in self.log_keys]
         self.log_keys += ["lr", "time", "samples_per_s"]
@@ -235,7 +243,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
             if start_epoch >= self.num_epochs:
                 self.print(f"checkpoint {resume!r} already holds {start_epoch} epochs "
                            f"(>= epochs={self.num_epochs}); nothing to train")
-        dist.broadcast_parameters(self.model, comm=comm)
+        self.rule.begin(self)
         self.stop_training = False
         self.stop_reason = None
         ordered = ([cb for cb in self.callbacks if not isinstance(cb, TrainingCheckpoint)]
@@ -255,6 +263,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
                     self.profiler.epoch_begin(epoch)
                 logs = self._train_epoch(train, epoch, gbs, n_batches, epoch_samples, shuffle,
                                          drop_last, augment, prefetch, ordered)
+                self.rule.end_epoch(self, epoch)
                 if validation is not None:
                     logs.update(self.evaluate(validation, global_batch_size=eval_bs * comm.size,
                                               steps=validation_steps, prefix="val_"))
@@ -262,7 +271,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
                 self.history.append(record)
                 for cb in ordered:
                     cb.on_epoch_end(self, epoch, record)
-                self._epoch_line(record)
+                self.reporter.epoch_line(record, self.num_epochs)
                 if self.profiler is not None:
                     self.profiler.epoch_end(epoch)
                 if history_file and self.is_root:
@@ -274,6 +283,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
         finally:
             if self.profiler is not None:
                 self.profiler.detach()
+        self.rule.end(self)
         for cb in ordered:
             cb.on_train_end(self)
         elapsed = time.perf_counter() - t_fit
@@ -291,9 +301,8 @@ class Trainer(_OutputMixin, _EvaluationMixin):
     def _train_epoch(self, train, epoch, gbs, n_batches, epoch_samples, shuffle, drop_last,
                      augment, prefetch, callbacks) -> dict[str, float]:
         comm = self.comm
-        sums = np.zeros(len(self.metric_fns) + 2, dtype=np.float64)
-        bar = self._make_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
-        self._bar = bar
+        sums = self.metrics.zeros()
+        bar = self.reporter.open_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
         batches = train.batches(gbs, shuffle=shuffle, seed=self._epoch_seed(epoch),
                                 rank=comm.rank, size=comm.size, drop_last=drop_last,
                                 augment=augment, prefetch=prefetch)
@@ -312,7 +321,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
                 self.global_step += 1
                 samples += batch.global_size
                 if callbacks:
-                    batch_logs = self._logs(sums)
+                    batch_logs = self.metrics.logs(sums)
                     for cb in callbacks:
                         cb.on_batch_end(self, step, batch_logs)
                 if bar is not None:
@@ -320,7 +329,8 @@ class Trainer(_OutputMixin, _EvaluationMixin):
                     now = time.perf_counter()
                     if now - last_postfix > 0.5 or i + 1 == n_batches:
                         last_postfix = now
-                        bar.set_postfix_str(self._postfix(self._logs(sums)), refresh=False)
+                        bar.set_postfix_str(self.reporter.postfix(self.metrics.logs(sums)),
+                                            refresh=False)
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
@@ -328,7 +338,7 @@ class Trainer(_OutputMixin, _EvaluationMixin):
         elapsed = time.perf_counter() - t0
         # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
         comm.allreduce_(sums, "sum")
-        logs = self._logs(sums)
+        logs = self.metrics.logs(sums)
         logs["lr"] = float(self.optimizer.lr)
         logs["time"] = elapsed
         logs["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
@@ -345,10 +355,10 @@ def fit(model, train, *, optimizer=None, lr: float = 0.01, epochs: int = 1,
     and run ``fit``. Extra keyword arguments go to ``Trainer.fit``.
 
     Example:
-        history = distnn.train.fit(model, splits.train, epochs=2, validation=splits.val)
+        history = distnn.training.fit(model, splits.train, epochs=2, validation=splits.val)
     """
     if optimizer is None:
-        from .optim import get_optimizer
+        from ..optim import get_optimizer
         optimizer = get_optimizer("sgd", model, lr=lr, momentum=0.9)
     trainer = Trainer(model, optimizer, loss=loss, metrics=metrics, comm=comm,
                       callbacks=callbacks, progress=progress)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .nn.losses import same_shape
+from .losses import same_shape
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 

@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from distnn.callbacks import ReduceLREveryNEpochs, TargetMetric, WarmUp
+from distnn.training.callbacks import ReduceLREveryNEpochs, TargetMetric, WarmUp
 from distnn.data import ArrayDataset, Batch, load_dataset
 from distnn.nn import Dense, Dropout, Flatten, ReLU, Sequential
 from distnn.nn.losses import get_loss
-from distnn.metrics import get_metric
+from distnn.nn.metrics import get_metric
 from distnn.optim import get_optimizer
-from distnn.profiler import Profiler
-from distnn.train import History, Trainer, fit, metric_key, resolve_batch_sizes
+from distnn.training.profiler import Profiler
+from distnn.training import History, Trainer, fit, metric_key, resolve_batch_sizes
 
 
 def make_model(seed=0, dropout=False):

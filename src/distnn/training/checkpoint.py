@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .fileio import atomic_open
+from ..fileio import atomic_open
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "pack", "unpack"]
 
@@ -123,6 +123,8 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int) -> None:
         "global_step": trainer.global_step, "lr": trainer.lr, "seed": trainer.seed,
         "history": trainer.history.records, "stop_reason": trainer.stop_reason,
         "optimizer": optim_state, "callbacks": callbacks, "rng": all_rng,
+        "rule": {"name": trainer.rule.name,
+                 "state": pack(trainer.rule.state_dict(), "rule", arrays)},
         "model": {"name": trainer.model.name, "dtype": trainer.model.dtype.name,
                   "input_shape": list(trainer.model.input_shape or ())},
         "ranks": trainer.comm.size,
@@ -174,7 +176,7 @@ class Checkpoint:
 
     def restore(self, trainer) -> None:
         """Put the model, optimizer, schedule, history, callbacks and RNG states back."""
-        from .train import History
+        from .history import History
         meta = self.meta
         self.restore_model(trainer.model)
         base = _base_optimizer(trainer.optimizer)
@@ -192,6 +194,12 @@ class Checkpoint:
                              f"this run has {mine}; resume with the same schedulers/callbacks")
         for cb, c in zip(trainer.callbacks, stored_cbs):
             cb.load_state_dict(unpack(c["state"], self.arrays))
+        stored_rule = meta.get("rule", {"name": "data", "state": {}})
+        if stored_rule["name"] != trainer.rule.name:
+            raise ValueError(f"checkpoint {self.path!r} was written under training rule "
+                             f"{stored_rule['name']!r}, this run uses {trainer.rule.name!r}; "
+                             f"resume with --parallel {stored_rule['name']}")
+        trainer.rule.load_state_dict(unpack(stored_rule["state"], self.arrays))
         trainer.lr = float(meta["lr"])
         trainer.global_step = int(meta["global_step"])
         trainer.seed = int(meta["seed"])

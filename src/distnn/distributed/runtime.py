@@ -5,6 +5,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Iterator
 
@@ -17,6 +18,9 @@ def _report(comm: Communicator, exc: BaseException) -> None:
     sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip("\n").split("\n")))
     sys.stderr.write(f"{prefix}aborting all {comm.size} ranks\n")
     sys.stderr.flush()
+    # mpiexec forwards a rank's stderr asynchronously and MPI_Abort kills the forwarder
+    # too: on a loaded machine the message was lost. Give the forwarder a moment.
+    time.sleep(0.3)
 
 
 @contextlib.contextmanager
@@ -42,6 +46,8 @@ def abort_on_error(comm: Communicator | None = None) -> Iterator[Communicator]:
             raise
         if not isinstance(code, int):
             sys.stderr.write(f"[rank {comm.rank}] {code}\n")
+            sys.stderr.flush()
+            time.sleep(0.3)  # see _report
             code = 1
         comm.abort(code)
     except BaseException as exc:

@@ -1,5 +1,5 @@
 """What a run records and shows: the per-epoch ``History`` (saved atomically as JSON or
-CSV) and the ``Trainer``'s rank-0 output (epoch lines, tqdm progress bars).
+CSV) and the ``Reporter`` that writes a trainer's rank-0 output (epoch lines, tqdm bars).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from .fileio import atomic_open
+from ..fileio import atomic_open
 
 
 class History:
@@ -96,48 +96,61 @@ def _fmt(value: float) -> str:
     return f"{value:.4f}"
 
 
-class _OutputMixin:
-    """The ``Trainer``'s output on rank 0: summary lines and one progress bar per epoch.
-    Uses the trainer's ``comm``, ``verbose``, ``progress``, ``out``, ``num_epochs`` and
-    ``_bar``."""
+class Reporter:
+    """A run's output on rank 0: summary lines and one progress bar per epoch.
 
-    @property
-    def is_root(self) -> bool:
-        return self.comm.rank == 0
+    Args:
+        root: whether this rank writes (only rank 0 does).
+        progress: draw a tqdm bar per epoch (stderr).
+        verbose: print summary lines (stdout, or ``out``).
+        out: where summary lines go.
+    """
+
+    def __init__(self, root: bool, *, progress: bool = True, verbose: bool = True,
+                 out: TextIO | None = None):
+        self.root = bool(root)
+        self.progress = bool(progress)
+        self.verbose = bool(verbose)
+        self.out = out if out is not None else sys.stdout
+        self.bar = None
 
     def print(self, message: str, force: bool = False) -> None:
         """Print a line on rank 0 (through tqdm while a bar is drawn); only when verbose,
         unless ``force`` (output the user asked for, like profiles)."""
-        if not (self.is_root and (self.verbose or force)):
+        if not (self.root and (self.verbose or force)):
             return
-        if self._bar is not None:
+        if self.bar is not None:
             from tqdm import tqdm
             tqdm.write(message, file=sys.stderr)
         else:
             print(message, file=self.out, flush=True)
 
-    def _make_bar(self, total: int, desc: str):
-        if not (self.progress and self.is_root):
+    def open_bar(self, total: int, desc: str):
+        """Start the epoch's bar (None when this rank draws none)."""
+        self.bar = None
+        if not (self.progress and self.root):
             return None
         from tqdm import tqdm
         tty = sys.stderr.isatty()
-        return tqdm(total=total, desc=desc, unit="sample", unit_scale=True, file=sys.stderr,
-                    leave=True, dynamic_ncols=True, mininterval=0.2 if tty else 10.0,
-                    smoothing=0.1)
+        self.bar = tqdm(total=total, desc=desc, unit="sample", unit_scale=True,
+                        file=sys.stderr, leave=True, dynamic_ncols=True,
+                        mininterval=0.2 if tty else 10.0, smoothing=0.1)
+        return self.bar
 
     @staticmethod
-    def _postfix(logs: dict[str, float]) -> str:
+    def postfix(logs: dict[str, float]) -> str:
         return " ".join(f"{k}={_fmt(v)}" for k, v in logs.items()
                         if k not in ("time", "samples_per_s", "lr"))
 
-    def _epoch_line(self, record: dict[str, Any]) -> None:
-        bar, self._bar = self._bar, None
+    def epoch_line(self, record: dict[str, Any], num_epochs: int) -> None:
+        """Close the epoch's bar with its final logs, or print them as one line."""
+        bar, self.bar = self.bar, None
         if bar is not None:
-            bar.set_postfix_str(self._postfix({k: v for k, v in record.items()
-                                               if k != "epoch"}), refresh=False)
+            bar.set_postfix_str(self.postfix({k: v for k, v in record.items()
+                                              if k != "epoch"}), refresh=False)
             bar.close()
             return
         parts = [f"{k}={_fmt(v)}" for k, v in record.items()
                  if k not in ("epoch", "time", "samples_per_s")]
-        self.print(f"Epoch {record['epoch']}/{self.num_epochs}: {' '.join(parts)} "
+        self.print(f"Epoch {record['epoch']}/{num_epochs}: {' '.join(parts)} "
                    f"({record['time']:.1f} s, {record['samples_per_s']:,.0f} samples/s)")

@@ -1,4 +1,4 @@
-"""Launching real MPI jobs from the tests of distnn.dist."""
+"""Launching real MPI jobs from the tests of distnn.distributed."""
 from __future__ import annotations
 
 import os

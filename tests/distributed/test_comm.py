@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import child_env, mpirun, needs_mpi
-from distnn.dist import LocalComm
+from distnn.distributed import LocalComm
 
 
 def test_collectives_under_mpiexec(main_results):
@@ -51,7 +51,7 @@ def test_mpi_singleton_without_mpiexec(tmp_path):
 
 def test_without_mpi4py_everything_is_size_1():
     code = ("import sys; sys.modules['mpi4py'] = None\n"
-            "import numpy as np, distnn.dist as dist\n"
+            "import numpy as np, distnn.distributed as dist\n"
             "c = dist.init(); assert type(c).__name__ == 'LocalComm', c\n"
             "assert dist.size() == 1 and dist.rank() == 0 and dist.allreduce(2.0) == 2.0\n"
             "assert not dist.mpi_available()\n"

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from conftest import mpirun, needs_mpi
-from distnn.dist import LocalComm, abort_on_error, describe
+from distnn.distributed import LocalComm, abort_on_error, describe
 
 
 @needs_mpi

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from distnn import dist
+from distnn import distributed as dist
 from distnn.nn.containers import Sequential
 from distnn.nn.core import Dense, Flatten
 from distnn.optim import SGD
@@ -40,7 +40,7 @@ def mismatched_models(comm) -> None:
 
 def mismatched_steps(comm) -> None:
     from distnn.data import load_dataset
-    from distnn.train import Trainer
+    from distnn.training import Trainer
     samples = 64 if comm.rank != 1 else 96
     train = load_dataset("synthetic", input_shape=common.INPUT_SHAPE,
                          num_classes=common.CLASSES, num_samples=samples).train

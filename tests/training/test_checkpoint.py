@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from distnn import checkpoint as ckpt
-from distnn.callbacks import EarlyStopping, ReduceLROnPlateau, TrainingCheckpoint, WarmUp
+from distnn.training import checkpoint as ckpt
+from distnn.training.callbacks import EarlyStopping, ReduceLROnPlateau, TrainingCheckpoint, WarmUp
 from distnn.data import RandomFlip, load_dataset
 from distnn.nn import Dense, Dropout, Flatten, ReLU, Sequential
 from distnn.optim import get_optimizer
-from distnn.train import Trainer
+from distnn.training import Trainer
 
 
 def make_model(seed=0, width=16):

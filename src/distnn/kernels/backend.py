@@ -1,0 +1,54 @@
+"""Which implementation runs the kernels' element-wise loops: "numpy" or "numba".
+
+NumPy is the reference and the fallback; "numba" runs compiled, multi-threaded loops for
+the memory-bound parts (im2col/col2im, padding and layout copies, pooling, batch norm,
+activations) and leaves the GEMMs to NumPy's BLAS. Results are the same to float rounding
+of reductions. The default is "numba" when it imports, else "numpy"; the environment
+variable ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose explicitly.
+"""
+from __future__ import annotations
+
+import os
+
+_BACKENDS = ("numpy", "numba")
+_state = {"name": None, "module": None}
+
+
+def _load_numba():
+    from . import _numba  # noqa: F401  (compiles lazily, per kernel, from the disk cache)
+    return _numba
+
+
+def set_backend(name: str | None) -> str:
+    """Select the kernel backend ("numpy", "numba", or None for the default); returns the
+    backend in effect. Asking for "numba" when numba cannot be imported raises."""
+    if name is None:
+        name = os.environ.get("DISTNN_KERNELS", "").strip().lower() or None
+    if name is not None and name not in _BACKENDS:
+        raise ValueError(f"kernel backend must be one of {_BACKENDS}, got {name!r} "
+                         "(from set_backend() or DISTNN_KERNELS)")
+    module = None
+    if name in (None, "numba"):
+        try:
+            module = _load_numba()
+        except ImportError as exc:
+            if name == "numba":
+                raise ImportError(f"kernel backend 'numba' needs numba installed ({exc}); "
+                                  "pip install numba or use DISTNN_KERNELS=numpy") from exc
+    _state["name"] = "numba" if module is not None else "numpy"
+    _state["module"] = module
+    return _state["name"]
+
+
+def backend() -> str:
+    """The kernel backend in effect ("numpy" or "numba")."""
+    if _state["name"] is None:
+        set_backend(None)
+    return _state["name"]
+
+
+def compiled():
+    """The compiled-kernel module, or None when the NumPy path is selected."""
+    if _state["name"] is None:
+        set_backend(None)
+    return _state["module"]
