@@ -179,13 +179,13 @@ def test_bad_arguments(splits):
                     batch_size=8, drop_last=True)
 
 
-def test_model_fit_shortcut_learns_synthetic_data():
+def test_fit_shortcut_learns_synthetic_data():
     from distnn.data import load_dataset
     from distnn.models import get_model
     splits = load_dataset("synthetic", input_shape=(1, 8, 8), num_samples=400, seed=1)
     model = get_model("simplecnn", input_shape=(1, 8, 8), rng=0)
-    history = model.fit(splits.train, epochs=3, batch_size=32, lr=0.01, progress=False,
-                        validation=splits.test)
+    history = fit(model, splits.train, epochs=3, batch_size=32, lr=0.01, progress=False,
+                  validation=splits.test)
     acc = history.history["accuracy"]
     assert acc[-1] > acc[0]
     assert history.history["val_accuracy"][-1] > 0.5

@@ -278,9 +278,3 @@ class Sequential(_Chain):
     def load_weights(self, path) -> None:
         from .serialization import load_weights
         load_weights(self, path)
-
-    def fit(self, train, **options):
-        """Train on a ``distnn.data`` Dataset; Keras-style shortcut for ``distnn.train.fit``
-        (same keyword arguments: optimizer, lr, epochs, batch_size, validation, ...)."""
-        from ..train import fit
-        return fit(self, train, **options)
