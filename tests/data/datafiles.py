@@ -73,3 +73,49 @@ def jpeg_bytes(width: int, height: int, color) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (width, height), color).save(buf, format="JPEG", quality=95)
     return buf.getvalue()
+
+
+def write_pydtnn_shards(folder: Path, sizes, shape=(3, 8, 8), num_classes: int = 1000,
+                        seed: int = 0) -> tuple[list[Path], np.ndarray, np.ndarray]:
+    """ImageNet shards as PyDTNN's converter writes them: ``x`` uint8 (N, C, H, W) and
+    ``y`` of shape (N, 1), int16, 1-based labels (1..num_classes; both ends present)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    xs, ys, paths = [], [], []
+    for k, n in enumerate(sizes):
+        x = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+        y = rng.integers(1, num_classes + 1, (n, 1)).astype(np.int16)
+        if k == 0:
+            y[0, 0], y[-1, 0] = 1, num_classes
+        path = folder / f"{k:05d}.npz"
+        np.savez_compressed(path, x=x, y=y)
+        xs.append(x)
+        ys.append(y)
+        paths.append(path)
+    return paths, np.concatenate(xs), np.concatenate(ys)
+
+
+def write_h5_list(folder: Path, name: str, sizes, shape=(1, 8, 8), num_classes: int = 10,
+                  features_name: str = "features", labels_name: str = "labels",
+                  one_hot: bool = False, seed: int = 0) -> tuple[Path, np.ndarray, np.ndarray]:
+    """HDF5 files of learnable Gaussian classes and the text file listing them (NNLO's
+    --train_data/--val_data); returns the list file and all features and labels."""
+    import h5py
+
+    folder.mkdir(parents=True, exist_ok=True)
+    means = np.random.default_rng(12345).standard_normal((num_classes, *shape))
+    rng = np.random.default_rng(seed)
+    names, xs, ys = [], [], []
+    for k, n in enumerate(sizes):
+        y = rng.integers(0, num_classes, n)
+        x = (means[y] + 0.5 * rng.standard_normal((n, *shape))).astype(np.float32)
+        path = folder / f"{name}_{k}.h5"
+        with h5py.File(path, "w") as f:
+            f[features_name] = x
+            f[labels_name] = np.eye(num_classes, dtype=np.float32)[y] if one_hot else y
+        names.append(path.name)
+        xs.append(x)
+        ys.append(y)
+    list_file = folder / f"{name}.list"
+    list_file.write_text("\n".join(names) + "\n")
+    return list_file, np.concatenate(xs), np.concatenate(ys)

@@ -170,3 +170,53 @@ class Maybe(Kind):
 
     def check(self, value):
         return None if value is None else self.inner.check(value)
+
+
+class LossList(Kind):
+    """``--loss_func``: a loss name, or PyDTNN's comma list of metrics and one loss
+    ('categorical_accuracy,categorical_cross_entropy'). Keras/PyDTNN spellings are
+    translated (``categorical_crossentropy``, ``regression_mse``). The value is the
+    normalized list with the loss LAST; ``OptimizerConfig`` moves the metrics to
+    ``--metrics``.
+
+    Args:
+        losses: () -> names of the losses (``nn.losses.LOSSES``).
+        is_metric: name -> whether it names a metric.
+        spellings: other systems' names -> distnn's.
+    """
+
+    metavar = "LOSS"
+
+    def __init__(self, losses: Callable[[], Sequence[str]], is_metric: Callable[[str], bool],
+                 spellings: dict[str, str]):
+        self._losses, self.is_metric, self.spellings = losses, is_metric, spellings
+
+    def check(self, value):
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"must name a loss, got {value!r}")
+        items = [v.strip().lower().replace("-", "_") for v in value.split(",") if v.strip()]
+        items = [self.spellings.get(v, v) for v in items]
+        losses = set(self._losses())
+        unknown = [v for v in items if v not in losses and not self.is_metric(v)]
+        if unknown:
+            raise ValueError(f"must be a loss ({', '.join(sorted(losses))}) optionally with "
+                             f"metrics in a comma list; got unknown name(s) "
+                             f"{', '.join(unknown)!r}")
+        # A name that is only a loss is THE loss; mse/mae (also metrics) are the loss only
+        # when nothing else is.
+        pure = [v for v in items if v in losses and not self.is_metric(v)]
+        if len(pure) > 1:
+            raise ValueError(f"lists {len(pure)} losses ({', '.join(pure)}); give one loss "
+                             f"(the other names may be metrics), got {value!r}")
+        if pure:
+            loss = pure[0]
+        else:
+            dual = [v for v in items if v in losses]
+            if not dual:
+                raise ValueError(f"lists only metrics; add a loss such as "
+                                 f"categorical_cross_entropy, got {value!r}")
+            loss = dual[0]
+        rest = [v for v in dict.fromkeys(items) if v != loss]
+        return ",".join([*rest, loss])

@@ -1,5 +1,8 @@
 """ImageNet as NPZ shards (``x``: uint8 NCHW, ``y``: int labels), read shard by shard.
 
+Shards written by ``distnn convert-imagenet`` and by PyDTNN's converter (labels ``y`` of
+shape (N, 1), any integer type, 1-based) are both read.
+
 The dataset knows every shard's size from the ``.npy`` headers inside the zip; opening it
 reads only the labels (to check their range), never the images. An epoch is one stream of
 samples: the shards in an order drawn from
@@ -65,9 +68,10 @@ def scan_shards(files: Sequence[str | os.PathLike]):
         if input_shape is not None and tuple(shape) != input_shape:
             raise DatasetError(f"{file}: samples of shape {tuple(shape)}, but earlier shards "
                                f"have {input_shape}; convert all shards at one image_size")
-        if y_shape != (n,):
-            raise DatasetError(f"{file}: {n} images but 'y' has shape {y_shape}; "
-                               f"the shard is inconsistent, convert it again")
+        if y_shape not in ((n,), (n, 1)):
+            raise DatasetError(f"{file}: {n} images but 'y' has shape {y_shape}; labels "
+                               f"must be (N,) or (N, 1); the shard is inconsistent, convert "
+                               f"it again")
         input_shape = tuple(shape)
         scanned.append((file, n, input_shape, _read(file, "y")))
     return scanned
@@ -76,7 +80,9 @@ def scan_shards(files: Sequence[str | os.PathLike]):
 def _read(path: Path, key: str) -> np.ndarray:
     try:
         with np.load(path) as npz:
-            return npz[key]
+            value = npz[key]
+            # PyDTNN's converter stores labels as (N, 1)
+            return value.reshape(-1) if key == "y" and value.ndim == 2 else value
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
         raise DatasetError(f"{path}: cannot read {key!r} ({exc}); the shard is corrupt, "
                            f"convert it again") from exc
@@ -232,17 +238,25 @@ def read_imagenet(*, path=None, preprocess: Preprocess, seed: int = 0,
                   label_base: int | str = "auto", num_classes: int = 1000) -> Splits:
     """ImageNet NPZ shards (see ``convert_imagenet_tfrecords``): ``val`` shards are the test split.
 
-    Globs are relative to ``path`` (or the found ``imagenet`` folder). ``label_base="auto"``
-    treats labels as 1-based when none is 0 and the largest equals ``num_classes``.
+    Globs are relative to ``path`` (or the found ``imagenet`` folder); with the default
+    globs a ``validation/`` folder (PyDTNN's name) serves as ``val/``. A folder holding the
+    shards themselves (PyDTNN's --dataset_train_path / --dataset_test_path) is read as
+    the training split, without a test split. ``label_base="auto"`` treats labels as
+    1-based when none is 0 and the largest equals ``num_classes``.
     """
     def find(folder: Path) -> Path | None:
-        return folder if glob.glob(str(folder / train_glob)) else None
+        return folder if glob.glob(str(folder / train_glob)) or glob.glob(
+            str(folder / "*.npz")) else None
 
     how_to = ("Convert TFRecords with `distnn convert-imagenet` (distnn.data."
               "convert_imagenet_tfrecords) and pass path=<folder with train/ and val/>.")
     folder = fetch.locate("imagenet", ("imagenet",), path, find, None, how_to)
     train_files = [Path(f) for f in sorted(glob.glob(str(folder / train_glob)))]
+    if val_glob == "val/*.npz" and not glob.glob(str(folder / val_glob)):
+        val_glob = "validation/*.npz"
     test_files = [Path(f) for f in sorted(glob.glob(str(folder / val_glob)))]
+    if not train_files:  # a folder of shards
+        train_files = [Path(f) for f in sorted(glob.glob(str(folder / "*.npz")))]
     train, test = scan_shards(train_files), scan_shards(test_files)
     base = resolve_label_base([y for *_, y in train + test], label_base, num_classes)
     if test and test[0][2] != train[0][2]:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from . import fetch
-from .base import ArrayDataset, DatasetError, Preprocess, Splits
+from .base import ArrayDataset, DatasetError, Preprocess, Splits, local_range
+from .partition import PartDataset
 
 # Published MD5 sums (the Fashion-MNIST README and torchvision for the idx files, the
 # CIFAR-10 page for its archive). No SHA-256 is published for these files, and Debian's
@@ -201,9 +202,7 @@ def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
     return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
 
 
-def _read_h5_list(list_file: Path, features_name: str, labels_name: str):
-    import h5py
-
+def _h5_files(list_file: Path) -> list[Path]:
     if not list_file.is_file():
         raise DatasetError(f"file list {list_file} does not exist; give train_list/val_list/"
                            f"test_list as a text file of HDF5 paths, one per line")
@@ -211,39 +210,80 @@ def _read_h5_list(list_file: Path, features_name: str, labels_name: str):
     files = [list_file.parent / f for f in files if f and not f.startswith("#")]
     if not files:
         raise DatasetError(f"{list_file}: lists no HDF5 files")
-    xs, ys = [], []
-    for file in files:
-        try:
-            h5 = h5py.File(file, "r")
-        except OSError as exc:
-            raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: "
-                               f"{exc}") from exc
-        with h5:
-            for key in (features_name, labels_name):
-                if key not in h5:
-                    raise DatasetError(f"{file}: no dataset {key!r}; it has {sorted(h5.keys())}. "
-                                       f"Pass features_name=/labels_name= to match")
-            x, y = h5[features_name][()], h5[labels_name][()]
-        if len(x) != len(y):
-            raise DatasetError(f"{file}: {len(x)} samples in {features_name!r} but {len(y)} "
-                               f"labels in {labels_name!r}")
-        if y.ndim == 2:
-            if not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
-                raise DatasetError(f"{file}: 2-d labels {labels_name!r} are not one-hot rows")
-        elif y.ndim != 1 or (y.dtype.kind == "f" and np.any(y != np.round(y))):
-            raise DatasetError(f"{file}: labels {labels_name!r} must be integers (N,) or "
-                               f"one-hot (N, C), got {y.dtype} {y.shape}")
-        xs.append((file, x))
-        ys.append((file, y))
-    return xs, ys
+    return files
+
+
+def _h5_open(file: Path, list_file: Path, features_name: str, labels_name: str):
+    import h5py
+
+    try:
+        h5 = h5py.File(file, "r")
+    except OSError as exc:
+        raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: "
+                           f"{exc}") from exc
+    for key in (features_name, labels_name):
+        if key not in h5:
+            keys = sorted(h5.keys())
+            h5.close()
+            raise DatasetError(f"{file}: no dataset {key!r}; it has {keys}. "
+                               f"Pass features_name=/labels_name= to match")
+    n_x, n_y = len(h5[features_name]), len(h5[labels_name])
+    if n_x != n_y:
+        h5.close()
+        raise DatasetError(f"{file}: {n_x} samples in {features_name!r} but {n_y} "
+                           f"labels in {labels_name!r}")
+    return h5
+
+
+def _h5_rows(file: Path, list_file: Path, features_name: str, labels_name: str,
+             part: tuple[int, int] | None):
+    """(x, integer labels, one-hot width or None) of one file: all rows, or only rows
+    ``np.array_split``-share ``part = (rank, size)`` of them (only those rows are read)."""
+    with _h5_open(file, list_file, features_name, labels_name) as h5:
+        lo, hi = 0, len(h5[labels_name])
+        if part is not None:
+            lo, hi = local_range(hi, *part)
+        x, y = h5[features_name][lo:hi], h5[labels_name][lo:hi]
+    width = None
+    if y.ndim == 2:
+        if not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
+            raise DatasetError(f"{file}: 2-d labels {labels_name!r} are not one-hot rows")
+        width = y.shape[1]
+        y = y.argmax(axis=1)
+    elif y.ndim != 1 or (y.dtype.kind == "f" and np.any(y != np.round(y))):
+        raise DatasetError(f"{file}: labels {labels_name!r} must be integers (N,) or "
+                           f"one-hot (N, C), got {y.dtype} {y.shape}")
+    y = y.astype(np.int64)
+    if len(y) and y.min() < 0:
+        raise DatasetError(f"{file}: label {int(y.min())} is negative")
+    return x, y, width
+
+
+def _read_h5_list(list_file: Path, features_name: str, labels_name: str, rank: int = 0,
+                  size: int = 1):
+    """[(file, x, labels, one-hot width)] of this rank's part of the listed files: every
+    file with one rank; with several, whole files round-robin when there are at least as
+    many files as ranks, else this rank's rows of every file."""
+    files = _h5_files(list_file)
+    if size == 1:
+        chosen, part = files, None
+    elif len(files) >= size:
+        chosen, part = files[rank::size], None
+    else:
+        chosen, part = files, (rank, size)
+    return [(f, *_h5_rows(f, list_file, features_name, labels_name, part)) for f in chosen]
 
 
 def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=None,
               val_list=None, test_list=None, features_name: str = "features",
-              labels_name: str = "labels", num_classes: int | None = None) -> Splits:
+              labels_name: str = "labels", num_classes: int | None = None, rank: int = 0,
+              size: int = 1) -> Splits:
     """NNLO-style HDF5: text files listing HDF5 paths (relative to the list or absolute).
 
     ``path`` is the train list file, or a folder that relative list names are resolved in.
+    With ``size`` > 1 only the part of rank ``rank`` is read (whole files when the list has
+    at least ``size`` of them, else its rows of each) into ``PartDataset``s, which the
+    caller completes with the other parts' sizes (``PartDataset.set_parts``).
     """
     base = Path(path).expanduser() if path is not None else Path.cwd()
     if base.is_file():
@@ -253,22 +293,29 @@ def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=No
         train_list, base = base.name, base.parent
     if train_list is None:
         raise ValueError("hdf5 needs train_list=<text file of HDF5 paths> (or path=<that file>)")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, size={size}), got {rank}")
     lists = {"train": train_list, "val": val_list, "test": test_list}
-    loaded = {k: _read_h5_list(base / v, features_name, labels_name)
+    loaded = {k: _read_h5_list(base / v, features_name, labels_name, rank, size)
               for k, v in lists.items() if v is not None}
-    widths = {y.shape[1] for _, ys in loaded.values() for _, y in ys if y.ndim == 2}
-    if num_classes is None:
-        tops = [int(y.max()) + 1 for _, ys in loaded.values() for _, y in ys
-                if y.ndim == 1 and len(y)]
-        num_classes = max(widths | set(tops) or {0})
+    widths = {w for parts in loaded.values() for *_, w in parts if w is not None}
+    if num_classes is None and widths:
+        num_classes = max(widths)
     out = {}
-    for split, (xs, ys) in loaded.items():
-        labels = []
-        for file, y in ys:
-            y = y.argmax(axis=1) if y.ndim == 2 else y.astype(np.int64)
-            labels.append(_check_labels(file, y, num_classes, len(y)))
-        x = np.concatenate([x for _, x in xs])
-        out[split] = ArrayDataset(x, np.concatenate(labels), num_classes, preprocess=preprocess)
+    for split, parts in loaded.items():
+        x = np.concatenate([x for _, x, _, _ in parts])
+        y = np.concatenate([y for _, _, y, _ in parts])
+        if size > 1:
+            out[split] = PartDataset(x, y, num_classes, rank=rank, size=size,
+                                     preprocess=preprocess)
+            continue
+        top = num_classes
+        if top is None:
+            top = max((int(y.max()) + 1 for p in loaded.values() for _, _, y, _ in p
+                       if len(y)), default=0)
+        for file, _, labels, _ in parts:
+            _check_labels(file, labels, top, len(labels))
+        out[split] = ArrayDataset(x, y, top, preprocess=preprocess)
     return Splits(out["train"], out.get("val"), out.get("test"))
 
 
