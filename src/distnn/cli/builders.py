@@ -74,9 +74,18 @@ READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_n
 
 def build_model(cfg: RunConfig, dataset):
     from ..models import get_model
-    model = get_model(cfg.model.model, input_shape=dataset.input_shape,
-                      num_classes=dataset.num_classes, dtype=np.dtype(cfg.model.dtype),
-                      rng=cfg.model.random_seed)
+    from ..models.files import is_model_spec, load_model_spec
+    if is_model_spec(cfg.model.model):
+        from .. import distributed as dist
+        threads = cfg.parallel.threads or (1 if dist.get_comm().size > 1 else 0)
+        model = load_model_spec(cfg.model.model, input_shape=dataset.input_shape,
+                                num_classes=dataset.num_classes,
+                                dtype=np.dtype(cfg.model.dtype), seed=cfg.model.random_seed,
+                                num_threads=threads)
+    else:
+        model = get_model(cfg.model.model, input_shape=dataset.input_shape,
+                          num_classes=dataset.num_classes, dtype=np.dtype(cfg.model.dtype),
+                          rng=cfg.model.random_seed)
     if cfg.model.weights_and_bias_filename:
         model.load_weights(cfg.model.weights_and_bias_filename)
     return model

@@ -17,6 +17,23 @@ def _models():
     return MODELS
 
 
+class ModelSpec(Str):
+    """A zoo name (any case) or a user's model: FILE.py, FILE.py:NAME or MODULE:NAME
+    (``distnn.models.files``; kept as written)."""
+
+    metavar = "NAME|FILE.py[:FN]"
+
+    def check(self, value):
+        from ..models.files import is_model_spec
+        if isinstance(value, str) and is_model_spec(value):
+            return value
+        try:
+            return super().check(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or a model file: FILE.py, FILE.py:NAME, "
+                             "MODULE:NAME)") from None
+
+
 def _datasets():
     from ..data import DATASETS
     return DATASETS
@@ -74,8 +91,10 @@ GROUPS = {
 _O = Option
 OPTIONS: list[Option] = [
     # Model
-    _O("model", Str(_models), "simplecnn", "Model of the zoo (simplecnn, simplemlp, lenet, "
-       "alexnet, vgg16, resnet20, ...).", "model", "model"),
+    _O("model", ModelSpec(_models), "simplecnn", "Model of the zoo (simplecnn, simplemlp, "
+       "lenet, alexnet, vgg16, resnet20, ...), or your own: FILE.py (calls its build_model() "
+       "or get_model()), FILE.py:NAME or MODULE:NAME, returning a distnn Sequential or a "
+       "torch.nn.Module.", "model", "model"),
     _O("dtype", Str(("float32", "float64")), "float32", "Floating-point type of weights and "
        "data.", "model", "model"),
     _O("weights_and_bias_filename", Maybe(Str(metavar="FILE")), None, "Load weights and "

@@ -1,0 +1,188 @@
+"""Users' own models: ``--model path/to/file.py[:name]`` or ``--model package.module:name``.
+
+The file (or module) is imported and a callable in it builds the model:
+
+* ``file.py:name`` / ``module:name`` calls ``name`` (a function or a class);
+* ``file.py`` alone calls ``build_model``, else ``get_model`` (NNLO's example files).
+
+The callable gets, by keyword, those of ``input_shape``, ``num_classes``, ``dtype`` and
+``seed`` that its signature names (so ``build_model()`` works, and so does
+``build_model(input_shape, num_classes)``). It returns a distnn ``Sequential`` (built or
+not: an unbuilt one is built for the dataset's input shape) or a ``torch.nn.Module``, which
+is wrapped in ``distnn.torch.TorchModel``. Theano-MPI's ``MODELFILE``/``MODELCLASS`` pair
+is ``--model MODELFILE:MODELCLASS``.
+
+Every failure is a ``ModelFileError`` whose one-line message names the file and what was
+expected. torch is imported only when the file itself imports it.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+DEFAULT_NAMES = ("build_model", "get_model")
+
+
+class ModelFileError(ValueError):
+    """A model file or module could not give a model; the message says why and what to do."""
+
+
+def is_model_spec(name: str) -> bool:
+    """True when ``--model`` names a file or module rather than a zoo model."""
+    target = name.rsplit(":", 1)[0] if ":" in name else name
+    return (":" in name or target.endswith(".py") or os.sep in target
+            or (os.altsep is not None and os.altsep in target))
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """("path/or.module", callable name or None)."""
+    target, sep, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if sep and not name:
+        raise ModelFileError(f"--model {spec!r}: nothing after ':'; write FILE.py:NAME or "
+                             "leave out ':' to call build_model()")
+    return target, (name or None)
+
+
+def _import(spec: str, target: str):
+    is_file = target.endswith(".py") or os.path.sep in target
+    if is_file:
+        path = os.path.abspath(target)
+        if not os.path.isfile(path):
+            raise ModelFileError(f"--model {spec!r}: file {target!r} does not exist "
+                                 f"(looked in {os.getcwd()}); give the path of a .py file")
+        mod_name = "distnn_model_" + "".join(c if c.isalnum() else "_" for c in path)
+        folder = os.path.dirname(path)
+        added = folder not in sys.path
+        if added:  # the file may import its neighbours
+            sys.path.insert(0, folder)
+        try:
+            module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[mod_name] = module
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(mod_name, None)
+            raise ModelFileError(f"--model {spec!r}: importing {target!r} failed: "
+                                 f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if added and folder in sys.path:
+                sys.path.remove(folder)
+        return module
+    added = os.getcwd() not in sys.path  # MODULE:NAME relative to the working folder
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(target)
+    except Exception as exc:
+        raise ModelFileError(f"--model {spec!r}: importing module {target!r} failed: "
+                             f"{type(exc).__name__}: {exc}; give a zoo name, FILE.py[:NAME] "
+                             "or an importable MODULE:NAME") from None
+    finally:
+        if added and os.getcwd() in sys.path:
+            sys.path.remove(os.getcwd())
+
+
+def _find(spec: str, target: str, module, name: str | None) -> tuple[str, Callable]:
+    if name is not None:
+        if not hasattr(module, name):
+            public = sorted(k for k, v in vars(module).items()
+                            if callable(v) and not k.startswith("_")
+                            and getattr(v, "__module__", None) == module.__name__)
+            raise ModelFileError(f"--model {spec!r}: {target!r} defines no {name!r}; it "
+                                 f"defines {public or 'no functions or classes'}")
+        fn = getattr(module, name)
+        if not callable(fn):
+            raise ModelFileError(f"--model {spec!r}: {name!r} in {target!r} is a "
+                                 f"{type(fn).__name__}, not a function or class")
+        return name, fn
+    for candidate in DEFAULT_NAMES:
+        fn = getattr(module, candidate, None)
+        if callable(fn):
+            return candidate, fn
+    raise ModelFileError(f"--model {spec!r}: {target!r} defines neither build_model() nor "
+                         "get_model(); define build_model() returning a distnn Sequential or "
+                         "a torch.nn.Module, or name the callable: --model FILE.py:NAME")
+
+
+def _call(spec: str, name: str, fn: Callable, offered: dict[str, Any]):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    kwargs = {k: v for k, v in offered.items()
+              if k in params and params[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                    inspect.Parameter.KEYWORD_ONLY)}
+    missing = [k for k, p in params.items()
+               if k not in kwargs and p.default is inspect.Parameter.empty
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                              inspect.Parameter.KEYWORD_ONLY)]
+    if missing:
+        raise ModelFileError(f"--model {spec!r}: {name}() needs arguments {missing} that "
+                             f"distnn cannot give; it passes only {sorted(offered)} (by name)")
+    try:
+        return fn(**kwargs)
+    except Exception as exc:
+        raise ModelFileError(f"--model {spec!r}: {name}() failed: {type(exc).__name__}: "
+                             f"{exc}") from None
+
+
+def _is_torch_module(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
+                    seed: int = 0, num_threads: int = 0):
+    """Build the model ``spec`` names (see the module doc) for a dataset.
+
+    Args:
+        spec: ``FILE.py``, ``FILE.py:NAME`` or ``MODULE:NAME``.
+        input_shape, num_classes: of the dataset (offered to the callable, and used to
+            build an unbuilt Sequential or to check a torch module).
+        dtype: float32 or float64.
+        seed: offered to the callable; also seeds torch's generator before the call
+            when the file imports torch, and a Sequential's initial weights.
+        num_threads: for a torch module, torch's intra-op threads (0: leave as is).
+
+    Returns:
+        a distnn ``Sequential`` or a ``distnn.torch.TorchModel``.
+    """
+    from ..nn import Sequential
+    target, name = split_spec(spec)
+    module = _import(spec, target)
+    name, fn = _find(spec, target, module, name)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    offered = {"input_shape": tuple(input_shape), "num_classes": int(num_classes),
+               "dtype": np.dtype(dtype), "seed": int(seed)}
+    model = _call(spec, name, fn, offered)
+    label = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target
+    if isinstance(model, Sequential):
+        if not model.built:
+            model.build(tuple(input_shape), rng=seed, dtype=dtype)
+        elif model.dtype != np.dtype(dtype):
+            raise ModelFileError(f"--model {spec!r}: {name}() returned a {model.dtype} model "
+                                 f"but --dtype is {np.dtype(dtype)}; build it with dtype= or "
+                                 "return it unbuilt")
+        if model.input_shape != tuple(input_shape):
+            raise ModelFileError(f"--model {spec!r}: {name}() returned a model for inputs "
+                                 f"{model.input_shape}, the dataset's samples are "
+                                 f"{tuple(input_shape)}")
+        return model
+    if _is_torch_module(model):
+        from ..torch import TorchModel
+        if num_threads:
+            sys.modules["torch"].set_num_threads(int(num_threads))
+        try:
+            return TorchModel(model, input_shape, dtype=dtype, name=label)
+        except ValueError as exc:
+            raise ModelFileError(f"--model {spec!r}: {exc}") from None
+    raise ModelFileError(f"--model {spec!r}: {name}() returned a {type(model).__name__}; "
+                         "expected a distnn.nn.Sequential or a torch.nn.Module")
