@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datafiles import write_h5_list, write_pydtnn_shards
+from datafiles import write_cifar, write_h5_list, write_pydtnn_shards
 from distnn.data import load_dataset
 from distnn.data.partition import PartDataset
 
@@ -71,3 +71,28 @@ def test_part_dataset_refuses_a_batch_smaller_than_the_ranks(tmp_path):
         p.set_parts([5, 5, 5], 10)
     with pytest.raises(ValueError, match="smaller than the 3 ranks"):
         parts[0].num_batches(2)
+
+
+def test_hdf5_channels_last_images_are_read_as_nchw(tmp_path):
+    # NNLO's GetData writes Keras' channels-last arrays: (N, 28, 28, 1) float32, one-hot
+    import h5py
+    x = np.random.default_rng(0).random((6, 5, 4, 1), dtype=np.float32)
+    with h5py.File(tmp_path / "mnist_train_0.h5", "w") as f:
+        f["features"] = x
+        f["labels"] = np.eye(10, dtype=np.float32)[np.arange(6)]
+    (tmp_path / "train_mnist.list").write_text(f"{tmp_path / 'mnist_train_0.h5'}\n")
+    train = load_dataset("hdf5", path=tmp_path / "train_mnist.list").train
+    assert train.input_shape == (1, 5, 4) and train.num_classes == 10
+    np.testing.assert_array_equal(train.arrays()[0], x.transpose(0, 3, 1, 2))
+
+
+def test_cifar10_from_the_archive_file(tmp_path):
+    # PyDTNN: --dataset_path=datasets/cifar10/cifar-10-binary.tar.gz
+    import tarfile
+    data = write_cifar(tmp_path / "cifar-10-batches-bin", per_file=3)
+    with tarfile.open(tmp_path / "cifar-10-binary.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "cifar-10-batches-bin", arcname="cifar-10-batches-bin")
+    splits = load_dataset("cifar10", path=tmp_path / "cifar-10-binary.tar.gz", normalize=False)
+    x, y = splits.train.arrays()
+    np.testing.assert_array_equal(x, data["x_train"].astype(np.float32))
+    np.testing.assert_array_equal(splits.test.arrays()[1], data["y_test"])

@@ -152,10 +152,13 @@ def read_fashion_mnist(*, path=None, preprocess: Preprocess, seed: int = 0,
     return _read_idx_dataset("fashion_mnist", path, preprocess, download)
 
 
-def read_cifar_bin(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Read one CIFAR-10 binary batch: (N, 3, 32, 32) uint8 images and int64 labels."""
+def read_cifar_bin(path: str | os.PathLike,
+                   data: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR-10 binary batch: (N, 3, 32, 32) uint8 images and int64 labels
+    (from ``data`` when given, ``path`` then only names it)."""
     path = Path(path)
-    raw = np.fromfile(path, dtype=np.uint8)
+    raw = (np.frombuffer(data, dtype=np.uint8) if data is not None
+           else np.fromfile(path, dtype=np.uint8))
     if raw.size % CIFAR_RECORD:
         raise DatasetError(f"{path}: {raw.size} bytes is not a whole number of "
                            f"{CIFAR_RECORD}-byte records; the file is truncated. "
@@ -190,13 +193,37 @@ def _fetch_cifar(folder: Path) -> None:
     archive.unlink()
 
 
+def _cifar_archive(archive: Path) -> dict[str, bytes]:
+    """The batch files inside cifar-10-binary.tar.gz (PyDTNN's --dataset_path), read in memory."""
+    wanted = {f"cifar-10-batches-bin/{f}" for f in CIFAR_TRAIN + (CIFAR_TEST,)}
+    try:
+        with tarfile.open(archive) as tar:
+            members = {m.name: m for m in tar.getmembers() if m.name in wanted and m.isfile()}
+            if len(members) != len(wanted):
+                raise DatasetError(f"{archive}: missing members "
+                                   f"{sorted(wanted - set(members))}; it is not "
+                                   "cifar-10-binary.tar.gz or it is truncated")
+            return {name.rsplit("/", 1)[1]: tar.extractfile(m).read()
+                    for name, m in members.items()}
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise DatasetError(f"{archive}: cannot read the archive ({exc}); download "
+                           "cifar-10-binary.tar.gz again") from exc
+
+
 def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
                  download: bool = True) -> Splits:
-    """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32)."""
-    folder = fetch.locate("cifar10", ALIASES["cifar10"], path, _cifar_folder,
-                          _fetch_cifar if download else None, _how_to("cifar10"))
-    parts = [read_cifar_bin(folder / f) for f in CIFAR_TRAIN]
-    x_test, y_test = read_cifar_bin(folder / CIFAR_TEST)
+    """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32). ``path`` may also be
+    the ``cifar-10-binary.tar.gz`` archive itself."""
+    if path is not None and Path(path).expanduser().is_file():
+        archive = Path(path).expanduser()
+        files = _cifar_archive(archive)
+        parts = [read_cifar_bin(archive / f, files[f]) for f in CIFAR_TRAIN]
+        x_test, y_test = read_cifar_bin(archive / CIFAR_TEST, files[CIFAR_TEST])
+    else:
+        folder = fetch.locate("cifar10", ALIASES["cifar10"], path, _cifar_folder,
+                              _fetch_cifar if download else None, _how_to("cifar10"))
+        parts = [read_cifar_bin(folder / f) for f in CIFAR_TRAIN]
+        x_test, y_test = read_cifar_bin(folder / CIFAR_TEST)
     train = ArrayDataset(np.concatenate([p[0] for p in parts]),
                          np.concatenate([p[1] for p in parts]), 10, preprocess=preprocess)
     return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
@@ -244,6 +271,9 @@ def _h5_rows(file: Path, list_file: Path, features_name: str, labels_name: str,
         if part is not None:
             lo, hi = local_range(hi, *part)
         x, y = h5[features_name][lo:hi], h5[labels_name][lo:hi]
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        # channels-last images (Keras' default, as NNLO's GetData writes them) -> NCHW
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
     width = None
     if y.ndim == 2:
         if not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
@@ -281,6 +311,7 @@ def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=No
     """NNLO-style HDF5: text files listing HDF5 paths (relative to the list or absolute).
 
     ``path`` is the train list file, or a folder that relative list names are resolved in.
+    Images stored channels-last (N, H, W, 1|3), as Keras writes them, are read as NCHW.
     With ``size`` > 1 only the part of rank ``rank`` is read (whole files when the list has
     at least ``size`` of them, else its rows of each) into ``PartDataset``s, which the
     caller completes with the other parts' sizes (``PartDataset.set_parts``).
