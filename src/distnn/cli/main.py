@@ -19,6 +19,7 @@ from typing import Sequence
 
 from .builders import UserError, make_comm
 from .commands import COMMANDS, PLAIN_COMMANDS
+from .search import SEARCH, add_search_parser, main_search
 from .config import ConfigError, RunConfig, build_config, load_toml, resolve_values
 from .options import ALL, OPTION_BY_NAME, OPTIONS, _add_options, _argtype
 
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=text, description=text[0].upper() + text[1:] + ".",
                            argument_default=argparse.SUPPRESS, allow_abbrev=False)
         _add_options(p, command)
+    add_search_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
     info.add_argument("--parallel", type=_argtype(OPTION_BY_NAME["parallel"]),
@@ -147,8 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet", True)
+                     "convert-imagenet, search", True)
     prog = f"{PROG} {args.command}"
+    if args.command == SEARCH:
+        return main_search(args, prog, _env_rank() == 0)
     if args.command in PLAIN_COMMANDS:
         try:
             return PLAIN_COMMANDS[args.command](args)
