@@ -1,2 +1,381 @@
-"""Compiled loops (numba, parallel over the outer axis, cached on disk)."""
-import numba  # noqa: F401
+"""Compiled loops for the memory-bound parts of the kernels (numba, ``parallel=True``).
+
+Each function is compiled on first use and cached on disk (``cache=True``: next to this
+file, or in ``NUMBA_CACHE_DIR``), so a process after the first pays only the cache load.
+Loops run over a ``prange`` of channels, rows or samples with no shared writes, so every
+thread count gives the same result. Arrays are indexed through flat views with unsigned
+offsets: numba's negative-index check on signed indices stops LLVM from vectorizing.
+The GEMMs stay in NumPy (BLAS); ``conv.py``, ``pooling.py`` and ``batchnorm.py`` call these
+when the "numba" backend is selected (``distnn.kernels.backend``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+# The workqueue layer's idle workers sleep instead of spinning: with OpenBLAS's own pool on
+# the same 2 cores, a spinning OpenMP pool (numba's default when libgomp is found) and
+# OpenBLAS's threads take turns waiting for each other.
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
+
+_U = np.uintp
+_jit = nb.njit(parallel=True, cache=True, nogil=True)
+_jit_serial = nb.njit(cache=True, nogil=True)
+
+
+def default_threads() -> int:
+    """OMP_NUM_THREADS when set; else the cores shared among the launcher's ranks."""
+    for var in ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(var, "").strip().isdigit() and int(os.environ[var]) > 0:
+            return int(os.environ[var])
+    size = 1
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(var, "").isdigit():
+            size = max(1, int(os.environ[var]))
+            break
+    return max(1, (os.cpu_count() or 1) // size)
+
+
+def set_num_threads(n: int) -> None:
+    nb.set_num_threads(max(1, min(int(n), nb.config.NUMBA_NUM_THREADS)))
+
+
+def get_num_threads() -> int:
+    return nb.get_num_threads()
+
+
+set_num_threads(default_threads())
+
+
+# -- convolution: compact columns (C*KH*KW, N*OH*OW) -------------------------------------
+@_jit_serial
+def _valid_q(ow, sw, off, w):
+    """[q0, q1): outputs q whose input column q*sw + off lies in [0, w)."""
+    q0 = 0
+    while q0 < ow and q0 * sw + off < 0:
+        q0 += 1
+    q1 = ow
+    while q1 > q0 and (q1 - 1) * sw + off >= w:
+        q1 -= 1
+    return q0, q1
+
+
+@_jit
+def im2col(x, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
+    """col (C*KH*KW, (n1-n0)*OH*OW) = the patches of samples n0..n1-1 of x (N, C, H, W)."""
+    _, c_, h_, w_ = x.shape
+    n_ = n1 - n0
+    xf = x.ravel()
+    cf = col.ravel()
+    p_ = oh * ow
+    for r in nb.prange(c_ * kh * kw):
+        c = r // (kh * kw)
+        i = (r // kw) % kh
+        j = r % kw
+        off = j * dw - pl
+        q0, q1 = _valid_q(ow, sw, off, w_)
+        for n in range(n_):
+            xb = ((n + n0) * c_ + c) * h_ * w_
+            for p in range(oh):
+                ih = p * sh + i * dh - pt
+                d = (r * n_ + n) * p_ + p * ow
+                if ih < 0 or ih >= h_:
+                    for q in range(ow):
+                        cf[_U(d + q)] = 0
+                    continue
+                s = xb + ih * w_ + off
+                for q in range(q0):
+                    cf[_U(d + q)] = 0
+                if sw == 1:
+                    for q in range(q0, q1):
+                        cf[_U(d + q)] = xf[_U(s + q)]
+                else:
+                    for q in range(q0, q1):
+                        cf[_U(d + q)] = xf[_U(s + q * sw)]
+                for q in range(q1, ow):
+                    cf[_U(d + q)] = 0
+
+
+@_jit
+def col2im(col, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, dx):
+    """dx[n0:n1] = adjoint of im2col; offsets added in (i, j) order like the NumPy path."""
+    _, c_, h_, w_ = dx.shape
+    n_ = n1 - n0
+    df = dx.ravel()
+    cf = col.ravel()
+    p_ = oh * ow
+    for c in nb.prange(c_):
+        for n in range(n_):
+            b = ((n + n0) * c_ + c) * h_ * w_
+            for k in range(h_ * w_):
+                df[_U(b + k)] = 0
+        for i in range(kh):
+            for j in range(kw):
+                r = (c * kh + i) * kw + j
+                off = j * dw - pl
+                q0, q1 = _valid_q(ow, sw, off, w_)
+                for n in range(n_):
+                    xb = ((n + n0) * c_ + c) * h_ * w_
+                    for p in range(oh):
+                        ih = p * sh + i * dh - pt
+                        if ih < 0 or ih >= h_:
+                            continue
+                        d = (r * n_ + n) * p_ + p * ow
+                        s = xb + ih * w_ + off
+                        if sw == 1:
+                            for q in range(q0, q1):
+                                df[_U(s + q)] += cf[_U(d + q)]
+                        else:
+                            for q in range(q0, q1):
+                                df[_U(s + q * sw)] += cf[_U(d + q)]
+
+
+@_jit
+def cols_to_nchw(yw, b, use_b, y, n0):
+    """y[n0:n0+k] (k, F, P) = yw (F, k*P) transposed, plus b[f] when use_b."""
+    _, f_, p_ = y.shape
+    n_ = yw.shape[1] // p_
+    yf = y.ravel()
+    wf = yw.ravel()
+    for t in nb.prange(n_ * f_):
+        n = t // f_
+        f = t % f_
+        s = (f * n_ + n) * p_
+        d = (t + n0 * f_) * p_
+        if use_b:
+            bias = b[f]
+            for k in range(p_):
+                yf[_U(d + k)] = wf[_U(s + k)] + bias
+        else:
+            for k in range(p_):
+                yf[_U(d + k)] = wf[_U(s + k)]
+
+
+@_jit
+def nchw_to_cols(dy, n0, dyw, db, use_db):
+    """dyw (F, k*P) = dy[n0:n0+k] (k, F, P) transposed; db[f] += its row sums when use_db."""
+    _, f_, p_ = dy.shape
+    n_ = dyw.shape[1] // p_
+    df = dy.ravel()
+    wf = dyw.ravel()
+    for f in nb.prange(f_):
+        acc = 0.0
+        for n in range(n_):
+            s = ((n + n0) * f_ + f) * p_
+            d = (f * n_ + n) * p_
+            part = df[_U(s)] * 0
+            for k in range(p_):
+                v = df[_U(s + k)]
+                wf[_U(d + k)] = v
+                part += v
+            acc += part
+        if use_db:
+            db[f] += acc
+
+
+# -- activations --------------------------------------------------------------------------
+@_jit
+def relu_forward(x, y):
+    xf = x.ravel()
+    yf = y.ravel()
+    z = xf[0] * 0 if xf.size else 0
+    for i in nb.prange(xf.size):
+        v = xf[i]
+        yf[i] = v if v > z else z
+
+
+@_jit
+def relu_backward(dy, y, dx):
+    df = dy.ravel()
+    yf = y.ravel()
+    xf = dx.ravel()
+    for i in nb.prange(df.size):
+        xf[i] = df[i] if yf[i] > 0 else df[i] * 0
+
+
+# -- max pooling --------------------------------------------------------------------------
+@_jit
+def maxpool_forward(x, kh, kw, sh, sw, ph, pw, y, idx):
+    """y and the window offset (i*kw + j) of each window's first maximum (-inf padding)."""
+    n_, c_, h_, w_ = x.shape
+    oh, ow = y.shape[2], y.shape[3]
+    xf = x.ravel()
+    yf = y.ravel()
+    kf = idx.ravel()
+    for t in nb.prange(n_ * c_):
+        xb = t * h_ * w_
+        yb = t * oh * ow
+        for p in range(oh):
+            for q in range(ow):
+                best = -np.inf
+                arg = 0
+                first = True
+                for i in range(kh):
+                    ih = p * sh + i - ph
+                    for j in range(kw):
+                        iw = q * sw + j - pw
+                        if 0 <= ih < h_ and 0 <= iw < w_:
+                            v = xf[_U(xb + ih * w_ + iw)]
+                        else:
+                            v = -np.inf
+                        if first or v > best:
+                            best = v
+                            arg = i * kw + j
+                            first = False
+                yf[_U(yb + p * ow + q)] = best
+                kf[_U(yb + p * ow + q)] = arg
+
+
+@_jit
+def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
+    n_, c_, h_, w_ = dx.shape
+    oh, ow = dy.shape[2], dy.shape[3]
+    df = dy.ravel()
+    kf = idx.ravel()
+    xf = dx.ravel()
+    for t in nb.prange(n_ * c_):
+        xb = t * h_ * w_
+        yb = t * oh * ow
+        for k in range(h_ * w_):
+            xf[_U(xb + k)] = 0
+        for p in range(oh):
+            for q in range(ow):
+                a = kf[_U(yb + p * ow + q)]
+                ih = p * sh + a // kw - ph
+                iw = q * sw + a % kw - pw
+                if 0 <= ih < h_ and 0 <= iw < w_:
+                    xf[_U(xb + ih * w_ + iw)] += df[_U(yb + p * ow + q)]
+
+
+# -- batch norm over axis 1 of (N, C, S) ------------------------------------------------
+@_jit
+def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
+    """Two-pass per-channel mean and biased variance (float64 accumulators), then
+    xhat = (x - mean) * invstd and y = gamma * xhat + beta in one pass."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    cnt = max(n_ * s_, 1)
+    for c in nb.prange(c_):
+        acc = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                acc += xf[_U(b + k)]
+        m = acc / cnt
+        acc = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                d = xf[_U(b + k)] - m
+                acc += d * d
+        v = acc / cnt
+        inv = 1.0 / np.sqrt(v + eps)
+        mean[c] = m
+        var[c] = v
+        invstd[c] = inv
+        mx = x.dtype.type(m)
+        ix = x.dtype.type(inv)
+        g = gamma[c]
+        bb = beta[c]
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                h = (xf[_U(b + k)] - mx) * ix
+                hf[_U(b + k)] = h
+                yf[_U(b + k)] = h * g + bb
+
+
+@_jit
+def bn_grad_sums(dy, xhat, sum_dy, sum_dy_xhat):
+    """Per-channel sum(dy) and sum(dy * xhat), float64 accumulators."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    for c in nb.prange(c_):
+        a = 0.0
+        b2 = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                d = df[_U(b + k)]
+                a += d
+                b2 += d * hf[_U(b + k)]
+        sum_dy[c] = a
+        sum_dy_xhat[c] = b2
+
+
+@_jit
+def bn_backward_dx(dy, xhat, ca, cb, cc, dx):
+    """dx = ca[c] * dy + cb[c] * xhat + cc[c] over (N, C, S)."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    xf = dx.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        a = ca[c]
+        b2 = cb[c]
+        k0 = cc[c]
+        b = t * s_
+        for k in range(s_):
+            xf[_U(b + k)] = a * df[_U(b + k)] + b2 * hf[_U(b + k)] + k0
+
+
+@_jit
+def scale_shift(x, scale, shift, y):
+    """y = x * scale[c] + shift[c] over (N, C, S)."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        a = scale[c]
+        b2 = shift[c]
+        b = t * s_
+        for k in range(s_):
+            yf[_U(b + k)] = xf[_U(b + k)] * a + b2
+
+
+# -- one caller at a time ---------------------------------------------------------------
+# The workqueue layer aborts the process when two Python threads launch parallel loops at
+# once (a layer used from several threads, or ranks simulated by threads in the tests), so
+# the launches are serialized; a lock costs ~0.1 us against kernels of 10 us and up.
+_launch = threading.Lock()
+
+
+def _serialized(kernel):
+    @functools.wraps(kernel)
+    def call(*args):
+        with _launch:
+            return kernel(*args)
+    call.kernel = kernel
+    return call
+
+
+for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "relu_forward",
+              "relu_backward", "maxpool_forward", "maxpool_backward", "bn_forward_train",
+              "bn_grad_sums", "bn_backward_dx", "scale_shift"):
+    globals()[_name] = _serialized(globals()[_name])
+
+
+# -- work arrays shared by all layers ---------------------------------------------------
+_scratch = threading.local()
+
+
+def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """A C-contiguous work array of ``shape`` backed by one grow-only buffer per (name,
+    dtype) and thread, shared by every layer: layers run one at a time, and the big column
+    matrices then cost one buffer instead of one per layer."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape))
+    pool = _scratch.__dict__.setdefault("pool", {})
+    buf = pool.get((name, dtype))
+    if buf is None or buf.size < size:
+        buf = pool[(name, dtype)] = np.empty(size, dtype)
+    return buf[:size].reshape(shape)

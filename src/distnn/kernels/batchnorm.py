@@ -13,6 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backend import compiled
+
+
+def _compiled_for(x: np.ndarray):
+    """The compiled module when it is selected and x is a C-contiguous float array."""
+    fast = compiled()
+    if fast is None or x.ndim < 2 or not x.flags.c_contiguous or x.dtype.kind != "f":
+        return None
+    return fast
+
 
 def _by_channel(x: np.ndarray) -> np.ndarray:
     """x as (N, C, rest) so that reductions run over contiguous runs."""
@@ -100,6 +110,16 @@ def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: fl
 
     Returns (y, xhat, mean, var, invstd); var is the biased batch variance.
     """
+    fast = _compiled_for(x)
+    if fast is not None:
+        c = x.shape[1]
+        y, xhat = np.empty_like(x), np.empty_like(x)
+        mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
+        fast.bn_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
+                              np.ascontiguousarray(beta, x.dtype), float(eps),
+                              _by_channel(y), _by_channel(xhat), mean, var, invstd)
+        dt = x.dtype
+        return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
     n = max(channel_count(x), 1)
     mean = channel_sum(x) / x.dtype.type(n)
     xhat = np.subtract(x, _bshape(x, mean))
@@ -117,6 +137,12 @@ def bn_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.nda
     invstd = 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
     scale = np.asarray(gamma, np.float64) * invstd
     shift = np.asarray(beta, np.float64) - np.asarray(mean, np.float64) * scale
+    fast = _compiled_for(x)
+    if fast is not None:
+        y = np.empty_like(x)
+        fast.scale_shift(_by_channel(x), scale.astype(x.dtype), shift.astype(x.dtype),
+                         _by_channel(y))
+        return y
     y = np.multiply(x, _bshape(x, scale))
     y += _bshape(x, shift)
     return y
@@ -124,6 +150,12 @@ def bn_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.nda
 
 def bn_grad_sums(dy: np.ndarray, xhat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel sum(dy) (= dbeta) and sum(dy * xhat) (= dgamma)."""
+    fast = _compiled_for(dy)
+    if fast is not None and xhat.flags.c_contiguous and xhat.dtype == dy.dtype:
+        c = dy.shape[1]
+        sums = np.empty((2, c), np.float64)
+        fast.bn_grad_sums(_by_channel(dy), _by_channel(xhat), sums[0], sums[1])
+        return sums[0].astype(dy.dtype), sums[1].astype(dy.dtype)
     return channel_sum(dy), channel_dot(dy, xhat)
 
 
@@ -137,6 +169,12 @@ def bn_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, invstd: 
     a = g                                                   # coefficient of dy
     b = -g * np.asarray(sum_dy_xhat, np.float64) / count    # coefficient of xhat
     c = -g * np.asarray(sum_dy, np.float64) / count         # constant
+    fast = _compiled_for(dy)
+    if fast is not None and xhat.flags.c_contiguous and xhat.dtype == dt:
+        dx = np.empty_like(dy)
+        fast.bn_backward_dx(_by_channel(dy), _by_channel(xhat), a.astype(dt), b.astype(dt),
+                            c.astype(dt), _by_channel(dx))
+        return dx
     dx = np.multiply(dy, _bshape(dy, a.astype(dt)))
     tmp = np.multiply(xhat, _bshape(dy, b.astype(dt)))
     dx += tmp

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .backend import compiled
+
 Pair = tuple[int, int]
 Pads = tuple[int, int, int, int]  # top, bottom, left, right
 
@@ -160,6 +162,10 @@ def im2col(x: np.ndarray, kernel_size: Pair, stride: Pair = (1, 1),
     g = conv_geometry(x.shape, kernel_size, stride, padding, dilation)
     shape = (g.c * g.kh * g.kw, g.n * g.oh * g.ow)
     out = np.empty(shape, x.dtype) if out is None else out
+    fast = compiled()
+    if fast is not None and out.flags.c_contiguous:
+        fast.im2col(np.ascontiguousarray(x), 0, g.n, *_im2col_args(g), out)
+        return out
     return _im2col_compact(x, g, out)
 
 
@@ -169,6 +175,10 @@ def col2im(col: np.ndarray, x_shape, kernel_size: Pair, stride: Pair = (1, 1),
     """Adjoint of ``im2col``: sum each column entry back into its (N, C, H, W) position."""
     g = conv_geometry(x_shape, kernel_size, stride, padding, dilation)
     out = np.empty(tuple(x_shape), col.dtype) if out is None else out
+    fast = compiled()
+    if fast is not None and out.flags.c_contiguous:
+        fast.col2im(np.ascontiguousarray(col), 0, g.n, *_im2col_args(g), out)
+        return out
     return _col2im_compact(col, g, out)
 
 
@@ -233,6 +243,11 @@ def _conv_shifted(xf: np.ndarray, w: np.ndarray, g: ConvGeometry, yw: np.ndarray
             np.add(yw[:, :m - o], part[:, :m - o], out=yw[:, :m - o])
 
 
+def _numba_module():
+    from . import _numba
+    return _numba
+
+
 # -- convolution --------------------------------------------------------------------------
 class ConvCache(NamedTuple):
     """What ``conv2d_backward`` needs from the forward pass: the column matrix, or (flat
@@ -241,6 +256,90 @@ class ConvCache(NamedTuple):
     col: np.ndarray | None
     flat: bool
     xf: np.ndarray | None = None
+    compiled: bool = False
+
+
+# Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
+# them) so that they are used by the GEMM while still in cache; when the whole batch's
+# columns fit in KEEP_COLUMNS_BYTES they are built once and kept with the layer for
+# backward, otherwise backward rebuilds each block from x (resnet20 would otherwise keep
+# ~270 MB of columns alive).
+CHUNK_BYTES = 2 << 20
+KEEP_COLUMNS_BYTES = 8 << 20
+
+
+def _chunks(n: int, per_sample: int):
+    k = max(1, min(n, CHUNK_BYTES // max(per_sample, 1)))
+    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
+
+
+def _im2col_args(g: ConvGeometry):
+    return g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, g.oh, g.ow
+
+
+def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
+    f = w.shape[0]
+    ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
+    x = np.ascontiguousarray(x)
+    w2 = w.reshape(f, ckk)
+    keep = ckk * g.n * p * x.itemsize <= KEEP_COLUMNS_BYTES
+    k, chunks = (g.n, [(0, g.n)]) if keep else _chunks(g.n, ckk * p * x.itemsize)
+    colbuf = _buffer(ws, "col", (ckk * g.n * p,), x.dtype) if keep else \
+        fast.scratch("col", (ckk * k * p,), x.dtype)
+    ywbuf = fast.scratch("yw", (f * k * p,), x.dtype)
+    y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
+    y3 = y.reshape(g.n, f, p)
+    bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    for n0, n1 in chunks:
+        m = (n1 - n0) * p
+        col = colbuf[:ckk * m].reshape(ckk, m)
+        yw = ywbuf[:f * m].reshape(f, m)
+        fast.im2col(x, n0, n1, *_im2col_args(g), col)
+        np.matmul(w2, col, out=yw)
+        fast.cols_to_nchw(yw, bias, b is not None, y3, n0)
+    return y, ConvCache(g, colbuf.reshape(ckk, g.n * p) if keep else None, False, x, True)
+
+
+def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
+    g, kept, _, x, _ = cache
+    f = w.shape[0]
+    ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
+    dy = np.ascontiguousarray(dy)
+    dy3 = dy.reshape(g.n, f, p)
+    w2t = w.reshape(f, ckk).T
+    k, chunks = (g.n, [(0, g.n)]) if kept is not None else _chunks(g.n, ckk * p * dy.itemsize)
+    colbuf = None if kept is not None else fast.scratch("col", (ckk * k * p,), dy.dtype)
+    ywbuf = fast.scratch("yw", (f * k * p,), dy.dtype)
+    if dw_out is None:
+        dw_out = np.empty(w.shape, dy.dtype)
+    dw2 = dw_out.reshape(f, ckk) if dw_out.flags.c_contiguous else np.empty((f, ckk), dy.dtype)
+    part = np.empty((f, ckk), dy.dtype) if len(chunks) > 1 else None
+    db64 = np.zeros(f, np.float64)
+    dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype) if need_dx else None
+    for i, (n0, n1) in enumerate(chunks):
+        m = (n1 - n0) * p
+        dyw = ywbuf[:f * m].reshape(f, m)
+        fast.nchw_to_cols(dy3, n0, dyw, db64, need_db)
+        if kept is not None:
+            col = kept
+        else:
+            col = colbuf[:ckk * m].reshape(ckk, m)
+            fast.im2col(x, n0, n1, *_im2col_args(g), col)
+        if i == 0:
+            np.matmul(dyw, col.T, out=dw2)
+        else:
+            np.matmul(dyw, col.T, out=part)
+            dw2 += part
+        if need_dx:
+            np.matmul(w2t, dyw, out=col)
+            fast.col2im(col, n0, n1, *_im2col_args(g), dx)
+    if dw2.base is not dw_out and dw2 is not dw_out:
+        dw_out[...] = dw2.reshape(w.shape)
+    db = None
+    if need_db:
+        db = db_out if db_out is not None else np.empty(f, dy.dtype)
+        db[...] = db64
+    return dx, dw_out, db
 
 
 def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
@@ -263,6 +362,9 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
+    fast = compiled() if method is None else None
+    if fast is not None:
+        return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
         # The flat layout saves im2col work that grows with C but computes every padded
         # position, a GEMM cost that grows with F; measured fwd+bwd, batch 64, 1 thread
@@ -317,7 +419,10 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     accumulated). The cached columns are overwritten when dx is computed, so call this
     once per forward.
     """
-    g, col, flat, xf = cache
+    if cache.compiled:
+        return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
+                                  need_dx, need_db)
+    g, col, flat, xf, _ = cache
     f = w.shape[0]
     ckk = g.c * g.kh * g.kw
     if flat:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .backend import compiled
 from .conv import conv_output_size
 
 Pair = tuple[int, int]
@@ -74,6 +75,13 @@ def maxpool2d_forward(x: np.ndarray, pool: Pair = (2, 2), stride: Pair | None = 
     """Max over (KH, KW) windows of NCHW x; returns y and the cache for backward."""
     stride = tuple(pool) if stride is None else tuple(stride)
     n, c, oh, ow = pool_output_shape(x.shape, pool, stride, padding)
+    fast = compiled()
+    if fast is not None and x.dtype.kind == "f" and pool[0] * pool[1] <= 256:
+        y = np.empty((n, c, oh, ow), x.dtype)
+        idx = np.empty((n, c, oh, ow), np.uint8)
+        fast.maxpool_forward(np.ascontiguousarray(x), pool[0], pool[1], stride[0], stride[1],
+                             padding[0], padding[1], y, idx)
+        return y, PoolCache(x.shape, tuple(pool), stride, tuple(padding), (idx,))
     if _is_fast_2x2(x.shape, pool, stride, padding):
         pairs = np.ascontiguousarray(x).reshape(-1, 2)           # neighbours along W
         left = np.greater_equal(pairs[:, 0], pairs[:, 1])         # ties go to the first
@@ -112,6 +120,12 @@ def maxpool2d_backward(dy: np.ndarray, cache: PoolCache) -> np.ndarray:
         return dx.reshape(x_shape)
     (idx,) = arrays
     oh, ow = dy.shape[2:]
+    fast = compiled()
+    if fast is not None and dy.dtype.kind == "f" and idx.dtype == np.uint8:
+        dx = np.empty(x_shape, dy.dtype)
+        fast.maxpool_backward(np.ascontiguousarray(dy), idx, pool[0], pool[1], stride[0],
+                              stride[1], padding[0], padding[1], dx)
+        return dx
     dxp = np.zeros((n, c, h + 2 * padding[0], w + 2 * padding[1]), dy.dtype)
     overlap = stride[0] < pool[0] or stride[1] < pool[1]
     for k, view in _windows(dxp, pool, stride, oh, ow):

@@ -3,7 +3,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.backend import compiled
 from .base import Layer, check_input
+
+
+def _fast_for(*arrays):
+    """The compiled kernels when selected and every array is C-contiguous float of one
+    dtype and shape."""
+    fast = compiled()
+    a0 = arrays[0]
+    if fast is None or a0.dtype.kind != "f" or a0.size == 0:
+        return None
+    if all(a.flags.c_contiguous and a.dtype == a0.dtype and a.shape == a0.shape
+           for a in arrays):
+        return fast
+    return None
 
 
 class ReLU(Layer):
@@ -11,12 +25,22 @@ class ReLU(Layer):
 
     def forward(self, x, training=False):
         check_input(self, x)
-        self._y = np.maximum(x, 0)
+        fast = _fast_for(x)
+        if fast is not None:
+            self._y = np.empty_like(x)
+            fast.relu_forward(x, self._y)
+        else:
+            self._y = np.maximum(x, 0)
         return self._y
 
     def backward(self, dy):
         if not self.need_dx:
             return None
+        fast = _fast_for(dy, self._y)
+        if fast is not None:
+            dx = np.empty_like(dy)
+            fast.relu_backward(dy, self._y, dx)
+            return dx
         # multiplying by the boolean mask is ~10x faster than np.where here
         return dy * (self._y > 0)
 
