@@ -32,9 +32,15 @@ def resolve_key(name: str, keys: Sequence[str]) -> str:
     key = prefix + _ALIASES.get(base, base)
     if key in keys:
         return key
-    raise ValueError(f"metric {name!r} is not logged by this run; it logs {sorted(keys)} "
-                     "(validation keys need validation data: --validation_split or "
-                     "--test_as_validation)")
+    import difflib
+    logged = sorted(k for k in keys if k not in ("time", "samples_per_s"))
+    close = difflib.get_close_matches(name, logged, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    if prefix and not any(k.startswith("val_") for k in keys):
+        hint += ("validation keys need validation data (--validation_split or "
+                 "--test_as_validation); ")
+    raise ValueError(f"metric {name!r} is not logged by this run; {hint}it logs "
+                     f"{', '.join(logged)}")
 
 
 def metric_mode(name: str, mode: str = "auto") -> str:

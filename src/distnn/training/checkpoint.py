@@ -11,7 +11,10 @@ A checkpoint is an ``.npz`` file holding:
 
 ``save_checkpoint`` is collective (every rank calls it; RNG states are gathered) and only
 rank 0 writes, through a temporary file in the target folder and ``os.replace``, so a
-crash never leaves a half-written checkpoint; a write error is raised on every rank.
+crash (even SIGKILL) never leaves a half-written checkpoint and the previous one stays
+intact; a write error is raised on every rank. The metadata also records the number of
+ranks, the global batch size and the ``run`` settings of the command that wrote it, so a
+resume can keep the global batch and compare its settings.
 ``load_checkpoint(path).restore(trainer)`` puts everything back, so that training 2 epochs
 equals training 1 epoch, saving, and resuming for 1 more (bit-identical weights).
 """
@@ -24,9 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import atomic_open
+from ..fileio import atomic_open, npz_kind, write_on_root
 
-__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "pack", "unpack"]
+__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
+           "unpack"]
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or does not fit this run; the message names the file,
+    what is wrong and what to do."""
+
 
 FORMAT = "distnn-checkpoint"
 VERSION = 1
@@ -83,34 +92,30 @@ def _base_optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)
 
 
-def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None) -> None:
+def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None,
+                    run: dict[str, Any] | None = None) -> None:
     """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically).
 
     Args:
         path: target file (.npz).
-        trainer: a ``distnn.train.Trainer``.
+        trainer: a ``distnn.training.Trainer``.
         epochs_done: number of finished epochs (default ``trainer.epoch + 1``).
+        run: JSON-able settings of the run that wrote it (the command stores its options
+            here, so a resume can compare them); kept as ``meta["run"]``.
 
     Raises:
-        OSError (on every rank) when rank 0 could not write the file.
+        fileio.WriteError (an OSError), on every rank, when rank 0 could not write the file;
+        the previous file at ``path`` is then untouched.
     """
     comm = trainer.comm
     path = os.fspath(path)
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
-    error = None
-    if comm.rank == 0:
-        try:
-            _write(path, trainer, all_rng,
-                   trainer.epoch + 1 if epochs_done is None else int(epochs_done))
-        except Exception as exc:  # re-raised on every rank below, so no rank waits forever
-            error = f"could not write checkpoint {path!r}: {type(exc).__name__}: {exc}"
-    error = comm.bcast_obj(error, 0)
-    if error is not None:
-        raise OSError(error)
+    done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)
+    write_on_root(comm, path, lambda: _write(path, trainer, all_rng, done, run), "checkpoint")
 
 
-def _write(path: str, trainer, all_rng: list, epochs_done: int) -> None:
+def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
     arrays: dict[str, np.ndarray] = {}
     for key, value in trainer.model.named_arrays().items():
         arrays[f"model/{key}"] = np.asarray(value)
@@ -128,6 +133,8 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int) -> None:
         "model": {"name": trainer.model.name, "dtype": trainer.model.dtype.name,
                   "input_shape": list(trainer.model.input_shape or ())},
         "ranks": trainer.comm.size,
+        "global_batch_size": getattr(trainer, "global_batch_size", None),
+        "run": dict(run or {}),
     }
     arrays["__meta__"] = np.array(json.dumps(meta))
     with atomic_open(path, fsync=True) as f:
@@ -162,13 +169,13 @@ class Checkpoint:
         missing = sorted(set(target) - set(stored))
         extra = sorted(set(stored) - set(target))
         if missing or extra:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {self.path!r} was saved from a different architecture "
                 f"(model {self.meta.get('model', {}).get('name')!r}): missing {missing[:4]}, "
                 f"unexpected {extra[:4]}; use the same --model as the run that wrote it")
         for key, value in target.items():
             if stored[key].shape != value.shape:
-                raise ValueError(f"checkpoint {self.path!r}: {key!r} has shape "
+                raise CheckpointError(f"checkpoint {self.path!r}: {key!r} has shape "
                                  f"{stored[key].shape}, the model expects {value.shape}; "
                                  "use the same --model and dataset as the run that wrote it")
         for key, value in target.items():
@@ -184,19 +191,24 @@ class Checkpoint:
         try:
             base.load_state_dict(state)
         except ValueError as exc:
-            raise ValueError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
+            raise CheckpointError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
                              "resume with the same --optimizer as the run that wrote it") from None
-        stored_cbs = meta["callbacks"]
-        mine = [type(cb).__name__ for cb in trainer.callbacks]
+        # TrainingCheckpoint keeps no state: a resume may add or drop one (--resume alone
+        # keeps checkpointing to the same file).
+        stored_cbs = [c for c in meta["callbacks"] if c["type"] != "TrainingCheckpoint"]
+        mine_cbs = [cb for cb in trainer.callbacks if type(cb).__name__ != "TrainingCheckpoint"]
+        mine = [type(cb).__name__ for cb in mine_cbs]
         theirs = [c["type"] for c in stored_cbs]
         if mine != theirs:
-            raise ValueError(f"checkpoint {self.path!r} holds the state of callbacks {theirs}, "
-                             f"this run has {mine}; resume with the same schedulers/callbacks")
-        for cb, c in zip(trainer.callbacks, stored_cbs):
+            raise CheckpointError(f"checkpoint {self.path!r} holds the state of callbacks "
+                                  f"{theirs or 'none'}, this run has {mine or 'none'}; resume "
+                                  "with the same schedulers/callbacks (--lr_schedulers, "
+                                  "--early_stopping, --target_metric)")
+        for cb, c in zip(mine_cbs, stored_cbs):
             cb.load_state_dict(unpack(c["state"], self.arrays))
         stored_rule = meta.get("rule", {"name": "data", "state": {}})
         if stored_rule["name"] != trainer.rule.name:
-            raise ValueError(f"checkpoint {self.path!r} was written under training rule "
+            raise CheckpointError(f"checkpoint {self.path!r} was written under training rule "
                              f"{stored_rule['name']!r}, this run uses {trainer.rule.name!r}; "
                              f"resume with --parallel {stored_rule['name']}")
         trainer.rule.load_state_dict(unpack(stored_rule["state"], self.arrays))
@@ -218,22 +230,31 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint written by ``save_checkpoint``.
 
     Raises:
-        FileNotFoundError / ValueError: naming the file and what is wrong with it.
+        FileNotFoundError / CheckpointError: naming the file and what is wrong with it.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist; pass the file a run "
                                 "wrote with --checkpoint")
     try:
+        kind = npz_kind(path)
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {exc}; pass the file a run wrote with "
+                              "--checkpoint (an interrupted write never replaces it)") from None
+    if kind != "checkpoint":
+        raise CheckpointError(f"{path!r} is not a distnn checkpoint (no __meta__ entry); a "
+                              "weights file goes to --weights_and_bias_filename, not --resume")
+    try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except Exception as exc:
-        raise ValueError(f"checkpoint {path!r} is not a readable .npz file: {exc}") from None
-    if "__meta__" not in arrays:
-        raise ValueError(f"{path!r} is not a distnn checkpoint (no __meta__ entry); a weights "
-                         "file goes to --weights_and_bias_filename, not --resume")
-    meta = json.loads(str(arrays.pop("__meta__")))
-    if meta.get("format") != FORMAT or int(meta.get("version", 0)) > VERSION:
-        raise ValueError(f"checkpoint {path!r} has format {meta.get('format')!r} version "
-                         f"{meta.get('version')!r}; this distnn reads {FORMAT!r} <= {VERSION}")
+        meta = json.loads(str(arrays.pop("__meta__")))
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt file
+        raise CheckpointError(f"checkpoint {path!r} is corrupt ({type(exc).__name__}); pass "
+                              "the file a run wrote with --checkpoint") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT \
+            or int(meta.get("version", 0)) > VERSION:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        version = meta.get("version") if isinstance(meta, dict) else None
+        raise CheckpointError(f"checkpoint {path!r} has format {fmt!r} version {version!r}; "
+                              f"this distnn reads {FORMAT!r} <= {VERSION}")
     return Checkpoint(path, meta, arrays)

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from ..fileio import atomic_open
+from ..fileio import atomic_open, write_on_root
 
 
 class History:
@@ -55,6 +55,11 @@ class History:
                 f.write("\n")
 
         atomic_write_text(path, write)
+
+    def save_on_root(self, path: str | os.PathLike, comm) -> None:
+        """``save`` on rank 0 of ``comm``; a failure raises ``fileio.WriteError`` on every
+        rank (collective)."""
+        write_on_root(comm, os.fspath(path), lambda: self.save(path), "history")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "History":
@@ -131,11 +136,18 @@ class Reporter:
         if not (self.progress and self.root):
             return None
         from tqdm import tqdm
+        # Under mpiexec a rank's stderr is a pipe, not a terminal: still redraw every
+        # second, so an epoch of a few seconds shows its progress.
         tty = sys.stderr.isatty()
         self.bar = tqdm(total=total, desc=desc, unit="sample", unit_scale=True,
                         file=sys.stderr, leave=True, dynamic_ncols=True,
-                        mininterval=0.2 if tty else 10.0, smoothing=0.1)
+                        mininterval=self.redraw_interval(tty), smoothing=0.1)
         return self.bar
+
+    @staticmethod
+    def redraw_interval(tty: bool) -> float:
+        """Seconds between redraws of the bar: 0.2 on a terminal, 1 on a pipe or file."""
+        return 0.2 if tty else 1.0
 
     @staticmethod
     def postfix(logs: dict[str, float]) -> str:

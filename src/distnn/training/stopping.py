@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from ..fileio import write_on_root
 from .callback_base import Callback, _Monitor, resolve_key
 
 
@@ -173,6 +174,25 @@ class ModelCheckpoint(_Monitor):
     def on_train_begin(self, trainer):
         if self.save_best_only:
             super().on_train_begin(trainer)
+        self.file_for(0, {k: 0.0 for k in trainer.log_keys})  # a bad pattern fails now
+
+    def file_for(self, epoch: int, logs: dict) -> str:
+        """The file name of ``epoch`` (0-based) with ``logs`` filled in.
+
+        Raises:
+            ValueError: the pattern names a key the run does not log, or is malformed.
+        """
+        # The logs carry "epoch" too (1-based, as the history): one value, not two.
+        values = {**logs, "epoch": epoch + 1}
+        try:
+            return self.filepath.format(**values)
+        except KeyError as exc:
+            raise ValueError(f"model_checkpoint file {self.filepath!r} uses {{{exc.args[0]}}}, "
+                             f"which this run does not log; use {{epoch}} or one of "
+                             f"{sorted(k for k in values if k != 'epoch')}") from None
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"model_checkpoint file {self.filepath!r} is not a valid "
+                             f"pattern ({exc}); write e.g. 'weights-{{epoch:03d}}.npz'") from None
 
     def on_epoch_end(self, trainer, epoch, logs):
         if (epoch + 1) % self.save_freq:
@@ -182,9 +202,9 @@ class ModelCheckpoint(_Monitor):
             if value is None or not self.better(value, self.best):
                 return
             self.best, self.best_epoch = value, epoch
-        path = self.filepath.format(epoch=epoch + 1, **logs)
-        if trainer.comm.rank == 0:
-            trainer.model.save_weights(path)
+        path = self.file_for(epoch, logs)
+        write_on_root(trainer.comm, path, lambda: trainer.model.save_weights(path),
+                      "model_checkpoint weights")
         self.saved.append(path)
 
     def state_dict(self):
@@ -200,21 +220,27 @@ class TrainingCheckpoint(Callback):
     run can continue with ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
 
     Collective: every rank takes part (RNG states are gathered), rank 0 writes atomically.
+
+    Args:
+        path: the checkpoint file (replaced atomically at every save).
+        every: save every this many epochs (and after the last one).
+        run: JSON-able settings of the run, stored in the checkpoint (``meta["run"]``).
     """
 
-    def __init__(self, path: str, every: int = 1):
+    def __init__(self, path: str, every: int = 1, run: dict | None = None):
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint_freq must be an integer >= 1, got {every!r}")
         if not path:
             raise ValueError("checkpoint needs a file path, got an empty one")
         self.path, self.every = os.fspath(path), int(every)
+        self.run = dict(run or {})
 
     def on_epoch_end(self, trainer, epoch, logs):
         # The trainer calls this after the other callbacks so their state is current.
         last = trainer.stop_training or epoch + 1 == trainer.num_epochs
         if (epoch + 1) % self.every == 0 or last:
             from .checkpoint import save_checkpoint
-            save_checkpoint(self.path, trainer, epochs_done=epoch + 1)
+            save_checkpoint(self.path, trainer, epochs_done=epoch + 1, run=self.run)
 
 
 def _split_spec(spec: str, option: str, example: str) -> tuple[str, str, str]:
