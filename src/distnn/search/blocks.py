@@ -58,7 +58,8 @@ def block_count(size: int, block_size: int) -> int:
     if workers < block_size or workers % block_size:
         fits = ", ".join(str(1 + block_size * n) for n in range(1, 4))
         raise LayoutError(
-            f"--block_size {block_size}: {size} rank{'s' * (size != 1)} do not split into 1 "
+            f"--block_size {block_size}: {size} rank{'s do' if size != 1 else ' does'} not "
+            f"split into 1 "
             f"coordinator + blocks of {block_size} rank{'s' * (block_size != 1)} "
             f"({workers} left for blocks); start 1 + a multiple of {block_size} ranks "
             f"(mpiexec -n {fits}, ...) or change --block_size")
