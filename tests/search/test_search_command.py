@@ -172,9 +172,13 @@ def test_a_rank_count_that_does_not_split_is_refused_on_every_rank(tmp_path):
      "accuracy, val_loss, val_accuracy"),
     (["--save_weights", "w.npz"], "--save_weights is an option of distnn train"),
     (["--sampler", "grid"], "--sampler grid: parameter 'learning_rate'"),
+    (["--config", "run.toml"], "[space] of --config 'run.toml': learning_rate: uniform needs "
+     "finite low < high, got [1, 0.1]"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, args, message):
     (tmp_path / "space.toml").write_text("[space]\nno_such_option = {choice = [1, 2]}\n")
+    (tmp_path / "run.toml").write_text('model = "simplemlp"\n[search]\nblock_size = 1\n'
+                                       "[space]\nlearning_rate = {uniform = [1, 0.1]}\n")
     proc = distnn("search", *args, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -24,7 +24,8 @@ from .builders import (UserError, _collective, build_augment, build_callbacks, b
                        build_optimizer, load_splits, make_comm)
 from .config import ConfigError, RunConfig, build_config, resolve_values
 from .kinds import Bool, Int, Maybe, Str
-from .options import OPTION_BY_NAME, OPTIONS, TRAIN, Option, _add_options, _argtype, canonical
+from .options import (OPTION_BY_NAME, OPTIONS, TRAIN, Option, _add_options, _argtype,
+                      _default_text, canonical)
 
 SEARCH = "search"
 
@@ -82,12 +83,21 @@ def _search_name(key: str) -> str | None:
 
 
 # -- the parser ----------------------------------------------------------------------------
+_INSTEAD = {
+    "checkpoint_freq": "the study is saved every --checkpoint_interval N trials",
+    "resume": "--resume (NNLO: --opt-restore) continues the study in --checkpoint DIR",
+    "evaluate": "candidates are scored on validation data (--objective)",
+    "evaluate_only": "candidates are scored on validation data (--objective)",
+}
+
+
 class _Rejected(argparse.Action):
     """A train option that has no meaning for search: an error that says so."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is an option of distnn train; distnn search writes "
-                     "best.toml, trials.json and objective.png instead (see --output_dir)")
+        instead = _INSTEAD.get(self.dest, "distnn search writes best.toml, trials.json and "
+                               "objective.png (see --output_dir)")
+        parser.error(f"{option_string} is an option of distnn train; here {instead}")
 
 
 def add_search_parser(sub) -> argparse.ArgumentParser:
@@ -102,9 +112,11 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     for option in SEARCH_OPTIONS:
         extra: dict[str, Any] = {"nargs": "?", "const": True} if isinstance(option.kind, Bool) \
             else {}
+        choices = getattr(option.kind, "choices", None)
+        text = f" Choices: {', '.join(choices)}." if choices else ""
         group.add_argument(*option.flags(), dest=f"search_{option.name}", type=_argtype(option),
-                           metavar=option.kind.metavar,
-                           help=f"{option.help} Default: {option.default}.", **extra)
+                           metavar=option.kind.metavar, help=f"{option.help}{text} Default: "
+                           f"{_default_text(option.default)}.", **extra)
     # conflict_handler="resolve": the flags above took over train's --checkpoint and
     # --resume; the other flags of the excluded train options now say they do not apply.
     taken = {f for o in SEARCH_OPTIONS for f in o.flags()}
@@ -114,7 +126,8 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
             continue
         flags = [f for f in option.flags() if f not in taken]
         if flags:
-            p.add_argument(*flags, nargs="?", action=_Rejected, help=argparse.SUPPRESS)
+            p.add_argument(*flags, dest=name, nargs="?", action=_Rejected,
+                           help=argparse.SUPPRESS)
     return p
 
 
