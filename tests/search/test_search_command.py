@@ -61,6 +61,7 @@ def seven(tmp_path_factory):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_seven_ranks_run_three_blocks_at_once(seven):
     folder, proc, data = seven
     assert "7 ranks = 1 coordinator + 3 blocks of 2" in proc.stdout
@@ -89,6 +90,7 @@ def test_seven_ranks_run_three_blocks_at_once(seven):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_the_saved_study_is_an_optuna_storage(seven):
     folder, _, data = seven
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{folder / 'ck' / 'study.db'}")
@@ -99,6 +101,7 @@ def test_the_saved_study_is_an_optuna_storage(seven):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_best_toml_retrains_to_the_same_objective(seven, tmp_path):
     folder, _, data = seven
     best = folder / "ck" / "best.toml"
@@ -114,6 +117,7 @@ def test_best_toml_retrains_to_the_same_objective(seven, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_resume_continues_with_the_same_trial_numbers(seven, tmp_path):
     folder, _, before = seven
     shutil.copytree(folder / "ck", tmp_path / "ck")
@@ -132,6 +136,7 @@ def test_resume_continues_with_the_same_trial_numbers(seven, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @needs_mpi
 @needs_data
 def test_k_fold_and_a_failing_trial(tmp_path):
@@ -185,6 +190,7 @@ def test_bad_options_are_one_line_errors(tmp_path, args, message):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_saved_study_is_not_overwritten_without_resume(seven):
     folder, _, _ = seven
     before = (folder / "ck" / "study.db").read_bytes()

@@ -99,7 +99,8 @@ class TrialWatch(Callback):
     it when that answers True (pruned). Every rank of a block sees the same all-reduced
     logs, so every rank decides alike."""
 
-    def __init__(self, objective: str, decide: Callable[[int, float], bool], fold: int = 0):
+    def __init__(self, objective: str, decide: Callable[[int, float], bool],
+                 fold: int | None = None):
         self.objective = objective
         self.decide = decide
         self.fold = fold
@@ -111,12 +112,14 @@ class TrialWatch(Callback):
         self.logged = list(logs)
         loss, value = logs.get("loss"), logs.get(self.objective)
         self.last = value
-        where = f"epoch {epoch + 1}" + (f" of fold {self.fold + 1}" if self.fold else "")
+        where = f"epoch {epoch + 1}" + (f" of fold {self.fold + 1}" if self.fold is not None
+                                        else "")
+        step = (self.fold or 0) * trainer.num_epochs + epoch  # the pruner's step
         bad = [f"{k}={v}" for k, v in (("loss", loss), (self.objective, value))
                if v is not None and not math.isfinite(v)]
         if bad:
             self.outcome = ("fail", f"diverged: {', '.join(bad)} after {where}")
-        elif value is not None and self.decide(self.fold * trainer.num_epochs + epoch, value):
+        elif value is not None and self.decide(step, value):
             self.outcome = ("pruned", f"{self.objective}={value:.6g} after {where} is worse "
                             "than the median of earlier trials")
         if self.outcome is not None:
@@ -141,9 +144,9 @@ def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for fold in range(settings.n_fold):
-                watch = TrialWatch(settings.objective, decide, fold)
-                train_fn(dict(assignment["params"]), comm,
-                         fold if settings.n_fold > 1 else None, [watch])
+                fold_or_none = fold if settings.n_fold > 1 else None
+                watch = TrialWatch(settings.objective, decide, fold_or_none)
+                train_fn(dict(assignment["params"]), comm, fold_or_none, [watch])
                 if watch.outcome is not None:
                     state, message = watch.outcome
                     break
