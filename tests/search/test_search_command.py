@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,43 @@ def test_resume_continues_with_the_same_trial_numbers(seven, tmp_path):
     assert all(t["state"] == "complete" and t["block"] == 0 for t in after[6:])
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'ck' / 'study.db'}")
     assert len(study.trials) == 7
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpi
+@needs_data
+def test_a_killed_search_resumes_its_interrupted_trials_under_their_numbers(tmp_path):
+    args = ["search", "--model", "simplemlp", "--num_epochs", "3", "--steps_per_epoch", "5",
+            "--block_size", "1", "--num_iterations", "3", "--checkpoint", "ck"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    job = subprocess.Popen([MPIEXEC, "-n", "3", *COMMAND, *args], cwd=tmp_path, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        for line in job.stdout:
+            if line.startswith("trial"):
+                break
+        deadline = time.time() + 60
+        while not (tmp_path / "ck" / "study.db").exists() and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, as in a crash
+        job.wait(timeout=60)
+    saved = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'ck' / 'study.db'}")
+    done = {t.number: t.user_attrs["start"] for t in saved.trials if t.state.name == "COMPLETE"}
+    running = sorted(t.number for t in saved.trials if t.state.name == "RUNNING")
+    assert done and running, [(t.number, t.state.name) for t in saved.trials]
+
+    proc = distnn(*args, "--resume", n=3, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"trial(s) {', '.join(map(str, running))} to run again" in proc.stdout
+    rerun = sorted(int(n) for n, _, _ in LIVE.findall(proc.stdout))
+    assert set(running) <= set(rerun) and not set(done) & set(rerun)
+    trials = _trials(tmp_path / "ck")["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2]
+    assert all(t["state"] == "complete" for t in trials)
+    assert {t["number"]: t["start"] for t in trials if t["number"] in done} == done
 
 
 @pytest.mark.mpi
