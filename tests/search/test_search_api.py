@@ -186,3 +186,46 @@ def test_best_toml_is_read_back_by_the_train_config_loader(tmp_path):
     assert values["optimizer"] == "adam" and values["batch_size"] == 64
     assert values["shuffle"] is False and values["metrics"] == ("categorical_accuracy",)
     assert values["stop_at_loss_threshold"] == -math.inf
+
+
+def test_the_median_pruner_stops_a_bad_candidate_after_an_epoch(tmp_path):
+    """The library route (one process): real Trainer runs on a learnable synthetic set;
+    the candidates are queued in a known order so the pruner's decision is certain."""
+    from io import StringIO
+
+    from distnn.distributed import LocalComm
+    from distnn.models import get_model
+    from distnn.optim import get_optimizer
+    from distnn.search import SearchSettings, run_search
+    from distnn.training import Trainer
+
+    rng = np.random.default_rng(0)
+    x = rng.random((512, 1, 8, 8), dtype=np.float32)
+    y = (x.reshape(512, -1)[:, :4] @ np.array([1.0, 2.0, 4.0, 8.0]) > 7.5).astype(np.int64)
+    train, val = ArrayDataset(x[:384], y[:384], 2), ArrayDataset(x[384:], y[384:], 2)
+
+    def train_fn(params, comm, fold, callbacks):
+        model = get_model("simplemlp", input_shape=(1, 8, 8), num_classes=2, rng=0)
+        optimizer = get_optimizer("sgd", model, lr=params["learning_rate"], momentum=0.9)
+        trainer = Trainer(model, optimizer, comm=comm, callbacks=callbacks, progress=False,
+                          verbose=False)
+        return trainer.fit(train, epochs=3, batch_size=32, validation=val)
+
+    space = _space("[space]\nlearning_rate = {log_uniform = [1e-8, 1e-1]}\n")
+    settings = SearchSettings(num_trials=4, pruner="median", checkpoint=str(tmp_path))
+    searched = SearchStudy.create("p", "minimize", make_sampler("tpe", space, 0),
+                                  make_pruner("median"), {}, saved=True)
+    for lr in (0.05, 0.03, 1e-8, 0.04):
+        searched.study.enqueue_trial({"learning_rate": lr})
+    out = StringIO()
+    coordinator = run_search(LocalComm(), settings, space, train_fn, study=searched, out=out)
+    states = [(r.number, r.state) for r in coordinator.records]
+    assert states == [(0, "complete"), (1, "complete"), (2, "pruned"), (3, "complete")], \
+        out.getvalue()
+    pruned = coordinator.records[2]
+    assert "after epoch 1 is worse than the median" in pruned.message
+    assert "PRUNED" in out.getvalue().splitlines()[2]
+    saved = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / STUDY_FILE}")
+    assert [t.state.name for t in saved.trials] == ["COMPLETE", "COMPLETE", "PRUNED",
+                                                   "COMPLETE"]
+    assert len(saved.trials[0].intermediate_values) == 3  # one report per epoch
