@@ -53,7 +53,16 @@ def load_splits(cfg: RunConfig, comm):
     accepted = set(inspect.signature(DATASETS[d.dataset]).parameters)
     reader_options = {name: getattr(d, name) for name in READER_OPTIONS
                       if name in accepted and getattr(d, name) is not None}
-    common = dict(dtype=np.dtype(cfg.model.dtype), normalize=d.normalize,
+    if "rank" in accepted:  # readers that read only this rank's part (hdf5)
+        reader_options.update(rank=comm.rank, size=comm.size)
+    from ..nn.losses import CategoricalCrossEntropy, get_loss
+    from ..nn.metrics import get_metric, mean_absolute_error, mean_squared_error
+    # mse, mae and bce (losses or metrics) compare the outputs with targets of their
+    # shape: one-hot labels then (the other losses and metrics take those too).
+    one_hot = (not isinstance(get_loss(cfg.optim.loss_func), CategoricalCrossEntropy)
+               or any(get_metric(m) in (mean_squared_error, mean_absolute_error)
+                      for m in cfg.optim.metrics))
+    common = dict(dtype=np.dtype(cfg.model.dtype), normalize=d.normalize, one_hot=one_hot,
                   seed=cfg.model.random_seed, **reader_options)
     training = cfg.command == TRAIN and not cfg.train.evaluate_only
     test_as_val = training and d.test_as_validation
@@ -63,13 +72,30 @@ def load_splits(cfg: RunConfig, comm):
                           test_as_validation=test_as_val, **common)
     if d.dataset_test_path:
         from ..data import Splits
-        test = load_dataset(d.dataset, path=d.dataset_test_path, **common).test
+        other = load_dataset(d.dataset, path=d.dataset_test_path, **common)
+        # A folder of test files only (PyDTNN's ImageNet validation shards) reads as train.
+        test = other.test if other.test is not None else other.train
         splits = Splits(splits.train, test if test_as_val else splits.val, test)
     return splits
 
 
 READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name", "labels_name",
                   "input_shape", "num_classes", "num_samples")
+
+
+def load_data(cfg: RunConfig, comm):
+    """``load_splits`` on every rank (a failure on one is an error on all), then datasets
+    of which each rank read only its part learn the sizes of the other parts."""
+    splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
+    parts = {id(ds): ds for ds in (splits.train, splits.val, splits.test)
+             if getattr(ds, "part_sizes", ()) is None}
+    if parts:
+        infos = {key: comm.allgather_obj(ds.part_info()) if comm.size > 1
+                 else [ds.part_info()] for key, ds in parts.items()}
+        num_classes = max(top for info in infos.values() for _, top in info)
+        for key, ds in parts.items():
+            ds.set_parts([n for n, _ in infos[key]], num_classes)
+    return splits
 
 
 def build_model(cfg: RunConfig, dataset):

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .builders import (UserError, _collective, build_augment, build_callbacks, build_model,
-                       build_optimizer, load_splits, make_comm)
+                       build_optimizer, load_data, load_splits, make_comm)  # noqa: F401
 from .config import RunConfig
 
 
@@ -97,7 +97,7 @@ def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:
 
 def run_train(cfg: RunConfig, comm) -> int:
     console = Console(comm, cfg.output.quiet)
-    splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
+    splits = load_data(cfg, comm)
     model = _collective(comm, "model", lambda: build_model(cfg, splits.train))
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
@@ -121,16 +121,36 @@ def run_train(cfg: RunConfig, comm) -> int:
         return 0
     if t.resume:
         _collective(comm, "--resume", lambda: _check_checkpoint(t.resume))
+    if t.validate_every:  # NNLO: a callback, so a --resume expects it too
+        if splits.val is None:
+            raise UserError("--validate_every needs validation data: --validation_split, "
+                            "--test_as_validation or --val_list")
+        from .seeds import make_validate_every
+        trainer.callbacks.insert(0, make_validate_every(
+            t.validate_every, splits.val, max(t.batch_size, 256) * comm.size,
+            t.steps_per_epoch))
+    if t.evaluate:  # PyDTNN's --evaluate true: before and after training
+        _evaluate_test(cfg, console, trainer, splits.test, "Test (before training)")
+    # --shared_storage false: every rank writes its own copy ('{rank}' -> its rank).
+    from .seeds import rank_path
+    history_file = t.history_file and rank_path(t.history_file, comm.rank)
     trainer.fit(splits.train, epochs=t.num_epochs, batch_size=t.batch_size,
                 global_batch_size=t.global_batch_size, validation=splits.val,
                 steps_per_epoch=t.steps_per_epoch, validation_steps=t.steps_per_epoch,
                 shuffle=t.shuffle, augment=build_augment(cfg) or None,
-                prefetch=cfg.data.prefetch, history_file=t.history_file, resume=t.resume,
+                prefetch=cfg.data.prefetch, history_file=history_file, resume=t.resume,
                 eval_batch_size=max(t.batch_size, 256))
+    if not cfg.output.shared_storage and history_file:  # rank 0 wrote it in fit
+        _collective(comm, "--history_file", lambda: comm.rank == 0
+                    or trainer.history.save(history_file))
     if t.save_weights:
-        _root_write(comm, "--save_weights", lambda: model.save_weights(t.save_weights))
-        console.info(f"Weights written to {t.save_weights}")
-    if t.evaluate:
+        weights = rank_path(t.save_weights, comm.rank)
+        if cfg.output.shared_storage:
+            _root_write(comm, "--save_weights", lambda: model.save_weights(weights))
+        else:
+            _collective(comm, "--save_weights", lambda: model.save_weights(weights))
+        console.info(f"Weights written to {weights}")
+    if t.evaluate is not False:
         _evaluate_test(cfg, console, trainer, splits.test)
     if profiler is not None and cfg.output.trace:
         files = profiler.write_trace(cfg.output.trace, comm, merged=cfg.output.trace_merged)
@@ -148,7 +168,7 @@ def _check_checkpoint(path: str) -> None:
 
 def run_evaluate(cfg: RunConfig, comm) -> int:
     console = Console(comm, cfg.output.quiet)
-    splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
+    splits = load_data(cfg, comm)
     model = _collective(comm, "--weights_and_bias_filename",
                         lambda: build_model(cfg, splits.train))
     trainer = _trainer(cfg, comm, model, _collective(
@@ -162,7 +182,7 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
 
 def run_predict(cfg: RunConfig, comm) -> int:
     console = Console(comm, cfg.output.quiet)
-    splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
+    splits = load_data(cfg, comm)
     dataset = getattr(splits, cfg.predict.split)
     if dataset is None:
         raise UserError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "

@@ -12,10 +12,11 @@ the config dataclasses, their validation and the TOML reader.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .options import EVAL, GROUPS, OPTION_BY_NAME, OPTIONS, PRED, TRAIN, Option, canonical
+from .options import (EVAL, GROUPS, METRIC_SPELLINGS, OPTION_BY_NAME, OPTIONS, PRED, TRAIN,
+                      Option, canonical)
 
 # The kinds and the table were defined here before they had modules of their own.
 from .kinds import Bool, Float, Int, Kind, List, Maybe, Shape, Str  # noqa: F401
@@ -25,7 +26,7 @@ from .options import ALL  # noqa: F401
 __all__ = [
     "ConfigError", "Option", "OPTIONS", "OPTION_BY_NAME", "GROUPS", "DataConfig", "ModelConfig",
     "OptimizerConfig", "ScheduleConfig", "TrainConfig", "ParallelConfig", "OutputConfig",
-    "PredictConfig", "RunConfig", "load_toml", "resolve_values", "build_config",
+    "PredictConfig", "RunConfig", "load_toml", "load_config", "resolve_values", "build_config",
 ]
 
 
@@ -90,14 +91,22 @@ class OptimizerConfig:
     def _check(self):
         if self.nesterov and self.optimizer == "sgd" and self.momentum <= 0:
             raise ConfigError(f"--nesterov needs --momentum > 0, got momentum={self.momentum}")
-        if not self.metrics:
-            raise ConfigError("--metrics: give at least one metric, got ''")
+        # PyDTNN's --loss_func lists metrics and the loss (last, after LossList.check).
+        *listed, loss = self.loss_func.split(",")
         from ..nn.metrics import get_metric
-        for name in self.metrics:
+        from ..training.evaluation import metric_key
+        metrics: dict[str, str] = {}
+        for name in [*self.metrics, *listed]:
+            name = METRIC_SPELLINGS.get(name.lower(), name)
             try:
                 get_metric(name)
             except ValueError as exc:
                 raise ConfigError(f"--metrics: {exc}") from None
+            metrics.setdefault(metric_key(name), name)
+        if not metrics:
+            raise ConfigError("--metrics: give at least one metric, got ''")
+        object.__setattr__(self, "loss_func", loss)
+        object.__setattr__(self, "metrics", tuple(metrics.values()))
 
 
 @_section("sched")
@@ -118,6 +127,15 @@ class ScheduleConfig:
 @_section("parallel")
 class ParallelConfig:
     """Data parallelism over MPI: mode, all-reduce options, threads."""
+
+    def _check(self):
+        for name in ("enable_gpu", "enable_gpudirect", "enable_nccl"):
+            if getattr(self, name):
+                raise ConfigError(f"--{name}: no GPU backend in this build (distnn computes "
+                                  "on CPUs with NumPy; start more ranks with mpiexec -n N "
+                                  f"instead); drop --{name} or set it to false, got true")
+        if self.use_blocking_mpi is not None:
+            object.__setattr__(self, "non_blocking_mpi", not self.use_blocking_mpi)
 
 
 @_section("output")
@@ -143,6 +161,7 @@ class RunConfig:
     parallel: ParallelConfig
     output: OutputConfig
     predict: PredictConfig
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         needs_weights = self.command in (EVAL, PRED) or self.train.evaluate_only
@@ -170,6 +189,30 @@ class RunConfig:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
             "optim": OptimizerConfig, "sched": ScheduleConfig, "parallel": ParallelConfig,
             "output": OutputConfig, "predict": PredictConfig}
+
+
+def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """Option values from ``--config FILE``: a Theano-MPI session file (``KEY=VALUE``
+    lines with RULE, MODELFILE, MODELCLASS, DEVICES...) or TOML. Notes on what the
+    Theano-MPI keys do here are appended to ``notes``."""
+    from . import seeds
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path!r}: {exc}") from None
+    text = raw.decode("utf-8", errors="replace")
+    if seeds.is_session_file(text):
+        try:
+            values, session_notes = seeds.session_options(text, path)
+        except ValueError as exc:
+            raise ConfigError(f"--config: {path!r}: {exc}") from None
+        if notes is not None:
+            notes += session_notes
+        return values
+    return load_toml(path)
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -203,20 +246,28 @@ def load_toml(path: str) -> dict[str, Any]:
     return flat
 
 
-def resolve_values(given: dict[str, Any],
-                   file_values: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults < config file < command line, for every option."""
+def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
+                   notes: list[str] | None = None) -> dict[str, Any]:
+    """Defaults < config file < command line, for every option; then the other systems'
+    spellings that depend on several options (``cli.seeds.translate``), whose notes are
+    appended to ``notes``."""
+    from . import seeds
     values = {o.name: o.default for o in OPTIONS}
+    explicit = set()
     for source in (file_values or {}, given):
         for name, value in source.items():
             values[canonical(name)] = value
+            explicit.add(canonical(name))
+    said = seeds.translate(values, explicit)
+    if notes is not None:
+        notes += said
     return values
 
 
-def build_config(command: str, values: dict[str, Any]) -> RunConfig:
+def build_config(command: str, values: dict[str, Any], notes=()) -> RunConfig:
     """The validated ``RunConfig`` of ``command`` from option values by name."""
     sections = {}
     for key, cls in SECTIONS.items():
         kwargs = {f.name: values[f.name] for f in fields(cls) if f.name in values}
         sections[key] = cls(**kwargs)
-    return RunConfig(command=command, **sections)
+    return RunConfig(command=command, **sections, notes=tuple(notes))

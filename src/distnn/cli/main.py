@@ -20,7 +20,7 @@ from typing import Sequence
 from .builders import UserError, make_comm
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
-from .config import ConfigError, RunConfig, build_config, load_toml, resolve_values
+from .config import ConfigError, RunConfig, build_config, load_config, resolve_values
 from .options import ALL, OPTION_BY_NAME, OPTIONS, _add_options, _argtype
 
 # distnn.cli.main held the builders and commands before they had modules of their own.
@@ -101,8 +101,10 @@ def _env_rank() -> int:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The validated RunConfig of a parsed train/evaluate/predict command line."""
     given = {o.name: getattr(args, o.name) for o in OPTIONS if hasattr(args, o.name)}
-    file_values = load_toml(args.config) if getattr(args, "config", None) else {}
-    return build_config(args.command, resolve_values(given, file_values))
+    notes: list[str] = []
+    file_values = load_config(args.config, notes) if getattr(args, "config", None) else {}
+    values = resolve_values(given, file_values, notes)
+    return build_config(args.command, values, notes)
 
 
 @contextlib.contextmanager
@@ -117,8 +119,10 @@ def _threads(cfg: RunConfig, size: int):
 
 
 @contextlib.contextmanager
-def _cprofile(path: str | None, comm):
-    if not path:
+def _cprofile(path: str | None, comm, show: bool = False):
+    """cProfile the command: dump to ``path`` and/or (``show``: PyDTNN's --profile) print
+    the functions with the most cumulative time on rank 0."""
+    if not path and not show:
         yield
         return
     import cProfile
@@ -128,8 +132,14 @@ def _cprofile(path: str | None, comm):
         yield
     finally:
         prof.disable()
-        target = path if comm.size == 1 else f"{path}.rank{comm.rank}"
-        prof.dump_stats(target)
+        if path:
+            target = path if comm.size == 1 else f"{path}.rank{comm.rank}"
+            prof.dump_stats(target)
+        if show and comm.rank == 0:
+            import pstats
+            print("cProfile (rank 0), the 25 functions with the most cumulative time:",
+                  flush=True)
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
 
 
 def _fail(prog: str, message: str, show: bool) -> int:
@@ -167,7 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_tb = cfg.output.traceback
     with dist.abort_on_error(comm):
         try:
-            with _threads(cfg, comm.size), _cprofile(cfg.output.cprofile, comm):
+            if comm.rank == 0:
+                for note in cfg.notes:
+                    sys.stderr.write(f"{prog}: note: {note}\n")
+            with _threads(cfg, comm.size), _cprofile(cfg.output.cprofile, comm,
+                                                    cfg.output.profile):
                 return COMMANDS[args.command](cfg, comm)
         except (UserError, ConfigError) as exc:
             if show_tb:

@@ -8,30 +8,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .kinds import Bool, Float, Int, Kind, List, Maybe, Shape, Str
+from .kinds import Bool, Float, Int, Kind, List, LossList, Maybe, Shape, Str
 
 
 # -- registries the choices come from (imported lazily: --help stays fast) ---------------
 def _models():
     from ..models import MODELS
     return MODELS
-
-
-class ModelSpec(Str):
-    """A zoo name (any case) or a user's model: FILE.py, FILE.py:NAME or MODULE:NAME
-    (``distnn.models.files``; kept as written)."""
-
-    metavar = "NAME|FILE.py[:FN]"
-
-    def check(self, value):
-        from ..models.files import is_model_spec
-        if isinstance(value, str) and is_model_spec(value):
-            return value
-        try:
-            return super().check(value)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (or a model file: FILE.py, FILE.py:NAME, "
-                             "MODULE:NAME)") from None
 
 
 def _datasets():
@@ -52,6 +35,47 @@ def _losses():
 def _schedulers():
     from ..training.callbacks import CALLBACKS
     return CALLBACKS
+
+
+def _is_metric(name: str) -> bool:
+    from ..nn.metrics import get_metric
+    try:
+        get_metric(METRIC_SPELLINGS.get(name, name))
+    except ValueError:
+        return False
+    return True
+
+
+def _model_names():
+    return [*_models(), *SEED_MODELS]
+
+
+class ModelSpec(Str):
+    """A zoo name (any case) or a user's model: FILE.py, FILE.py:NAME or MODULE:NAME
+    (``distnn.models.files``; kept as written)."""
+
+    metavar = "NAME|FILE.py[:FN]"
+
+    def check(self, value):
+        from ..models.files import is_model_spec
+        if isinstance(value, str) and is_model_spec(value):
+            return value
+        try:
+            return super().check(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or a model file: FILE.py, FILE.py:NAME, "
+                             "MODULE:NAME)") from None
+
+
+# Other systems' names of losses, metrics and models -> distnn's (PyDTNN, NNLO/Keras).
+LOSS_SPELLINGS = {"categorical_crossentropy": "categorical_cross_entropy",
+                  "binary_crossentropy": "binary_cross_entropy", "regression_mse": "mse",
+                  "regression_mae": "mae", "mean_squared_error": "mse",
+                  "mean_absolute_error": "mae"}
+METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
+# NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
+# model of the same kind, applied (with a note) by cli.seeds.
+SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}
 
 
 # -- the option table -----------------------------------------------------------------------
@@ -91,7 +115,7 @@ GROUPS = {
 _O = Option
 OPTIONS: list[Option] = [
     # Model
-    _O("model", ModelSpec(_models), "simplecnn", "Model of the zoo (simplecnn, simplemlp, "
+    _O("model", ModelSpec(_model_names), "simplecnn", "Model of the zoo (simplecnn, simplemlp, "
        "lenet, alexnet, vgg16, resnet20, ...), or your own: FILE.py (calls its build_model() "
        "or get_model()), FILE.py:NAME or MODULE:NAME, returning a distnn Sequential or a "
        "torch.nn.Module.", "model", "model"),
@@ -112,28 +136,31 @@ OPTIONS: list[Option] = [
        "from this folder instead of --dataset_path.", "data", "data"),
     _O("test_as_validation", Bool(), False, "Validate on the test split after every epoch "
        "(instead of a part of the training set).", "data", "data"),
-    _O("validation_split", Float(0.0, 1.0, high_open=True), 0.2, "Fraction of the training "
-       "set (from its end) held out for validation after every epoch (ignored with "
-       "--test_as_validation).", "data", "data", (TRAIN,)),
+    _O("validation_split", Maybe(Float(0.0, 1.0, high_open=True)), None, "Fraction of the "
+       "training set (from its end) held out for validation after every epoch (ignored with "
+       "--test_as_validation); none: 0.2, or 0 when the dataset has its own validation "
+       "files (hdf5 --val_list).", "data", "data", (TRAIN,)),
     _O("flip_images", Bool(), False, "Randomly flip training images horizontally.", "data",
-       "data", (TRAIN,)),
+       "data", (TRAIN,), aliases=("augment_flip",)),
     _O("flip_images_prob", Float(0.0, 1.0), 0.5, "Probability of a flip.", "data", "data",
-       (TRAIN,)),
+       (TRAIN,), aliases=("augment_flip_prob",)),
     _O("crop_images", Bool(), False, "Randomly shift training images (pad and crop back).",
        "data", "data", (TRAIN,)),
     _O("crop_images_padding", Int(1), 4, "Zero pixels padded on each side before the "
        "random crop.", "data", "data", (TRAIN,), aliases=("crop_images_size",)),
     _O("crop_images_prob", Float(0.0, 1.0), 0.5, "Probability of a crop.", "data", "data",
-       (TRAIN,)),
+       (TRAIN,), aliases=("augment_crop_prob",)),
     _O("download", Bool(), True, "Download the dataset when it is not found (mnist, "
        "fashion_mnist, cifar10).", "data", "data"),
     _O("normalize", Bool(), True, "Scale stored pixel values to [0, 1].", "data", "data"),
     _O("prefetch", Bool(), True, "Prepare the next batch in a background thread.", "data",
        "data"),
     _O("train_list", Maybe(Str(metavar="FILE")), None, "hdf5: text file listing the "
-       "training HDF5 files.", "data", "data"),
+       "training HDF5 files (implies --dataset hdf5). With several ranks each rank reads "
+       "only its part: whole files when there are at least as many files as ranks, else "
+       "its rows of each file.", "data", "data", aliases=("train_data",)),
     _O("val_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of validation files.",
-       "data", "data"),
+       "data", "data", aliases=("val_data",)),
     _O("test_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of test files.",
        "data", "data"),
     _O("features_name", Str(lower=False), "features", "hdf5: dataset name of the features.",
@@ -141,35 +168,42 @@ OPTIONS: list[Option] = [
     _O("labels_name", Str(lower=False), "labels", "hdf5: dataset name of the labels.",
        "data", "data"),
     _O("input_shape", Maybe(Shape()), None, "synthetic: per-sample shape C,H,W (default "
-       "1,28,28).", "data", "data"),
+       "1,28,28).", "data", "data", aliases=("synthetic_input_shape",)),
     _O("num_classes", Maybe(Int(1)), None, "synthetic/hdf5: number of classes.", "data",
        "data"),
     _O("num_samples", Maybe(Int(1)), None, "synthetic: number of training samples.",
-       "data", "data"),
+       "data", "data", aliases=("synthetic_train_samples",)),
     # Training
     _O("batch_size", Int(1), 64, "Batch size PER RANK (global = batch_size x ranks).",
-       "train", "train"),
+       "train", "train", aliases=("batch",)),
     _O("global_batch_size", Maybe(Int(1)), None, "Global batch size over all ranks "
        "(overrides --batch_size).", "train", "train"),
     _O("num_epochs", Int(0), 3, "Number of epochs (in total, when resuming).", "train",
        "train", (TRAIN,), aliases=("epochs",)),
     _O("steps_per_epoch", Int(0), 0, "Use at most this many batches per epoch (0: all); "
        "evaluation is trimmed alike.", "train", "train"),
-    _O("evaluate", Bool(), True, "Evaluate on the test split after training.", "train",
-       "train", (TRAIN,)),
+    _O("evaluate", Maybe(Bool()), None, "true: evaluate on the test split before and after "
+       "training (PyDTNN); false: never; none: after training only.", "train", "train",
+       (TRAIN,)),
     _O("evaluate_only", Bool(), False, "Only evaluate the model (with "
        "--weights_and_bias_filename) on the test split.", "train", "train", (TRAIN,)),
     _O("history_file", Maybe(Str(metavar="FILE")), None, "Write the per-epoch history "
        "here (JSON, or CSV for a .csv name).", "train", "train", (TRAIN,)),
+    _O("trial_name", Maybe(Str(lower=False, metavar="NAME")), None, "NNLO: name of the run; "
+       "the history goes to MODEL_NAME_history.json unless --history_file is given.",
+       "train", "train", (TRAIN,)),
+    _O("validate_every", Int(0), 0, "NNLO: also validate every N updates (0: only after "
+       "each epoch); the results are printed on rank 0.", "train", "train", (TRAIN,)),
     _O("save_weights", Maybe(Str(metavar="FILE")), None, "Write the final weights "
        "(.npz) here (rank 0).", "train", "train", (TRAIN,)),
     _O("checkpoint", Maybe(Str(metavar="FILE")), None, "Write the full training state "
        "here every --checkpoint_freq epochs (atomic; for --resume).", "train", "train",
        (TRAIN,)),
     _O("checkpoint_freq", Int(1), 1, "Epochs between full-state checkpoints.", "train",
-       "train", (TRAIN,)),
+       "train", (TRAIN,), aliases=("checkpoint_interval", "checkpoint_int")),
     _O("resume", Maybe(Str(metavar="FILE")), None, "Continue the run saved in this "
-       "checkpoint (same model, optimizer and schedulers).", "train", "train", (TRAIN,)),
+       "checkpoint (same model, optimizer and schedulers).", "train", "train", (TRAIN,),
+       aliases=("restore",)),
     _O("shuffle", Bool(), True, "Shuffle the training set every epoch.", "train", "train",
        (TRAIN,)),
     # Optimizer
@@ -181,22 +215,28 @@ OPTIONS: list[Option] = [
        "ranks (use with warm-up).", "optim", "optim", (TRAIN,)),
     _O("momentum", Float(0.0), 0.9, "Momentum (sgd, rmsprop).", "optim", "optim", (TRAIN,),
        aliases=("optimizer_momentum",)),
-    _O("nesterov", Bool(), False, "Nesterov momentum (sgd).", "optim", "optim", (TRAIN,)),
+    _O("nesterov", Bool(), False, "Nesterov momentum (sgd).", "optim", "optim", (TRAIN,),
+       aliases=("optimizer_nesterov",)),
     _O("decay", Maybe(Float(0.0)), None, "Weight decay (default: the optimizer's own).",
        "optim", "optim", (TRAIN,), aliases=("weight_decay",)),
     _O("beta1", Maybe(Float(0.0, 1.0, high_open=True)), None, "beta1 (adam, adamw, "
-       "nadam; default 0.9).", "optim", "optim", (TRAIN,)),
+       "nadam; default 0.9).", "optim", "optim", (TRAIN,), aliases=("optimizer_beta1",)),
     _O("beta2", Maybe(Float(0.0, 1.0, high_open=True)), None, "beta2 (adam, adamw, "
-       "nadam; default 0.999).", "optim", "optim", (TRAIN,)),
+       "nadam; default 0.999).", "optim", "optim", (TRAIN,), aliases=("optimizer_beta2",)),
     _O("epsilon", Maybe(Float(0.0, low_open=True)), None, "epsilon (rmsprop, adam*, "
-       "nadam, adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,)),
+       "nadam, adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,),
+       aliases=("optimizer_epsilon",)),
     _O("rho", Maybe(Float(0.0, 1.0, high_open=True)), None, "rho (rmsprop's alpha, "
-       "adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,)),
-    _O("loss_func", Str(_losses), "categorical_cross_entropy", "Loss: "
-       "categorical_cross_entropy, binary_cross_entropy, mse, mae.", "optim", "optim"),
+       "adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,),
+       aliases=("optimizer_rho",)),
+    _O("loss_func", LossList(_losses, _is_metric, LOSS_SPELLINGS), "categorical_cross_entropy",
+       "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae (Keras spellings "
+       "such as categorical_crossentropy too). PyDTNN's comma list of metrics and one loss "
+       "is accepted: the metrics join --metrics. mse, mae and bce train on one-hot labels.",
+       "optim", "optim", aliases=("loss",)),
     _O("metrics", List(), ("categorical_accuracy",), "Comma-separated metrics: "
-       "categorical_accuracy, top5, categorical_hinge, categorical_mse, categorical_mae, mse, "
-       "mae.", "optim", "optim"),
+       "categorical_accuracy (acc), top5, categorical_hinge, categorical_mse, categorical_mae, "
+       "mse (regression_mse), mae (regression_mae).", "optim", "optim"),
     # Schedulers and callbacks
     _O("lr_schedulers", List(_schedulers), (), "Comma-separated: warm_up, early_stopping, "
        "reduce_lr_on_plateau, reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.",
@@ -208,7 +248,7 @@ OPTIONS: list[Option] = [
     _O("early_stopping", Maybe(Str(lower=False, metavar="SPEC")), None, "NNLO syntax "
        "'metric,op,patience', e.g. 'val_loss,~<,4' ('~' compares the mean of the last "
        "patience epochs with the patience before; '<'/'>' compare with the best).", "sched",
-       "sched", (TRAIN,)),
+       "sched", (TRAIN,), aliases=("early",)),
     _O("early_stopping_metric", Str(lower=False), "val_loss", "early_stopping: metric.",
        "sched", "sched", (TRAIN,)),
     _O("early_stopping_patience", Int(1), 10, "early_stopping: epochs without improvement.",
@@ -253,6 +293,14 @@ OPTIONS: list[Option] = [
        "N>1).", "parallel", "parallel"),
     _O("non_blocking_mpi", Bool(), True, "Overlap the gradient all-reduce with backward.",
        "parallel", "parallel", (TRAIN,)),
+    _O("use_blocking_mpi", Maybe(Bool()), None, "PyDTNN: true = --non_blocking_mpi false "
+       "(and the reverse).", "parallel", "parallel", (TRAIN,), aliases=("blocking_mpi",)),
+    _O("enable_gpu", Bool(), False, "PyDTNN: this build has no GPU backend; true is an "
+       "error.", "parallel", "parallel"),
+    _O("enable_gpudirect", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
+       "parallel", "parallel"),
+    _O("enable_nccl", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
+       "parallel", "parallel"),
     _O("bucket_size_mb", Float(0.0), 4.0, "Gradient all-reduce bucket size in MiB.",
        "parallel", "parallel", (TRAIN,)),
     _O("sync_batchnorm", Bool(), False, "Batch-norm statistics over the global batch.",
@@ -265,10 +313,17 @@ OPTIONS: list[Option] = [
     _O("quiet", Bool(), False, "No progress bars, parameters or summary; only results.",
        "output", "output"),
     _O("profile", Bool(), False, "Per-layer forward/backward time and all-reduce wait per "
-       "epoch (printed on rank 0).", "output", "output", (TRAIN,)),
+       "epoch, and (PyDTNN's meaning) the cProfile functions with the most cumulative time "
+       "at the end (rank 0); --cprofile FILE keeps the full statistics.", "output",
+       "output", (TRAIN,)),
     _O("trace", Maybe(Str(metavar="FILE")), None, "Write a Chrome-trace JSON of layer "
        "forward/backward and communication (rank r writes FILE.rank{r}).", "output",
-       "output", (TRAIN,)),
+       "output", (TRAIN,), aliases=("tracer_output",)),
+    _O("tracing", Bool(), False, "PyDTNN: write the Chrome trace (to distnn-trace.json "
+       "unless --trace FILE).", "output", "output", (TRAIN,)),
+    _O("shared_storage", Bool(), True, "PyDTNN: false = every rank writes its own copy of "
+       "the history and weights files (on its node's disk; '{rank}' in a name is replaced "
+       "by the rank); true = rank 0 writes them.", "output", "output", (TRAIN,)),
     _O("trace_merged", Bool(), False, "Gather the traces of all ranks into the one --trace "
        "FILE.", "output", "output", (TRAIN,)),
     _O("cprofile", Maybe(Str(metavar="FILE")), None, "Dump cProfile statistics here "
@@ -314,9 +369,10 @@ def _default_text(value) -> str:
 
 
 def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                        help="TOML file of option values (keys are the option names below); "
-                             "command-line options override it.")
+    parser.add_argument("--config", "-cfg", metavar="FILE", default=argparse.SUPPRESS,
+                        help="TOML file of option values (keys are the option names below), "
+                             "or a Theano-MPI session file (KEY=VALUE lines: RULE, MODELFILE, "
+                             "MODELCLASS, DEVICES...); command-line options override it.")
     groups = {}
     for option in OPTIONS:
         if command not in option.commands:
@@ -324,7 +380,8 @@ def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
         if option.group not in groups:
             groups[option.group] = parser.add_argument_group(GROUPS[option.group])
         extra: dict[str, Any] = {}
-        if isinstance(option.kind, Bool):
+        if isinstance(option.kind, Bool) or (isinstance(option.kind, Maybe)
+                                             and isinstance(option.kind.inner, Bool)):
             extra = {"nargs": "?", "const": True}
         choices = getattr(option.kind, "choices", None)
         choice_text = ""
