@@ -11,18 +11,21 @@ from torch import nn
 
 
 class MNistNet(nn.Module):
-    """Two 3x3 convolutions with max pooling, then two dense layers (28x28 inputs)."""
+    """Two 3x3 convolutions with batch normalization and max pooling, then two dense
+    layers (28x28 inputs)."""
 
     def __init__(self, channels: int = 1, classes: int = 10):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
         self.fc1 = nn.Linear(32 * 7 * 7, 128)
         self.fc2 = nn.Linear(128, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
         return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))))
 
 
