@@ -118,6 +118,15 @@ def test_pydtnn_and_keras_loss_spellings(given, loss, metrics):
     assert cfg.optim.loss_func == loss and "mae" in cfg.optim.metrics
 
 
+@pytest.mark.parametrize("given,model", [("vgg11bn_cifar10", "vgg11bn"),
+                                          ("alexnet_cifar10", "alexnet_cifar"),
+                                          ("simplecnn", "simplecnn")])
+def test_pydtnn_model_names(given, model):
+    from distnn.cli.main import build_parser, config_from_args
+    cfg = config_from_args(build_parser().parse_args(["train", f"--model={given}"]))
+    assert cfg.model.model == model
+
+
 def test_pydtnn_loss_list_errors_name_the_option(tmp_path):
     proc = run("train", "--loss_func=categorical_accuracy", "--num_epochs=0", cwd=tmp_path)
     assert proc.returncode == 2

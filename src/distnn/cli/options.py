@@ -47,7 +47,7 @@ def _is_metric(name: str) -> bool:
 
 
 def _model_names():
-    return [*_models(), *SEED_MODELS]
+    return [*_models(), *SEED_MODELS, *PYDTNN_MODELS]
 
 
 class ModelSpec(Str):
@@ -76,6 +76,10 @@ METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
 # NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
 # model of the same kind, applied (with a note) by cli.seeds.
 SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}
+# PyDTNN's names of the CIFAR-10 models of the zoo (the same architectures).
+PYDTNN_MODELS = {"alexnet_cifar10": "alexnet_cifar",
+                 **{f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
+                    for bn in ("", "bn")}}
 
 
 # -- the option table -----------------------------------------------------------------------

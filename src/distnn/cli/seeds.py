@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .options import OPTION_BY_NAME, SEED_MODELS, canonical
+from .options import OPTION_BY_NAME, PYDTNN_MODELS, SEED_MODELS, canonical
 
 # -- Theano-MPI session files (tmlauncher -cfg=session.cfg) ---------------------------------
 # RULE of Theano-MPI -> distnn's --parallel (the training rule).
@@ -143,6 +143,8 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
     notes for what is done differently here."""
     notes: list[str] = []
     model = values.get("model")
+    if isinstance(model, str) and model in PYDTNN_MODELS:
+        values["model"] = PYDTNN_MODELS[model]
     if isinstance(model, str) and model in SEED_MODELS:
         values["model"] = SEED_MODELS[model]
         notes.append(f"--model {model}: NNLO's example model; distnn trains its zoo model "
