@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .builders import (UserError, _collective, build_augment, build_callbacks, build_model,
-                       build_optimizer, load_splits, make_comm)
+                       build_optimizer, load_data, make_comm)
 from .config import ConfigError, RunConfig, build_config, resolve_values
 from .kinds import Bool, Int, Maybe, Str
 from .options import (OPTION_BY_NAME, OPTIONS, TRAIN, Option, _add_options, _argtype,
@@ -295,7 +295,7 @@ class CandidateTrainer:
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
         self._cached = None
-        splits = _collective(comm, "dataset", lambda: load_splits(cfg, comm))
+        splits = load_data(cfg, comm)
         self._cached = (key, splits)
         return splits
 
