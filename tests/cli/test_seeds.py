@@ -230,6 +230,26 @@ def test_nnlo_validate_every_checkpoint_and_restore(tmp_path):
     assert history(tmp_path / "h.json")["epoch"] == [1, 2]
 
 
+def test_nnlo_model_file_with_its_horovod_and_timeline_options(tmp_path):
+    # mpirun -np 5 python3 TrainingDriver.py --model examples/example_mnist.py
+    #   --loss categorical_crossentropy --epochs 3 --n-processes 2   (+ --timeline)
+    (tmp_path / "example_mnist.py").write_text(
+        "from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
+        "def get_model():\n"
+        "    return Sequential([Flatten(), Dense(16), ReLU(), Dense(10)])\n")
+    train, _, _ = write_h5_list(tmp_path, "train", [48])
+    val, _, _ = write_h5_list(tmp_path, "val", [16], seed=1)
+    proc = run("train", "--model", "example_mnist.py", "--loss", "categorical_crossentropy",
+               "--epochs", "1", "--n-processes", "2", "--train_data", train, "--val_data",
+               val, "--batch", "16", "--timeline", "--trial-name", "ring", "--quiet",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: --n_processes 2: every distnn rank is one worker" in proc.stderr
+    assert "note: --timeline" in proc.stderr
+    trace = json.loads((tmp_path / "example_mnist_ring_timeline.json").read_text())
+    assert trace and history(tmp_path / "example_mnist_ring_history.json")["epoch"] == [1]
+
+
 SITE = '''
 import os, h5py
 _log = os.environ["H5_OPEN_LOG"]

@@ -114,6 +114,8 @@ GROUPS = {
     "model": "Model", "data": "Dataset", "train": "Training", "optim": "Optimizer",
     "sched": "Learning-rate schedulers and callbacks", "parallel": "Parallel execution",
     "output": "Output, profiling and tracing", "predict": "Prediction",
+    "seeds": "PyDTNN / NNLO options with no counterpart here (accepted; a note says what "
+             "happens instead)",
 }
 
 _O = Option
@@ -334,6 +336,25 @@ OPTIONS: list[Option] = [
        "(FILE.rank{r} with several ranks).", "output", "output"),
     _O("traceback", Bool(), False, "Show Python tracebacks for user errors too.", "output",
        "output"),
+    # Accepted with a note (cli.seeds.NOTES says what distnn does instead)
+    _O("timeline", Bool(), False, "NNLO: the Chrome trace, to MODEL_TRIAL_timeline.json "
+       "unless --trace FILE.", "seeds", "output", (TRAIN,)),
+    _O("n_processes", Maybe(Int(1)), None, "NNLO: processes per worker; here each rank is "
+       "one worker.", "seeds", "output", (TRAIN,)),
+    _O("n_masters", Maybe(Int(1)), None, "NNLO: number of masters; here rank 0 is the one "
+       "master of the parameter-server rules.", "seeds", "output", (TRAIN,)),
+    _O("max_gpus", Maybe(Int(0)), None, "NNLO: no GPU backend here.", "seeds", "output"),
+    _O("master_gpu", Bool(), False, "NNLO: no GPU backend here.", "seeds", "output"),
+    _O("tf", Bool(), False, "NNLO: TensorFlow models; here distnn or torch models (--model "
+       "FILE.py).", "seeds", "output"),
+    _O("backend", Maybe(Str(("keras", "torch", "tf"))), None, "NNLO: here distnn or torch "
+       "models (--model FILE.py).", "seeds", "output"),
+    _O("monitor", Bool(), False, "NNLO: CPU/GPU monitoring; here --profile.", "seeds",
+       "output", (TRAIN,)),
+    _O("tensor_format", Maybe(Str(("nhwc", "nchw", "auto"))), None, "PyDTNN: distnn "
+       "computes in NCHW.", "seeds", "output"),
+    _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
+       "seeds", "output", (TRAIN,)),
     # Prediction
     _O("split", Str(("train", "val", "test")), "test", "Split to predict.", "predict",
        "predict", (PRED,)),

@@ -137,6 +137,26 @@ def session_options(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
     return values, notes
 
 
+# -- options with no counterpart: what distnn does instead ----------------------------------
+NOTES = {
+    "timeline": "NNLO's activity timeline is distnn's Chrome trace (layers and "
+                "communication per rank; open it in Perfetto)",
+    "n_processes": "every distnn rank is one worker training on its share of each global "
+                   "batch; start more ranks with mpiexec -n instead of processes per worker",
+    "n_masters": "distnn's parameter-server rules (--parallel downpour, easgd, gem) have one "
+                 "master, rank 0",
+    "max_gpus": "not applicable, this build has no GPU backend",
+    "master_gpu": "not applicable, this build has no GPU backend",
+    "tf": "distnn trains its own models or torch.nn.Module ones (--model FILE.py), not "
+          "TensorFlow/Keras ones",
+    "backend": "distnn trains its own models or torch.nn.Module ones (--model FILE.py)",
+    "monitor": "use --profile for per-layer times and all-reduce waits, --trace for a "
+               "timeline",
+    "tensor_format": "distnn computes in NCHW; the data is read in that layout",
+    "use_mpi_buffers": "distnn always communicates NumPy buffers (flat gradient buckets)",
+}
+
+
 # -- spellings that depend on several options -----------------------------------------------
 def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
     """Apply, in place, the other systems' meanings that involve several options; return
@@ -161,6 +181,14 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
     if values.get("trial_name") and not values.get("history_file"):
         stem = Path(str(values["model"]).split(":")[0]).stem
         values["history_file"] = f"{stem}_{values['trial_name']}_history.json"
+    if values.get("timeline") and not values.get("trace"):
+        stem = Path(str(values["model"]).split(":")[0]).stem
+        values["trace"] = f"{stem}_{values.get('trial_name') or 'train'}_timeline.json"
+    for name, note in NOTES.items():
+        value = values.get(name)
+        if value not in (None, False) and not (name == "n_processes" and value == 1):
+            notes.append(f"--{name} {value}: {note}" if value is not True
+                         else f"--{name}: {note}")
     if values.get("tracing") and not values.get("trace"):
         values["trace"] = "distnn-trace.json"
         notes.append("--tracing: distnn writes a Chrome trace (layers and communication) to "
