@@ -146,6 +146,7 @@ class SearchConfig:
     resume: bool
     study_name: str
     objective_spec: str
+    notes: tuple[str, ...] = ()
 
 
 def _read_toml(path: str, what: str) -> dict:
@@ -227,7 +228,8 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     s.update(file_search)
     s.update({o.name: getattr(args, f"search_{o.name}") for o in SEARCH_OPTIONS
               if hasattr(args, f"search_{o.name}")})
-    values = resolve_values(given, file_train)
+    notes: list[str] = []  # what other systems' spellings do here
+    values = resolve_values(given, file_train, notes)
     base = build_config(TRAIN, values)
 
     if s["space"]:
@@ -270,7 +272,8 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     output_dir = s["output_dir"] or s["checkpoint"] or "search_results"
     return SearchConfig(base=base, values=values, settings=settings, space=space,
                         space_from=space_from, output_dir=output_dir, resume=s["resume"],
-                        study_name=s["study_name"], objective_spec=s["objective"])
+                        study_name=s["study_name"], objective_spec=s["objective"],
+                        notes=tuple(notes))
 
 
 # -- training one candidate ------------------------------------------------------------------
@@ -475,13 +478,15 @@ def _header(cfg: SearchConfig, size: int, study) -> str:
            f"{size} ranks = 1 coordinator + {blocks} block{'s' * (blocks != 1)} of "
            f"{s.block_size}")
     folds = f", {s.n_fold}-fold" if s.n_fold > 1 else ""
-    steps = f" of at most {b.train.steps_per_epoch} steps" if b.train.steps_per_epoch else ""
+    n = b.train.steps_per_epoch
+    steps = f" of at most {n} step{'s' * (n != 1)}" if n else ""
     trials = s.num_trials
     if s.sampler == "grid" and cfg.space.grid_size() < trials:
         trials = f"{cfg.space.grid_size()} (all the grid has)"
-    lines = [f"distnn search: {who}; {trials} trials, {s.sampler} sampler, pruner "
-             f"{s.pruner}; objective {s.objective} ({s.direction}{folds})",
-             f"base: {b.model.model} on {b.data.dataset}, {b.train.num_epochs} epochs{steps}",
+    lines = [f"distnn search: {who}; {trials} trial{'s' * (trials != 1)}, {s.sampler} "
+             f"sampler, pruner {s.pruner}; objective {s.objective} ({s.direction}{folds})",
+             f"base: {b.model.model} on {b.data.dataset}, {b.train.num_epochs} "
+             f"epoch{'s' * (b.train.num_epochs != 1)}{steps}",
              f"space ({cfg.space_from}): {cfg.space.describe()}"]
     trials = study.get_trials(deepcopy=False)
     if cfg.resume:
@@ -533,6 +538,9 @@ def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -
     from .. import distributed as dist
     with dist.abort_on_error(comm):
         try:
+            if comm.rank == 0:
+                for note in cfg.notes:
+                    sys.stderr.write(f"{prog}: note: {note}\n")
             with _threads(cfg.base, comm.size):
                 return run_search_command(cfg, comm)
         except (UserError, ConfigError) as exc:
