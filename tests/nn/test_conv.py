@@ -7,6 +7,8 @@ from distnn.nn.conv import Conv2D
 from distnn.nn.core import Flatten
 from gradcheck import check_layer
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 RNG = np.random.default_rng(0)
 
 

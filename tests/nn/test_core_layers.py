@@ -7,6 +7,8 @@ from distnn.nn.containers import Add, Concat, Sequential
 from distnn.nn.core import Dense, Dropout, Flatten
 from gradcheck import check_layer
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 RNG = np.random.default_rng(0)
 
 

@@ -8,6 +8,8 @@ from distnn.kernels import batchnorm as K
 from distnn.nn.normalization import BatchNormalization
 from gradcheck import check_layer
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 RNG = np.random.default_rng(0)
 SHAPES = [(3,), (3, 4, 5)]
 

@@ -5,6 +5,8 @@ import pytest
 from distnn.nn.pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 from gradcheck import check_layer
 
+pytestmark = pytest.mark.usefixtures("kernel_backend")
+
 RNG = np.random.default_rng(0)
 
 

@@ -1,0 +1,109 @@
+"""The compiled backend against the NumPy reference, and the backend switch itself."""
+import numpy as np
+import pytest
+
+from distnn import kernels
+from distnn.kernels import batchnorm as B
+from distnn.kernels import conv as C
+from distnn.kernels import pooling as P
+from distnn.nn.activations import ReLU
+
+numba = pytest.importorskip("numba")
+
+CONV_CASES = [  # (n, c, h, w), (f, kh, kw), stride, pads (t, b, l, r), dilation
+    ((5, 3, 9, 8), (4, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((3, 1, 28, 28), (4, 3, 3), (1, 1), (0, 0, 0, 0), (1, 1)),
+    ((4, 6, 14, 14), (16, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    ((2, 4, 11, 9), (3, 3, 2), (2, 3), (0, 1, 2, 0), (1, 1)),
+    ((3, 2, 10, 10), (5, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    ((7, 16, 8, 8), (8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),
+]
+
+
+def both(fn):
+    """fn() under the NumPy backend, then under numba."""
+    out = []
+    previous = kernels.backend()
+    try:
+        for name in ("numpy", "numba"):
+            kernels.set_backend(name)
+            out.append(fn())
+    finally:
+        kernels.set_backend(previous)
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("chunk", [None, 1])
+@pytest.mark.parametrize("xs,ws,stride,pads,dil", CONV_CASES)
+def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, monkeypatch):
+    if chunk is not None:  # one sample per column block, nothing kept for backward
+        monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(C, "KEEP_COLUMNS_BYTES", 0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((ws[0], xs[1]) + ws[1:]).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+
+    def run():
+        y, cache = C.conv2d_forward(x, w, b, stride, pads, dil, ws={})
+        dy = np.random.default_rng(1).standard_normal(y.shape).astype(dtype)
+        return (y,) + C.conv2d_backward(dy, cache, w, ws={})
+
+    ref, got = both(run)
+    for r, g in zip(ref, got):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("xs,pool,stride,pad", [
+    ((2, 3, 8, 8), (2, 2), (2, 2), (0, 0)),
+    ((2, 3, 9, 7), (3, 3), (2, 2), (1, 1)),
+    ((1, 2, 6, 6), (3, 2), (1, 2), (1, 0)),
+])
+def test_maxpool_matches_numpy(xs, pool, stride, pad):
+    x = np.random.default_rng(0).standard_normal(xs)
+
+    def run():
+        y, cache = P.maxpool2d_forward(x, pool, stride, pad)
+        return y, P.maxpool2d_backward(np.random.default_rng(1).standard_normal(y.shape), cache)
+
+    (y0, dx0), (y1, dx1) = both(run)
+    np.testing.assert_array_equal(y1, y0)
+    np.testing.assert_allclose(dx1, dx0, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-11), (np.float32, 1e-4)])
+@pytest.mark.parametrize("shape", [(8, 5, 6, 6), (16, 7), (3, 4, 5)])
+def test_batchnorm_and_relu_match_numpy(shape, dtype, tol):
+    rng = np.random.default_rng(0)
+    x = (3 * rng.standard_normal(shape) + 1).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma, beta = (rng.standard_normal(shape[1]).astype(dtype) for _ in range(2))
+
+    def run():
+        y, xhat, mean, var, invstd = B.bn_forward_train(x, gamma, beta, 1e-5)
+        s1, s2 = B.bn_grad_sums(dy, xhat)
+        dx = B.bn_backward_dx(dy, xhat, gamma, invstd, s1, s2, x.size // x.shape[1])
+        yi = B.bn_inference(x, mean, var, gamma, beta, 1e-5)
+        relu = ReLU()
+        relu.build(shape[1:], rng=rng, dtype=dtype)
+        return y, xhat, mean, var, invstd, s1, s2, dx, yi, relu.forward(x), relu.backward(dy)
+
+    for r, g in zip(*both(run)):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol)
+
+
+def test_set_backend_and_env(monkeypatch):
+    previous = kernels.backend()
+    try:
+        assert kernels.set_backend("numpy") == "numpy" and kernels.backend() == "numpy"
+        assert kernels.set_backend("numba") == "numba"
+        monkeypatch.setenv("DISTNN_KERNELS", "numpy")
+        assert kernels.set_backend(None) == "numpy"
+        monkeypatch.setenv("DISTNN_KERNELS", "fortran")
+        with pytest.raises(ValueError, match="DISTNN_KERNELS"):
+            kernels.set_backend(None)
+    finally:
+        kernels.set_backend(previous)
