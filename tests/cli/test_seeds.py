@@ -127,6 +127,16 @@ def test_pydtnn_model_names(given, model):
     assert cfg.model.model == model
 
 
+def test_nnlo_train_data_needs_the_hdf5_dataset():
+    from distnn.cli.config import ConfigError
+    from distnn.cli.main import build_parser, config_from_args
+    cfg = config_from_args(build_parser().parse_args(["train", "--train_data", "t.list"]))
+    assert cfg.data.dataset == "hdf5" and cfg.data.train_list == "t.list"
+    with pytest.raises(ConfigError, match="--train_list/--train_data .* got --dataset mnist"):
+        config_from_args(build_parser().parse_args(
+            ["train", "--dataset", "mnist", "--train_data", "t.list"]))
+
+
 def test_pydtnn_loss_list_errors_name_the_option(tmp_path):
     proc = run("train", "--loss_func=categorical_accuracy", "--num_epochs=0", cwd=tmp_path)
     assert proc.returncode == 2

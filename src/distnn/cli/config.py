@@ -258,7 +258,10 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
         for name, value in source.items():
             values[canonical(name)] = value
             explicit.add(canonical(name))
-    said = seeds.translate(values, explicit)
+    try:
+        said = seeds.translate(values, explicit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if notes is not None:
         notes += said
     return values

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..training.callbacks import Callback
 from .options import OPTION_BY_NAME, PYDTNN_MODELS, SEED_MODELS, canonical
 
 # -- Theano-MPI session files (tmlauncher -cfg=session.cfg) ---------------------------------
@@ -160,7 +161,7 @@ NOTES = {
 # -- spellings that depend on several options -----------------------------------------------
 def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
     """Apply, in place, the other systems' meanings that involve several options; return
-    notes for what is done differently here."""
+    notes for what is done differently here. Raises ValueError naming the option."""
     notes: list[str] = []
     model = values.get("model")
     if isinstance(model, str) and model in PYDTNN_MODELS:
@@ -173,9 +174,8 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
         if "dataset" not in explicit:
             values["dataset"] = "hdf5"
         elif values["dataset"] != "hdf5":
-            from .config import ConfigError
-            raise ConfigError(f"--train_list/--train_data lists HDF5 files: use it with "
-                              f"--dataset hdf5, got --dataset {values['dataset']}")
+            raise ValueError(f"--train_list/--train_data lists HDF5 files: use it with "
+                             f"--dataset hdf5, got --dataset {values['dataset']}")
     if values.get("validation_split") is None:
         values["validation_split"] = 0.0 if values.get("val_list") else 0.2
     if values.get("trial_name") and not values.get("history_file"):
@@ -202,24 +202,26 @@ def rank_path(path: str, rank: int) -> str:
     return path.replace("{rank}", str(rank))
 
 
-def make_validate_every(every: int, validation, batch_size: int, steps: int):
-    """NNLO's --validate-every: a callback that validates every ``every`` updates."""
-    from ..training.callbacks import Callback
+class ValidateEvery(Callback):
+    """NNLO's --validate-every: evaluate ``validation`` after every ``every`` optimizer
+    updates (collective: every rank calls it at the same step) and print the result on
+    rank 0; ``records`` keeps them."""
 
-    class ValidateEvery(Callback):
-        """Evaluate ``validation`` after every ``every`` optimizer updates (collective:
-        every rank calls it at the same step) and print the result on rank 0."""
+    def __init__(self, every: int, validation, batch_size: int, steps: int):
+        self.every, self.validation = int(every), validation
+        self.batch_size, self.steps = int(batch_size), int(steps)
+        self.records: list[dict[str, float]] = []
 
-        def __init__(self):
-            self.records: list[dict[str, float]] = []
+    def on_batch_end(self, trainer, step, logs):
+        if (step + 1) % self.every:
+            return
+        result = trainer.evaluate(self.validation, global_batch_size=self.batch_size,
+                                  steps=self.steps, prefix="val_")
+        self.records.append({"step": step + 1, **result})
+        text = " ".join(f"{k}={v:.4f}" for k, v in result.items())
+        trainer.print(f"Validation after {step + 1} updates: {text}", force=True)
 
-        def on_batch_end(self, trainer, step, logs):
-            if (step + 1) % every:
-                return
-            result = trainer.evaluate(validation, global_batch_size=batch_size,
-                                      steps=steps, prefix="val_")
-            self.records.append({"step": step + 1, **result})
-            text = " ".join(f"{k}={v:.4f}" for k, v in result.items())
-            trainer.print(f"Validation after {step + 1} updates: {text}", force=True)
 
-    return ValidateEvery()
+def make_validate_every(every: int, validation, batch_size: int, steps: int) -> ValidateEvery:
+    """The --validate-every callback (see ``ValidateEvery``)."""
+    return ValidateEvery(every, validation, batch_size, steps)
