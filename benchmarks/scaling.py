@@ -39,7 +39,7 @@ def build(name: str, dtype):
 
 
 def worker(args) -> None:
-    from distnn import dist
+    from distnn import distributed as dist
     from distnn.nn.losses import CategoricalCrossEntropy
     from distnn.optim import SGD
 

@@ -1,6 +1,8 @@
-"""PyTorch peer: eager on CPU (1 process), or DDP (gloo) with N ranks under ``mpiexec -n N``.
+"""PyTorch peer: eager on CPU (1 process), or DDP (gloo) with N ranks under ``torchrun``
+(or ``mpiexec -n N`` with ``--port``).
 
 python benchmarks/workers/torch_worker.py --model simplecnn --threads 2
+torchrun --standalone --nproc-per-node=2 benchmarks/workers/torch_worker.py --model lenet --ddp
 mpiexec -n 2 python benchmarks/workers/torch_worker.py --model lenet --ddp --port 29512
 
 The models match distnn's zoo (``distnn.models``) layer for layer; the step is the usual
@@ -107,9 +109,13 @@ def build(name, num_classes=10):
 
 if args.ddp:
     import torch.distributed as tdist
-    rank, size = C.mpi_rank_size()
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
-                             rank=rank, world_size=size)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: rank, size and store from env://
+        tdist.init_process_group("gloo")
+        rank, size = tdist.get_rank(), tdist.get_world_size()
+    else:
+        rank, size = C.mpi_rank_size()
+        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                 rank=rank, world_size=size)
 else:
     rank, size = 0, 1
 
