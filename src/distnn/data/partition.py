@@ -32,7 +32,8 @@ class PartDataset(Dataset):
 
     Example:
         part = PartDataset(x_mine, y_mine, None, rank=comm.rank, size=comm.size)
-        part.set_parts(*merge(comm.allgather_obj(part.part_info())))
+        infos = comm.allgather_obj(part.part_info())
+        part.set_parts([n for n, _ in infos], max(top for _, top in infos))
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int | None, *, rank: int,
