@@ -1,66 +1,61 @@
-"""Forward+backward time of distnn's conv/pool layers against PyTorch CPU, one thread.
+"""Per-kernel micro-benchmark: forward+backward of distnn's conv, pooling, batch-norm and
+ReLU layers on the NumPy path and the compiled (numba) path, at 1 and 2 threads, with
+PyTorch CPU at the same thread counts. Prints a Markdown table of medians (ms).
 
-The cases are simplecnn's layers on 1x28x28 input at batch 64 (plus a few wider ones);
-the first conv layer skips dx in both engines, as it does in a model. Prints medians.
+    python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2]
 
-    python benchmarks/kernels_micro.py [--batch 64] [--repeat 50] [--dtype float32]
+Runs are interleaved (every variant once per round) so load from other processes hits all
+of them alike. Threads: BLAS through threadpoolctl, the compiled loops through
+``distnn.kernels.set_num_threads``, torch through ``torch.set_num_threads``.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import time
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
+from threadpoolctl import threadpool_limits
 
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from distnn.nn.conv import Conv2D  # noqa: E402
-from distnn.nn.pooling import MaxPool2D  # noqa: E402
+from distnn import kernels
+from distnn.nn.activations import ReLU
+from distnn.nn.conv import Conv2D
+from distnn.nn.normalization import BatchNormalization
+from distnn.nn.pooling import MaxPool2D
 
 # (label, layer factory, per-sample input shape, needs dx)
 CASES = [
-    ("conv1 simplecnn 1->4 3x3 28x28", lambda: Conv2D(4, 3), (1, 28, 28), False),
-    ("conv2 simplecnn 4->8 3x3 26x26", lambda: Conv2D(8, 3), (4, 26, 26), True),
-    ("maxpool 2x2 8x24x24", lambda: MaxPool2D(2), (8, 24, 24), True),
+    ("conv 1->4 3x3 28x28 (simplecnn 1)", lambda: Conv2D(4, 3), (1, 28, 28), False),
+    ("conv 4->8 3x3 26x26 (simplecnn 2)", lambda: Conv2D(8, 3), (4, 26, 26), True),
+    ("conv 1->6 5x5 pad 2 28x28 (lenet 1)", lambda: Conv2D(6, 5, padding=2), (1, 28, 28), False),
+    ("conv 6->16 5x5 14x14 (lenet 2)", lambda: Conv2D(16, 5), (6, 14, 14), True),
+    ("conv 3->16 3x3 same 32x32 (resnet20 1)", lambda: Conv2D(16, 3, padding="same"),
+     (3, 32, 32), False),
     ("conv 16->16 3x3 same 32x32", lambda: Conv2D(16, 3, padding="same"), (16, 32, 32), True),
     ("conv 16->32 3x3 s2 same 32x32", lambda: Conv2D(32, 3, strides=2, padding="same"),
      (16, 32, 32), True),
+    ("conv 32->32 3x3 same 16x16", lambda: Conv2D(32, 3, padding="same"), (32, 16, 16), True),
+    ("conv 64->64 3x3 same 8x8", lambda: Conv2D(64, 3, padding="same"), (64, 8, 8), True),
+    ("conv 128->256 3x3 same 8x8 (vgg11bn)", lambda: Conv2D(256, 3, padding=1),
+     (128, 8, 8), True),
+    ("maxpool 2x2 8x24x24", lambda: MaxPool2D(2), (8, 24, 24), True),
+    ("maxpool 2x2 64x32x32 (vgg11bn)", lambda: MaxPool2D(2), (64, 32, 32), True),
+    ("batchnorm 16x32x32", lambda: BatchNormalization(), (16, 32, 32), True),
+    ("relu 16x32x32", lambda: ReLU(), (16, 32, 32), True),
 ]
 
 
-def median_ms(fns, repeat: int) -> list[float]:
-    """Median time of each function; runs are interleaved so that load from other
-    processes hits all of them alike."""
-    for fn in fns:
-        fn()
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [1e3 * float(np.median(ts)) for ts in times]
-
-
-def distnn_step(factory, shape, need_dx, batch, dtype):
+def distnn_step(factory, shape, need_dx, batch):
     layer = factory()
-    layer.build(shape, rng=np.random.default_rng(0), dtype=dtype)
+    layer.build(shape, rng=np.random.default_rng(0), dtype=np.float32)
     layer.need_dx = need_dx
-    x = np.random.default_rng(1).standard_normal((batch,) + shape).astype(dtype)
-    dy = np.random.default_rng(2).standard_normal((batch,) + layer.output_shape).astype(dtype)
-
-    def fwd():
-        return layer.forward(x, training=True)
+    x = np.random.default_rng(1).standard_normal((batch,) + shape).astype(np.float32)
+    dy = np.random.default_rng(2).standard_normal((batch,) + layer.output_shape
+                                                  ).astype(np.float32)
 
     def step():
         layer.forward(x, training=True)
         layer.backward(dy)
-
-    return fwd, step, layer, x, dy
+    return step, layer, x, dy
 
 
 def torch_step(layer, x, dy, need_dx):
@@ -68,67 +63,98 @@ def torch_step(layer, x, dy, need_dx):
     F = torch.nn.functional
     xt = torch.from_numpy(x).requires_grad_(need_dx)
     dyt = torch.from_numpy(dy)
+    params = []
     if isinstance(layer, Conv2D):
         w = torch.from_numpy(layer.params["w"].copy()).requires_grad_(True)
         b = torch.from_numpy(layer.params["b"].copy()).requires_grad_(True)
         pt, pb, pl, pr = layer._pads
-        symmetric = pt == pb and pl == pr
+        params = [w, b]
 
         def op(inp):
-            if not symmetric:
+            if not (pt == pb and pl == pr):
                 inp = F.pad(inp, (pl, pr, pt, pb))
+                return F.conv2d(inp, w, b, stride=layer.strides, dilation=layer.dilation)
             return F.conv2d(inp, w, b, stride=layer.strides, dilation=layer.dilation,
-                            padding=(pt, pl) if symmetric else 0)
-        params = [w, b]
-    else:
+                            padding=(pt, pl))
+    elif isinstance(layer, MaxPool2D):
         def op(inp):
             return F.max_pool2d(inp, layer.pool_size, layer.strides, layer.padding)
-        params = []
+    elif isinstance(layer, BatchNormalization):
+        c = x.shape[1]
+        g = torch.ones(c, requires_grad=True)
+        bt = torch.zeros(c, requires_grad=True)
+        rm, rv = torch.zeros(c), torch.ones(c)
+        params = [g, bt]
 
-    def fwd():
-        with torch.no_grad():
-            return op(xt)
+        def op(inp):
+            return F.batch_norm(inp, rm, rv, g, bt, training=True)
+    else:
+        def op(inp):
+            return F.relu(inp)
 
     def step():
         for p in params:
             p.grad = None
         xt.grad = None
-        op(xt).backward(dyt)
-
-    return fwd, step
+        out = op(xt)
+        out.backward(dyt)
+    return step
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(1)
-    except ImportError:
-        pass
+    threads = [int(t) for t in args.threads.split(",")]
     try:
         import torch
-        torch.set_num_threads(1)
     except ImportError:
         torch = None
-    dtype = np.dtype(args.dtype)
-    print(f"batch {args.batch}, {dtype}, 1 thread; median ms over {args.repeat} runs")
-    head = f"{'case':34s} {'distnn fwd':>10s} {'fwd+bwd':>9s} {'torch fwd':>10s} {'fwd+bwd':>9s}"
-    print(head)
-    print("-" * len(head))
+    if args.no_torch:
+        torch = None
+    variants = [(k, t) for t in threads for k in ("numpy", "numba")]
+    if torch is not None:
+        variants += [("torch", t) for t in threads]
+    head = ["case"] + [f"{k} {t}t" for k, t in variants]
+    ratio_heads = [f"numba÷numpy {t}t" for t in threads]
+    print(f"batch {args.batch}, float32, forward+backward, median ms over {args.repeat} "
+          "interleaved rounds (first conv layers skip dx, as in a model)")
+    print()
+    print("| " + " | ".join(head + ratio_heads) + " |")
+    print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")
     for label, factory, shape, need_dx in CASES:
-        fwd, step, layer, x, dy = distnn_step(factory, shape, need_dx, args.batch, dtype)
-        if torch is None:
-            ours = median_ms([fwd, step], args.repeat)
-            theirs = "-", "-"
-        else:
-            tf, ts = torch_step(layer, x, dy, need_dx)
-            f0, f1, s0, s1 = median_ms([fwd, tf, step, ts], args.repeat)
-            ours, theirs = (f0, s0), (f"{f1:.3f}", f"{s1:.3f}")
-        print(f"{label:34s} {ours[0]:10.3f} {ours[1]:9.3f} {theirs[0]:>10s} {theirs[1]:>9s}")
+        step, layer, x, dy = distnn_step(factory, shape, need_dx, args.batch)
+        tstep = torch_step(layer, x, dy, need_dx) if torch is not None else None
+        times = {v: [] for v in variants}
+
+        def run(v):
+            kind, t = v
+            with threadpool_limits(limits=t):
+                if kind == "torch":
+                    torch.set_num_threads(t)
+                    fn = tstep
+                else:
+                    kernels.set_backend(kind)
+                    kernels.set_num_threads(t)
+                    fn = step
+                fn()
+                t0 = time.perf_counter()
+                fn()
+                return time.perf_counter() - t0
+
+        for v in variants:  # warm-up (and JIT/cache load)
+            run(v)
+        for _ in range(args.repeat):
+            for v in variants:
+                times[v].append(run(v))
+        med = {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
+        cells = [f"{med[v]:.2f}" for v in variants]
+        ratios = [f"{med[('numpy', t)] / med[('numba', t)]:.2f}x" for t in threads]
+        print(f"| {label} | " + " | ".join(cells + ratios) + " |", flush=True)
+    kernels.set_backend(None)
 
 
 if __name__ == "__main__":

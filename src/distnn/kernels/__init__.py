@@ -4,7 +4,7 @@ Each op family is one module (``conv``, ``pooling``, ``batchnorm``) of functions
 arrays; they import nothing from the rest of distnn and keep no state, so another backend
 can be swapped in per module.
 """
-from .backend import backend, set_backend
+from .backend import backend, get_num_threads, set_backend, set_num_threads
 from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
                         bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
                         bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
@@ -16,7 +16,7 @@ from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       maxpool2d_forward, pool_output_shape)
 
 __all__ = [
-    "backend", "set_backend",
+    "backend", "set_backend", "set_num_threads", "get_num_threads",
     "im2col", "col2im", "conv2d_forward", "conv2d_backward", "conv_output_size",
     "same_padding", "conv_geometry", "ConvGeometry", "ConvCache",
     "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",

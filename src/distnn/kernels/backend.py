@@ -52,3 +52,17 @@ def compiled():
     if _state["name"] is None:
         set_backend(None)
     return _state["module"]
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the compiled loops (default: OMP_NUM_THREADS, else the cores divided among
+    the launcher's ranks); BLAS threads are set separately (threadpoolctl)."""
+    fast = compiled()
+    if fast is not None:
+        fast.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    """Threads of the compiled loops (1 on the NumPy backend)."""
+    fast = compiled()
+    return fast.get_num_threads() if fast is not None else 1
