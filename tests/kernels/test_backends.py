@@ -107,3 +107,23 @@ def test_set_backend_and_env(monkeypatch):
             kernels.set_backend(None)
     finally:
         kernels.set_backend(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_counts_agree(threads):
+    """Serial (1 thread) and parallel compilations give the NumPy result."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 9, 9))
+    w = rng.standard_normal((5, 3, 3, 3))
+    before = kernels.get_num_threads()
+    try:
+        def run():
+            kernels.set_num_threads(threads)
+            y, cache = C.conv2d_forward(x, w, None, (1, 1), (1, 1, 1, 1))
+            dx, dw, _ = C.conv2d_backward(np.ones_like(y), cache, w, need_db=False)
+            yb, xhat, *_ = B.bn_forward_train(y, np.ones(5), np.zeros(5), 1e-5)
+            return y, dx, dw, yb
+        for r, g in zip(*both(run)):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+    finally:
+        kernels.set_num_threads(before)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import types
 
 # The workqueue layer's idle workers sleep instead of spinning: with OpenBLAS's own pool on
 # the same 2 cores, a spinning OpenMP pool (numba's default when libgomp is found) and
@@ -44,14 +45,14 @@ def default_threads() -> int:
 
 
 def set_num_threads(n: int) -> None:
-    nb.set_num_threads(max(1, min(int(n), nb.config.NUMBA_NUM_THREADS)))
+    n = max(1, min(int(n), nb.config.NUMBA_NUM_THREADS))
+    _threads[0] = n
+    if n > 1:
+        nb.set_num_threads(n)
 
 
 def get_num_threads() -> int:
-    return nb.get_num_threads()
-
-
-set_num_threads(default_threads())
+    return _threads[0]
 
 
 # -- convolution: compact columns (C*KH*KW, N*OH*OW) -------------------------------------
@@ -345,26 +346,40 @@ def scale_shift(x, scale, shift, y):
             yf[_U(b + k)] = xf[_U(b + k)] * a + b2
 
 
-# -- one caller at a time ---------------------------------------------------------------
-# The workqueue layer aborts the process when two Python threads launch parallel loops at
-# once (a layer used from several threads, or ranks simulated by threads in the tests), so
-# the launches are serialized; a lock costs ~0.1 us against kernels of 10 us and up.
+# -- dispatch -------------------------------------------------------------------------
+# With one thread the serial compilation runs in the caller's thread: a parallel launch
+# would hand the loop to a pool worker and wait for it, a context switch per kernel call.
+# Parallel launches are serialized: the workqueue layer aborts the process when two Python
+# threads launch parallel loops at once (a layer used from several threads, or ranks
+# simulated by threads in the tests); a lock costs ~0.1 us against kernels of 10 us and up.
 _launch = threading.Lock()
+_threads = [1]
 
 
-def _serialized(kernel):
-    @functools.wraps(kernel)
+def _dispatch(parallel_kernel):
+    # a copy under its own name: the disk cache is keyed by function name, not options
+    f = parallel_kernel.py_func
+    twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
+                              f.__defaults__, f.__closure__)
+    twin.__qualname__ = f.__qualname__ + "_serial"
+    serial_kernel = nb.njit(cache=True, nogil=True,
+                            fastmath=parallel_kernel.targetoptions.get("fastmath", False)
+                            )(twin)
+
+    @functools.wraps(parallel_kernel.py_func)
     def call(*args):
+        if _threads[0] == 1:
+            return serial_kernel(*args)
         with _launch:
-            return kernel(*args)
-    call.kernel = kernel
+            return parallel_kernel(*args)
+    call.parallel, call.serial = parallel_kernel, serial_kernel
     return call
 
 
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "relu_forward",
               "relu_backward", "maxpool_forward", "maxpool_backward", "bn_forward_train",
               "bn_grad_sums", "bn_backward_dx", "scale_shift"):
-    globals()[_name] = _serialized(globals()[_name])
+    globals()[_name] = _dispatch(globals()[_name])
 
 
 # -- work arrays shared by all layers ---------------------------------------------------
@@ -382,3 +397,6 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     if buf is None or buf.size < size:
         buf = pool[(name, dtype)] = np.empty(size, dtype)
     return buf[:size].reshape(shape)
+
+
+set_num_threads(default_threads())
