@@ -130,7 +130,7 @@ def main(argv=None) -> None:
         tstep = torch_step(layer, x, dy, need_dx) if torch is not None else None
         times = {v: [] for v in variants}
 
-        def run(v):
+        def run(v, step=step, tstep=tstep):
             kind, t = v
             with threadpool_limits(limits=t):
                 if kind == "torch":

@@ -235,6 +235,38 @@ def maxpool_forward(x, kh, kw, sh, sw, ph, pw, y, idx):
 
 
 @_jit
+def maxpool2x2_forward(x, y, idx):
+    """maxpool_forward for 2x2 windows, stride 2, no padding (the common case)."""
+    n_, c_, h_, w_ = x.shape
+    oh, ow = y.shape[2], y.shape[3]
+    xf = x.ravel()
+    yf = y.ravel()
+    kf = idx.ravel()
+    for t in nb.prange(n_ * c_):
+        for p in range(oh):
+            r0 = t * h_ * w_ + 2 * p * w_
+            r1 = r0 + w_
+            o = (t * oh + p) * ow
+            for q in range(ow):
+                best = xf[_U(r0 + 2 * q)]
+                arg = 0
+                v = xf[_U(r0 + 2 * q + 1)]
+                if v > best:
+                    best = v
+                    arg = 1
+                v = xf[_U(r1 + 2 * q)]
+                if v > best:
+                    best = v
+                    arg = 2
+                v = xf[_U(r1 + 2 * q + 1)]
+                if v > best:
+                    best = v
+                    arg = 3
+                yf[_U(o + q)] = best
+                kf[_U(o + q)] = arg
+
+
+@_jit
 def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
     n_, c_, h_, w_ = dx.shape
     oh, ow = dy.shape[2], dy.shape[3]
@@ -377,8 +409,8 @@ def _dispatch(parallel_kernel):
 
 
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "relu_forward",
-              "relu_backward", "maxpool_forward", "maxpool_backward", "bn_forward_train",
-              "bn_grad_sums", "bn_backward_dx", "scale_shift"):
+              "relu_backward", "maxpool_forward", "maxpool2x2_forward", "maxpool_backward",
+              "bn_forward_train", "bn_grad_sums", "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
 
 

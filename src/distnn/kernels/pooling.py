@@ -79,8 +79,11 @@ def maxpool2d_forward(x: np.ndarray, pool: Pair = (2, 2), stride: Pair | None = 
     if fast is not None and x.dtype.kind == "f" and pool[0] * pool[1] <= 256:
         y = np.empty((n, c, oh, ow), x.dtype)
         idx = np.empty((n, c, oh, ow), np.uint8)
-        fast.maxpool_forward(np.ascontiguousarray(x), pool[0], pool[1], stride[0], stride[1],
-                             padding[0], padding[1], y, idx)
+        if tuple(pool) == (2, 2) and stride == (2, 2) and tuple(padding) == (0, 0):
+            fast.maxpool2x2_forward(np.ascontiguousarray(x), y, idx)
+        else:
+            fast.maxpool_forward(np.ascontiguousarray(x), pool[0], pool[1], stride[0],
+                                 stride[1], padding[0], padding[1], y, idx)
         return y, PoolCache(x.shape, tuple(pool), stride, tuple(padding), (idx,))
     if _is_fast_2x2(x.shape, pool, stride, padding):
         pairs = np.ascontiguousarray(x).reshape(-1, 2)           # neighbours along W
