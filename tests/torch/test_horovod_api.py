@@ -53,6 +53,22 @@ def test_broadcast_optimizer_state_copies_roots_state_without_stepping(parity):
         assert max(d for _, _, d in res["resume"]["diffs"]) < 1e-10
 
 
+@needs_mpi
+def test_collectives_on_tensors(parity):
+    n, results = parity
+    expected_gather = [[float(r)] * 2 for r in range(n) for _ in range(r + 1)]
+    for rank, res in enumerate(results):
+        c = res["collectives"]
+        assert c["average"] == [sum(range(1, n + 1)) / n, 2.0]
+        assert c["sum"] == [sum(range(1, n + 1))]
+        assert c["max"] == [n - 1.0]
+        assert c["allgather"] == expected_gather
+        assert c["broadcast"] == [n - 1.0, 7.0]
+        # a non-contiguous view is reduced through a copy and written back in place
+        assert c["inplace"] == [sum(range(n)), 1.0 + rank, 2.0 * n + sum(range(n)), 3.0 + rank]
+        assert c["metric"] == pytest.approx((n - 1) / 2)
+
+
 def test_fresh_optimizer_broadcast_sends_only_hyper_parameters():
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
@@ -116,3 +132,11 @@ class _FakeRank(LocalComm):
 
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
+
+
+def test_the_numpy_distributed_optimizer_points_torch_users_to_distnn_torch():
+    from distnn.distributed import DistributedOptimizer as NumpyDistributedOptimizer
+    module = torch.nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="distnn.torch.DistributedOptimizer"):
+        NumpyDistributedOptimizer(torch.optim.SGD(module.parameters(), lr=0.1), module,
+                                  comm=LocalComm())

@@ -3,6 +3,9 @@ ranks exactly as on one process (float64, uneven last batch, SGD-momentum and Ad
 checkpoint/resume, evaluate and predict work on it, and bad files give one-line errors."""
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
 
@@ -81,9 +84,24 @@ def _initial_weights(path) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in model.named_arrays().items()}
 
 
+def _command(n, *args, cwd):
+    """The distnn command on n ranks; n == 0 runs its entry point in this process (no
+    interpreter and torch start-up per run)."""
+    if n:
+        return distnn(n, *args, cwd=cwd)
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def _train(n, folder, name, *extra, model="net.py"):
-    proc = distnn(n, "train", "--model", model, *DATA, "--save_weights", name, *extra,
-                  cwd=folder)
+    proc = _command(n, "train", "--model", model, *DATA, "--save_weights", name, *extra,
+                    cwd=folder)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return _weights(folder / name), proc
 
@@ -119,12 +137,12 @@ def test_checkpoint_resume_evaluate_and_predict_on_a_torch_model(files):
     for key in full:  # model and Adam state came back exactly
         np.testing.assert_array_equal(resumed[key], full[key])
     test_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("Test:")][0]
-    ev = distnn(0, "evaluate", "--model", "net.py", *EVAL_DATA, "--weights", "full.npz",
-                cwd=files)
+    ev = _command(0, "evaluate", "--model", "net.py", *EVAL_DATA, "--weights", "full.npz",
+                  cwd=files)
     assert ev.returncode == 0, ev.stderr
     assert test_line.split(" (")[0] in ev.stdout
-    pred = distnn(0, "predict", "--model", "net.py", *EVAL_DATA, "--weights", "full.npz",
-                  "--output", "p.npz", cwd=files)
+    pred = _command(0, "predict", "--model", "net.py", *EVAL_DATA, "--weights", "full.npz",
+                    "--output", "p.npz", cwd=files)
     assert pred.returncode == 0, pred.stderr
     with np.load(files / "p.npz") as p:
         assert p["logits"].shape == (20, 3)

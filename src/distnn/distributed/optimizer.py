@@ -126,6 +126,13 @@ class DistributedOptimizer:
             raise ValueError(f"op must be 'average' or 'sum', got {op!r}")
         if compression not in (None, "fp16"):
             raise ValueError(f"compression must be None or 'fp16', got {compression!r}")
+        if not hasattr(model, "gradients_flat") or not hasattr(optimizer, "step"):
+            raise TypeError(
+                f"DistributedOptimizer(optimizer, model) takes a distnn optimizer and a built "
+                f"distnn model, got {type(optimizer).__name__} and {type(model).__name__}; for "
+                "a torch module use distnn.torch.DistributedOptimizer(torch_optimizer, "
+                "named_parameters=module.named_parameters()), or wrap the module in "
+                "distnn.torch.TorchModel")
         self.optimizer = optimizer
         self.model = model
         self.comm = comm if comm is not None else get_comm()

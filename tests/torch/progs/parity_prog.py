@@ -122,5 +122,18 @@ for step, (x, y, n) in enumerate(hvd.partition_dataset((X, Y), 10, seed=3)):
     ref_opt.step()
     diffs.append((len(x), n, max_diff(model, ref)))
 results["resume"] = {"diffs": diffs, "state_steps": state_steps}
+
+# Collectives on tensors (uneven allgather: rank r passes r + 1 rows).
+mine = torch.full((rank + 1, 2), float(rank))
+results["collectives"] = {
+    "average": hvd.allreduce(torch.tensor([rank + 1.0, 2.0])).tolist(),
+    "sum": hvd.allreduce(torch.tensor([rank + 1]), op=hvd.Sum).tolist(),
+    "max": hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Max).tolist(),
+    "allgather": hvd.allgather(mine).tolist(),
+    "broadcast": hvd.broadcast(torch.tensor([float(rank), 7.0]), root_rank=size - 1).tolist(),
+    "inplace": (lambda t: (hvd.allreduce_(t[::2], op="sum"), t.tolist())[1])(
+        torch.arange(4.0) + rank),
+    "metric": hvd.metric_average(torch.tensor(float(rank))),
+}
 with open(f"{out_dir}/rank{rank}.pkl", "wb") as f:
     pickle.dump(results, f)
