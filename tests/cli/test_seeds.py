@@ -345,6 +345,23 @@ def test_theano_mpi_session_file(tmp_path):
     assert history(tmp_path / "h.json")["lr"] == [pytest.approx(0.02)]
 
 
+def test_theano_mpi_launcher_flags(tmp_path):
+    # tmlauncher -r=BSP -file=models.modelfile -class=ModelClass -s=1 (its flags, no file)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "modelfile.py").write_text(
+        "from distnn.nn import Dense, Flatten, Sequential\n\n\n"
+        "def ModelClass(num_classes):\n"
+        "    return Sequential([Flatten(), Dense(num_classes)])\n")
+    proc = run("train", "-r=BSP", "-file=models.modelfile", "-class=ModelClass", "-s=1",
+               "-bsp_exch_strategy=nccl16", "-b", *SYNTH, "--history_file", "h.json",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "650 parameters" in proc.stdout or "Total parameters: 650" in proc.stdout
+    assert "note: BSP_EXCH_STRATEGY=nccl16: gradients travel as float16" in proc.stderr
+    assert "note: SIZE=1" in proc.stderr and "note: BIND" in proc.stderr
+    assert history(tmp_path / "h.json")["epoch"] == [1]
+
+
 def test_theano_mpi_session_file_errors(tmp_path):
     (tmp_path / "bad.cfg").write_text("RULE=ASGD\n")
     proc = run("train", "--config", "bad.cfg", cwd=tmp_path)

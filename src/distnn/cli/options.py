@@ -99,6 +99,7 @@ class Option:
     section: str
     commands: tuple[str, ...] = ALL
     aliases: tuple[str, ...] = ()
+    short: tuple[str, ...] = ()  # single-dash flags of other systems (tmlauncher's -r=)
 
     def flags(self) -> list[str]:
         names = [self.name, *self.aliases]
@@ -107,7 +108,7 @@ class Option:
             for spelling in (n, n.replace("_", "-")):
                 if f"--{spelling}" not in out:
                     out.append(f"--{spelling}")
-        return out
+        return out + [f"-{s}" for s in self.short]
 
 
 GROUPS = {
@@ -355,6 +356,24 @@ OPTIONS: list[Option] = [
        "computes in NCHW.", "seeds", "output"),
     _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
        "seeds", "output", (TRAIN,)),
+    # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
+    _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
+       "--parallel data, easgd, gosgd = gossip).", "seeds", "output", (TRAIN,),
+       short=("r",)),
+    _O("modelfile", Maybe(Str(lower=False, metavar="MODULE")), None, "Theano-MPI: "
+       "MODELFILE, with --modelclass: --model MODELFILE:MODELCLASS.", "seeds", "output",
+       short=("file",)),
+    _O("modelclass", Maybe(Str(lower=False, metavar="NAME")), None, "Theano-MPI: "
+       "MODELCLASS.", "seeds", "output", short=("class",)),
+    _O("size", Maybe(Int(1)), None, "Theano-MPI: SIZE; the ranks are mpiexec -n's.",
+       "seeds", "output", (TRAIN,), short=("s",)),
+    _O("bsp_sync_type", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_SYNC_TYPE (a note).",
+       "seeds", "output", (TRAIN,), short=("bsp_sync_type",)),
+    _O("bsp_exch_strategy", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_EXCH_STRATEGY "
+       "(*16: --gradient_compression fp16).", "seeds", "output", (TRAIN,),
+       short=("bsp_exch_strategy",)),
+    _O("bind", Bool(), False, "Theano-MPI: bind ranks to cores (a note: use mpiexec's "
+       "binding).", "seeds", "output", (TRAIN,), short=("b",)),
     # Prediction
     _O("split", Str(("train", "val", "test")), "test", "Split to predict.", "predict",
        "predict", (PRED,)),

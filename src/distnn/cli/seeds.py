@@ -82,6 +82,13 @@ def session_options(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
         if key in raw:
             raise ValueError(f"{key} is set twice")
         raw[key] = _shell_value(value)
+    return session_values(raw, path)
+
+
+def session_values(raw: dict[str, str], path: str) -> tuple[dict[str, Any], list[str]]:
+    """Option values and notes of Theano-MPI's keys (a session file's, or tmlauncher's
+    flags: -r=, -file=, -class=, -s=...); ``path``: the config file (its folder is
+    searched for MODELFILE)."""
     values: dict[str, Any] = {}
     notes: list[str] = []
 
@@ -138,6 +145,12 @@ def session_options(text: str, path: str) -> tuple[dict[str, Any], list[str]]:
     return values, notes
 
 
+# tmlauncher's flags (-r=BSP, -file=..., -class=..., -s=2, ...) -> session-file keys
+LAUNCHER_FLAGS = {"rule": "RULE", "modelfile": "MODELFILE", "modelclass": "MODELCLASS",
+                  "size": "SIZE", "bsp_sync_type": "BSP_SYNC_TYPE",
+                  "bsp_exch_strategy": "BSP_EXCH_STRATEGY", "bind": "BIND"}
+
+
 # -- options with no counterpart: what distnn does instead ----------------------------------
 NOTES = {
     "timeline": "NNLO's activity timeline is distnn's Chrome trace (layers and "
@@ -189,6 +202,15 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
         if value not in (None, False) and not (name == "n_processes" and value == 1):
             notes.append(f"--{name} {value}: {note}" if value is not True
                          else f"--{name}: {note}")
+    launcher = {key: values.get(name) for name, key in LAUNCHER_FLAGS.items()
+                 if values.get(name) not in (None, False)}
+    if launcher:
+        raw = {k: "1" if v is True else str(v) for k, v in launcher.items()}
+        given, said = session_values(raw, "tmlauncher")
+        for name, value in given.items():
+            if name not in explicit:
+                values[name] = value
+        notes += said
     if values.get("tracing") and not values.get("trace"):
         values["trace"] = "distnn-trace.json"
         notes.append("--tracing: distnn writes a Chrome trace (layers and communication) to "
