@@ -222,6 +222,41 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
     return callbacks
 
 
+# Training-rule options by --parallel word (the rule's constructor arguments).
+RULE_OPTIONS: dict[str, Callable] = {
+    "data": lambda p: {"bucket_size_mb": p.bucket_size_mb, "non_blocking": p.non_blocking_mpi,
+                       "compression": None if p.gradient_compression == "none"
+                       else p.gradient_compression},
+    "localsgd": lambda p: {"sync_every": p.sync_every},
+    "downpour": lambda p: {"sync_every": p.sync_every, "synchronous": p.synchronous},
+    "easgd": lambda p: {"sync_every": p.sync_every, "synchronous": p.synchronous,
+                        "elastic_force": p.elastic_force, "elastic_lr": p.elastic_lr,
+                        "elastic_momentum": p.elastic_momentum,
+                        "worker_optimizer": p.worker_optimizer},
+    "gossip": lambda p: {"probability": p.gossip_probability, "alpha": p.gossip_alpha,
+                         "synchronous": p.synchronous},
+    "gem": lambda p: {"sync_every": p.sync_every, "synchronous": p.synchronous,
+                      "gem_lr": p.gem_lr, "gem_momentum": p.gem_momentum,
+                      "gem_kappa": p.gem_kappa},
+}
+
+
+def build_rule(cfg: RunConfig, comm):
+    """The training rule of --parallel (auto and sequential: data)."""
+    from ..rules import get_rule, rule_name
+    p = cfg.parallel
+    name = "data" if p.parallel in ("auto", "sequential") else rule_name(p.parallel)
+    needs = {"downpour": 2, "gem": 2, "easgd": 1 if p.synchronous else 2}.get(name, 1)
+    if comm.size < needs:
+        raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
+                          f"workers, so it needs at least 2 ranks, got {comm.size}; run it "
+                          f"under mpiexec -n 3 (or use --parallel data)")
+    try:
+        return get_rule(name, **RULE_OPTIONS[name](p))
+    except ValueError as exc:
+        raise ConfigError(f"--parallel {p.parallel}: {exc}") from None
+
+
 def build_augment(cfg: RunConfig) -> list:
     from ..data import RandomCrop, RandomFlip
     d = cfg.data

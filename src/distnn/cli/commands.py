@@ -74,13 +74,15 @@ def _metrics_line(title: str, logs: dict, samples: int, seconds: float) -> str:
 # -- commands ------------------------------------------------------------------------------
 def _trainer(cfg: RunConfig, comm, model, optimizer, callbacks=(), profiler=None):
     from ..training import Trainer
+    from .builders import build_rule
     p = cfg.parallel
     return Trainer(model, optimizer, loss=cfg.optim.loss_func, metrics=cfg.optim.metrics,
                    comm=comm, callbacks=callbacks, progress=not cfg.output.quiet,
                    verbose=not cfg.output.quiet, seed=cfg.model.random_seed,
                    bucket_size_mb=p.bucket_size_mb, non_blocking=p.non_blocking_mpi,
                    compression=None if p.gradient_compression == "none"
-                   else p.gradient_compression, profiler=profiler)
+                   else p.gradient_compression, profiler=profiler,
+                   rule=build_rule(cfg, comm) if cfg.command == "train" else None)
 
 
 def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:

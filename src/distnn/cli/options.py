@@ -32,6 +32,11 @@ def _losses():
     return LOSSES
 
 
+def _parallel_modes():
+    from ..rules import ALIASES, RULES
+    return ("auto", "sequential", *RULES, *ALIASES)
+
+
 def _schedulers():
     from ..training.callbacks import CALLBACKS
     return CALLBACKS
@@ -295,9 +300,37 @@ OPTIONS: list[Option] = [
        "checkpoint-{epoch:03d}.npz", "model_checkpoint: weights file name ({epoch} and "
        "logged keys are filled in).", "sched", "sched", (TRAIN,)),
     # Parallel execution
-    _O("parallel", Str(("auto", "sequential", "data")), "auto", "sequential (one process), "
-       "data (data parallelism over MPI ranks) or auto (data when started with mpiexec -n "
-       "N>1).", "parallel", "parallel"),
+    _O("parallel", Str(_parallel_modes), "auto", "Training rule: data (synchronous "
+       "all-reduce, alias bsp), localsgd (periodic averaging), downpour (asynchronous "
+       "parameter server on rank 0), easgd (elastic averaging), gossip (GoSGD, alias gosgd), "
+       "gem (gradient energy matching); sequential (one process) or auto (data).",
+       "parallel", "parallel", aliases=("mode",)),
+    _O("sync_every", Maybe(Int(1)), None, "Batches between two exchanges: downpour/gem "
+       "pushes, easgd's tau, localsgd's averaging period (default: 1, 1, 4, 8).",
+       "parallel", "parallel", (TRAIN,), aliases=("localsgd_period",)),
+    _O("synchronous", Bool(), False, "downpour/gem: the master waits for every worker each "
+       "round; easgd: all-reduce EASGD without a master; gossip: shared, deterministic push "
+       "schedule.", "parallel", "parallel", (TRAIN,)),
+    _O("elastic_force", Float(0.0, 1.0), 0.9, "easgd: rho; the moving rate is "
+       "elastic_force x elastic_lr (0: independent workers).", "parallel", "parallel",
+       (TRAIN,)),
+    _O("elastic_lr", Maybe(Float(0.0, 1.0, low_open=True)), None, "easgd: eta (default "
+       "1 / number of workers).", "parallel", "parallel", (TRAIN,)),
+    _O("elastic_momentum", Float(0.0, 1.0, high_open=True), 0.0, "easgd: momentum of the "
+       "centre's moves.", "parallel", "parallel", (TRAIN,)),
+    _O("worker_optimizer", Maybe(Str(_optimizers)), None, "easgd: optimizer of the workers' "
+       "local steps (default: --optimizer).", "parallel", "parallel", (TRAIN,)),
+    _O("gem_lr", Maybe(Float(0.0, low_open=True)), None, "gem: learning rate eta (default: "
+       "--learning_rate and its schedule).", "parallel", "parallel", (TRAIN,)),
+    _O("gem_momentum", Float(0.0, 1.0, high_open=True), 0.9, "gem: momentum of the energy "
+       "proxy.", "parallel", "parallel", (TRAIN,)),
+    _O("gem_kappa", Float(0.0, low_open=True), 1.0, "gem: proxy amplification kappa.",
+       "parallel", "parallel", (TRAIN,)),
+    _O("gossip_probability", Float(0.0, 1.0, low_open=True), 0.25, "gossip: probability "
+       "that a rank pushes its weights to a random peer after a step.", "parallel",
+       "parallel", (TRAIN,), aliases=("gossip_p",)),
+    _O("gossip_alpha", Maybe(Float(0.0, 1.0, low_open=True)), None, "gossip: initial mixing "
+       "weight of each rank (default 1 / ranks).", "parallel", "parallel", (TRAIN,)),
     _O("non_blocking_mpi", Bool(), True, "Overlap the gradient all-reduce with backward.",
        "parallel", "parallel", (TRAIN,)),
     _O("use_blocking_mpi", Maybe(Bool()), None, "PyDTNN: true = --non_blocking_mpi false "

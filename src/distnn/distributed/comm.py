@@ -83,6 +83,9 @@ class _DoneHandle:
     def wait(self) -> np.ndarray:
         return self._arr
 
+    def test(self) -> bool:
+        return True
+
 
 class LocalComm:
     """A communicator of one process: every collective returns its input.
@@ -126,6 +129,28 @@ class LocalComm:
 
     def split(self, color, key=0):
         return LocalComm()
+
+    def _p2p(self, what):
+        raise RuntimeError(f"{what}: a communicator of size 1 has no other rank to talk to; "
+                           "run the point-to-point rule under mpiexec -n 2 or more")
+
+    def send_(self, arr, dest, tag=0):
+        self._p2p("send_")
+
+    def recv_(self, arr, source, tag=0):
+        self._p2p("recv_")
+
+    def isend_(self, arr, dest, tag=0):
+        self._p2p("isend_")
+
+    def irecv_(self, arr, source, tag=0):
+        self._p2p("irecv_")
+
+    def iprobe(self, source=-1, tag=-1):
+        return None
+
+    def ibarrier(self):
+        return _DoneHandle(np.zeros(0))
 
     def abort(self, code=1):
         sys.stdout.flush()
@@ -270,6 +295,39 @@ class MPIComm:
 
     def split(self, color, key=0):
         return MPIComm(self.comm.Split(color, key), fp16=self.fp16)
+
+    # -- point to point (arrays; the rules in distnn.rules use them) ----------------------
+    def send_(self, arr, dest, tag=0):
+        """Blocking send of a contiguous array to rank ``dest``."""
+        self.comm.Send(_check_array(arr, "send_"), dest=dest, tag=tag)
+
+    def recv_(self, arr, source, tag=0):
+        """Blocking receive into ``arr`` (its size must match the message); returns arr."""
+        self.comm.Recv(_check_array(arr, "recv_"), source=source, tag=tag)
+        return arr
+
+    def isend_(self, arr, dest, tag=0):
+        """Start sending ``arr``; keep it unchanged until the handle's ``wait``/``test``."""
+        return _MPIHandle(self.comm.Isend(_check_array(arr, "isend_"), dest=dest, tag=tag),
+                          arr, 1)
+
+    def irecv_(self, arr, source, tag=0):
+        """Start receiving into ``arr``; the handle's ``wait()`` returns it filled."""
+        return _MPIHandle(self.comm.Irecv(_check_array(arr, "irecv_"), source=source, tag=tag),
+                          arr, 1)
+
+    def iprobe(self, source=-1, tag=-1):
+        """(source, tag, bytes) of a message waiting to be received, or None (-1: any)."""
+        MPI = self.MPI
+        status = MPI.Status()
+        if not self.comm.Iprobe(source=MPI.ANY_SOURCE if source < 0 else source,
+                                tag=MPI.ANY_TAG if tag < 0 else tag, status=status):
+            return None
+        return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+
+    def ibarrier(self):
+        """Start a barrier; ``test()`` polls it (wait in a sleep loop, not a busy poll)."""
+        return _MPIHandle(self.comm.Ibarrier(), np.zeros(0), 1)
 
     def abort(self, code=1):
         sys.stdout.flush()

@@ -1,7 +1,8 @@
 """Training rules: how the model replicas on the ranks cooperate.
 
-``RULES`` maps the word of ``--parallel`` to the class; ``get_rule(name, **options)``
-builds one. See ``base.Rule`` for the interface the ``Trainer`` calls.
+``RULES`` maps the word of ``--parallel`` to the class (``ALIASES``: other spellings, e.g.
+Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **options)`` builds one. See
+``base.Rule`` for the interface the ``Trainer`` calls.
 """
 from __future__ import annotations
 
@@ -9,17 +10,31 @@ from typing import Any
 
 from .base import Rule
 from .data import DataParallel
+from .downpour import Downpour
+from .easgd import EASGD
+from .gem import GEM
+from .gossip import Gossip
+from .localsgd import LocalSGD
 
 RULES: dict[str, type[Rule]] = {
-    DataParallel.name: DataParallel,
+    cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM)
 }
+ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd"}
 
-__all__ = ["Rule", "DataParallel", "RULES", "get_rule"]
+__all__ = ["Rule", "DataParallel", "LocalSGD", "Downpour", "EASGD", "Gossip", "GEM", "RULES",
+           "ALIASES", "rule_name", "get_rule"]
+
+
+def rule_name(name: str) -> str:
+    """The registry key of ``name`` (case, dashes and aliases accepted)."""
+    key = str(name).lower().replace("-", "_")
+    key = ALIASES.get(key, key)
+    if key not in RULES:
+        raise ValueError(f"unknown training rule {name!r}; choose one of {sorted(RULES)} "
+                         f"(or an alias: {sorted(ALIASES)})")
+    return key
 
 
 def get_rule(name: str, **options: Any) -> Rule:
     """The rule called ``name`` (``--parallel``), built with ``options``."""
-    key = str(name).lower()
-    if key not in RULES:
-        raise ValueError(f"unknown training rule {name!r}; choose one of {sorted(RULES)}")
-    return RULES[key](**options)
+    return RULES[rule_name(name)](**options)

@@ -10,18 +10,23 @@ rule's name; a new rule is one new file in this package plus one entry in ``RULE
 A rule is stateful per run: ``bind`` is called once by the ``Trainer`` constructor, the
 other hooks in this order::
 
+    data_shard(trainer)                   # fit() start: (share, shares) of each batch
     begin(trainer)                        # fit() start, after a resume restored the state
     for each epoch:
         for each batch:  step(trainer)    # after backward: apply this rank's gradients
+          (or, on a rank whose share is None:  serve(trainer, epoch, progress))
         end_epoch(trainer, epoch)         # before the epoch metrics and validation
+        with evaluation_weights(trainer): # validation, on_epoch_end callbacks, checkpoint
     end(trainer)                          # after the last epoch (also on early stop)
 
-Every hook is collective in the sense of DESIGN rule 6: all ranks call it the same number
-of times, so a rule may communicate inside any of them.
+Every hook but ``step``/``serve`` is collective in the sense of DESIGN rule 6: all ranks
+call it the same number of times, so a rule may communicate inside any of them; ``step``
+and ``serve`` are where a rule's point-to-point protocol lives.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
 
 
 class Rule:
@@ -32,11 +37,35 @@ class Rule:
     """
 
     name = ""
+    # True when all ranks take every step together (a collective in each step), so the
+    # trainer may add a small per-step collective of its own (the NaN check).
+    lockstep = False
 
     def bind(self, trainer, optimizer):
         """Return the optimizer object the trainer drives (``trainer.optimizer``): the
         given one, or a wrapper around it. Called once, from ``Trainer.__init__``."""
         return optimizer
+
+    def data_shard(self, trainer) -> tuple[int | None, int]:
+        """(share, shares): this rank trains on share ``share`` of ``np.array_split(batch,
+        shares)`` of every global batch; ``share`` None means no data (it ``serve``s)."""
+        return trainer.comm.rank, trainer.comm.size
+
+    def loss_denominator(self, batch) -> int:
+        """What the loss of a batch is divided by: the global batch size (gradients are
+        then summed over the ranks) or, for rules that update locally, the local size."""
+        return batch.global_size
+
+    def serve(self, trainer, epoch: int, progress: Callable[[int], Any] | None = None) -> None:
+        """The epoch of a rank with no data share (a master): serve the training ranks
+        until they are done; ``progress(n)`` counts n trained samples."""
+        raise NotImplementedError(f"rule {self.name!r} gives every rank a data share")
+
+    @contextlib.contextmanager
+    def evaluation_weights(self, trainer) -> Iterator[None]:
+        """Within it every rank's model holds the weights the run reports (validation,
+        callbacks, checkpoints): its own under ``data``, the master's or the centre's."""
+        yield
 
     def begin(self, trainer) -> None:
         """Make the replicas consistent before the first step of ``fit``."""

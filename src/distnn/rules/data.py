@@ -23,6 +23,7 @@ class DataParallel(Rule):
     """
 
     name = "data"
+    lockstep = True
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression: str | None = None):

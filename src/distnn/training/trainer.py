@@ -168,13 +168,15 @@ class Trainer:
         # empty shard must still run them (the layers accept 0 rows).
         if n or self._sync_bn:
             logits = model.forward(batch.x, training=True)
-            loss_value, dlogits = self.loss_fn(logits, batch.y, denom=batch.global_size)
+            denom = self.rule.loss_denominator(batch)
+            loss_value, dlogits = self.loss_fn(logits, batch.y, denom=denom)
             model.backward(dlogits)
-            self.metrics.accumulate(sums, logits, batch.y, loss_value, batch.global_size)
+            self.metrics.accumulate(sums, logits, batch.y, loss_value, denom)
         else:
             # This rank has no samples in the last global batch: contribute zeros to the
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
+        self.batch_samples = n
         self.rule.step(self)
 
     # -- fit ----------------------------------------------------------------------------
@@ -210,7 +212,10 @@ class Trainer:
                 or steps_per_epoch < 0:
             raise ValueError(f"steps_per_epoch must be an integer >= 0 (0: whole dataset), "
                              f"got {steps_per_epoch!r}")
-        local_bs, gbs = resolve_batch_sizes(batch_size, global_batch_size, comm.size)
+        # The rule says which share of each global batch this rank trains on (None: none,
+        # e.g. a parameter-server master) and among how many ranks the batches are split.
+        shard, n_shards = self.rule.data_shard(self)
+        local_bs, gbs = resolve_batch_sizes(batch_size, global_batch_size, n_shards)
         eval_bs = eval_batch_size or max(local_bs, 256)
         self.num_epochs = int(epochs)
         n_batches = train.num_batches(gbs, drop_last=drop_last)
@@ -262,15 +267,19 @@ class Trainer:
                 if self.profiler is not None:
                     self.profiler.epoch_begin(epoch)
                 logs = self._train_epoch(train, epoch, gbs, n_batches, epoch_samples, shuffle,
-                                         drop_last, augment, prefetch, ordered)
-                self.rule.end_epoch(self, epoch)
-                if validation is not None:
-                    logs.update(self.evaluate(validation, global_batch_size=eval_bs * comm.size,
-                                              steps=validation_steps, prefix="val_"))
-                record = {"epoch": epoch + 1, **logs}
-                self.history.append(record)
-                for cb in ordered:
-                    cb.on_epoch_end(self, epoch, record)
+                                         drop_last, augment, prefetch, ordered,
+                                         (shard, n_shards))
+                # Validation, callbacks and checkpoints see the weights the rule reports
+                # (the master's, the centre, the average), not a worker's local replica.
+                with self.rule.evaluation_weights(self):
+                    if validation is not None:
+                        logs.update(self.evaluate(validation,
+                                                  global_batch_size=eval_bs * comm.size,
+                                                  steps=validation_steps, prefix="val_"))
+                    record = {"epoch": epoch + 1, **logs}
+                    self.history.append(record)
+                    for cb in ordered:
+                        cb.on_epoch_end(self, epoch, record)
                 self.reporter.epoch_line(record, self.num_epochs)
                 if self.profiler is not None:
                     self.profiler.epoch_end(epoch)
@@ -299,12 +308,20 @@ class Trainer:
         return int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
 
     def _train_epoch(self, train, epoch, gbs, n_batches, epoch_samples, shuffle, drop_last,
-                     augment, prefetch, callbacks) -> dict[str, float]:
+                     augment, prefetch, callbacks, sharding=None) -> dict[str, float]:
         comm = self.comm
+        shard, n_shards = sharding if sharding is not None else (comm.rank, comm.size)
         sums = self.metrics.zeros()
         bar = self.reporter.open_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
+        if shard is None:
+            # This rank trains on no data (a master): the rule serves the others instead.
+            self.optimizer.lr = self.lr
+            t0 = time.perf_counter()
+            self.rule.serve(self, epoch, progress=bar.update if bar is not None else None)
+            self.global_step += n_batches
+            return self._end_epoch(epoch, sums, epoch_samples, t0, bar)
         batches = train.batches(gbs, shuffle=shuffle, seed=self._epoch_seed(epoch),
-                                rank=comm.rank, size=comm.size, drop_last=drop_last,
+                                rank=shard, size=n_shards, drop_last=drop_last,
                                 augment=augment, prefetch=prefetch)
         samples = 0
         t0 = time.perf_counter()
@@ -335,9 +352,13 @@ class Trainer:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
+        return self._end_epoch(epoch, sums, samples, t0, bar)
+
+    def _end_epoch(self, epoch, sums, samples, t0, bar) -> dict[str, float]:
         elapsed = time.perf_counter() - t0
+        self.rule.end_epoch(self, epoch)
         # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
-        comm.allreduce_(sums, "sum")
+        self.comm.allreduce_(sums, "sum")
         logs = self.metrics.logs(sums)
         logs["lr"] = float(self.optimizer.lr)
         logs["time"] = elapsed

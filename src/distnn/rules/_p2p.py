@@ -1,0 +1,343 @@
+"""Shared machinery of the point-to-point rules: message tags, traffic counters, waiting
+without burning a core, and the master/worker base class (Downpour, async EASGD, GEM).
+
+MPICH's blocking ``Recv``/``Wait`` spin on a core while they wait. On a machine where ranks
+share cores that steals time from the ranks that compute, so every wait here polls with
+``test``/``iprobe`` and sleeps between polls (0.1 ms doubling up to ``max_sleep``).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .base import Rule
+
+TAG_GRAD, TAG_DONE, TAG_REPLY, TAG_GOSSIP = 71, 72, 73, 74
+MIN_SLEEP = 1e-4
+
+
+class Traffic:
+    """Counters of one rank: messages and bytes sent, seconds spent waiting, and for a
+    master the seconds idle (no message), busy (handling one) and CPU seconds serving."""
+
+    def __init__(self):
+        self.messages = 0
+        self.bytes = 0
+        self.received = 0
+        self.wait_s = 0.0
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+        self.serve_cpu_s = 0.0
+        self.serve_wall_s = 0.0
+
+    def sent(self, arr: np.ndarray) -> None:
+        self.messages += 1
+        self.bytes += arr.nbytes
+
+    def as_dict(self) -> dict[str, float]:
+        out = {"messages": float(self.messages), "bytes": float(self.bytes),
+               "received": float(self.received), "wait_s": self.wait_s}
+        if self.serve_wall_s:
+            out.update(idle_s=self.idle_s, busy_s=self.busy_s, serve_s=self.serve_wall_s,
+                       serve_cpu_s=self.serve_cpu_s)
+        return out
+
+
+def wait_all(handles, traffic: Traffic | None = None, max_sleep: float = 1e-3) -> None:
+    """Complete every handle (``test()``), sleeping between polls instead of spinning."""
+    t0 = time.perf_counter()
+    delay = MIN_SLEEP
+    pending = [h for h in handles if h is not None]
+    while pending:
+        pending = [h for h in pending if not h.test()]
+        if pending:
+            time.sleep(delay)
+            delay = min(delay * 2, max_sleep)
+    if traffic is not None:
+        traffic.wait_s += time.perf_counter() - t0
+
+
+def gentle_barrier(comm, traffic: Traffic | None = None) -> None:
+    """A barrier that sleeps while it waits, so that ranks which finished their epoch do
+    not spin in the next collective while a slow rank still computes."""
+    if comm.size > 1:
+        wait_all([comm.ibarrier()], traffic, max_sleep=2e-3)
+
+
+def need_ranks(rule: str, comm, least: int) -> None:
+    if comm.size < least:
+        raise ValueError(f"--parallel {rule} needs at least {least} ranks (rank 0 is the "
+                         f"master, the others are workers), got {comm.size}; run it under "
+                         f"mpiexec -n {max(least, 3)}")
+
+
+class MasterWorker(Rule):
+    """Rank 0 (the master) holds the reported weights and serves ranks 1..N-1 (workers),
+    which share each global batch among themselves.
+
+    Each worker trains ``sync_every`` batches, then sends one message (tag TAG_GRAD, a
+    flat array of ``send_size`` elements plus the sample count) and receives the master's
+    reply into ``reply`` (``reply_size`` elements). At the end of its epoch it sends what it
+    still holds and TAG_DONE. The master answers each message as it arrives (asynchronous)
+    or, with ``synchronous``, one round at a time: it waits for one message from every
+    worker still training, combines them and answers all. Subclasses define the arithmetic:
+    ``worker_accumulate``, ``worker_payload``, ``worker_apply_reply``, ``master_apply``.
+    """
+
+    default_sync_every = 1
+
+    def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
+                 max_sleep: float = 2e-3):
+        sync_every = self.default_sync_every if sync_every is None else sync_every
+        if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
+            raise ValueError(f"{self.name}: sync_every must be an integer >= 1, "
+                             f"got {sync_every!r}")
+        self.sync_every = int(sync_every)
+        self.synchronous = bool(synchronous)
+        self.max_sleep = float(max_sleep)
+        self.traffic = Traffic()
+        self.updates = 0           # master: updates applied to its weights
+        self.messages_applied = 0  # master: worker messages folded into the weights
+        self.pushes = 0            # worker: messages sent to the master (not counting DONE)
+
+    # -- roles ---------------------------------------------------------------------------
+    def is_master(self, trainer) -> bool:
+        return trainer.comm.rank == 0
+
+    def data_shard(self, trainer):
+        comm = trainer.comm
+        need_ranks(self.name, comm, 2)
+        return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
+
+    def loss_denominator(self, batch) -> int:
+        return len(batch.x)
+
+    def bind(self, trainer, optimizer):
+        self._model = trainer.model
+        n = trainer.model.parameters_flat().size
+        self._out = np.zeros(self.send_size(n) + 1, trainer.model.dtype)
+        self._acc = np.zeros(self.send_size(n), trainer.model.dtype)
+        self._pending = 0       # batches accumulated since the last message
+        self._samples = 0
+        return optimizer
+
+    # -- what subclasses define -------------------------------------------------------------
+    def send_size(self, n_params: int) -> int:
+        return n_params
+
+    def reply_size(self, n_params: int) -> int:
+        return n_params
+
+    def worker_accumulate(self, trainer) -> None:
+        """After each batch of a worker (gradients in ``model.gradients_flat()``)."""
+        self._acc += trainer.model.gradients_flat()
+
+    def worker_payload(self, trainer) -> np.ndarray:
+        """The array sent to the master (``send_size`` elements)."""
+        return self._acc
+
+    def worker_apply_reply(self, trainer, reply: np.ndarray) -> None:
+        """Use the master's reply (default: the master's weights)."""
+        trainer.model.parameters_flat()[...] = reply
+
+    def worker_reply_buffer(self, trainer) -> np.ndarray:
+        """Where the reply is received (default: straight into the weights)."""
+        return trainer.model.parameters_flat()
+
+    def master_apply(self, trainer, payloads: list[tuple[int, np.ndarray, int]]
+                     ) -> dict[int, np.ndarray]:
+        """Fold the workers' messages ``[(worker rank, payload, samples)]`` into the master's
+        state and return the reply to each of them."""
+        raise NotImplementedError
+
+    # -- worker side ---------------------------------------------------------------------
+    def step(self, trainer) -> None:
+        if trainer.batch_samples == 0:
+            return  # nothing learned from an empty share of the last global batch
+        self.worker_accumulate(trainer)
+        self._pending += 1
+        self._samples += trainer.batch_samples
+        if self._pending >= self.sync_every:
+            self._exchange(trainer)
+
+    def _exchange(self, trainer) -> None:
+        comm = trainer.comm
+        payload = self.worker_payload(trainer)
+        self._out[:-1] = payload
+        self._out[-1] = self._samples
+        reply_buf = self.worker_reply_buffer(trainer)
+        recv = comm.irecv_(reply_buf, 0, TAG_REPLY)  # posted first: the reply never waits
+        send = comm.isend_(self._out, 0, TAG_GRAD)
+        self.traffic.sent(self._out)
+        self.pushes += 1
+        wait_all([send, recv], self.traffic, self.max_sleep)
+        self.traffic.received += 1
+        self.worker_apply_reply(trainer, reply_buf)
+        self._acc[...] = 0
+        self._pending = 0
+        self._samples = 0
+
+    def _finish_epoch(self, trainer) -> None:
+        if self._pending:
+            self._exchange(trainer)
+        done = np.zeros(1, trainer.model.dtype)
+        handle = trainer.comm.isend_(done, 0, TAG_DONE)
+        self.traffic.sent(done)
+        wait_all([handle], self.traffic, self.max_sleep)
+
+    # -- master side ---------------------------------------------------------------------
+    def serve(self, trainer, epoch: int, progress: Callable[[int], Any] | None = None) -> None:
+        comm = trainer.comm
+        n = trainer.model.parameters_flat().size
+        dtype = trainer.model.dtype
+        if not hasattr(self, "_inbox"):
+            self._inbox = {w: np.zeros(self.send_size(n) + 1, dtype)
+                           for w in range(1, comm.size)}
+            self._replies = {w: np.zeros(self.reply_size(n), dtype) for w in range(1, comm.size)}
+            self._reply_handles: dict[int, Any] = {}
+        active = set(range(1, comm.size))
+        waiting: dict[int, tuple[np.ndarray, int]] = {}
+        done_buf = np.zeros(1, dtype)
+        t = self.traffic
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        delay = MIN_SLEEP
+        while active:
+            t_poll = time.perf_counter()
+            msg = comm.iprobe(-1, -1)
+            if msg is None:
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_sleep)
+                t.idle_s += time.perf_counter() - t_poll
+                continue
+            delay = MIN_SLEEP
+            source, tag, _ = msg
+            if tag == TAG_DONE:
+                comm.recv_(done_buf, source, TAG_DONE)
+                active.discard(source)
+            elif tag == TAG_GRAD:
+                inbox = self._inbox[source]
+                comm.recv_(inbox, source, TAG_GRAD)
+                t.received += 1
+                samples = int(inbox[-1])
+                if progress is not None:
+                    progress(samples)
+                waiting[source] = (inbox[:-1], samples)
+            else:
+                raise RuntimeError(f"{self.name} master: unexpected message tag {tag} from "
+                                   f"rank {source}; every rank must run the same --parallel")
+            # Asynchronous: answer every message at once. Synchronous: answer when every
+            # worker still training has sent its message of this round.
+            if waiting and (not self.synchronous or set(waiting) >= active):
+                self._answer(trainer, waiting)
+                waiting = {}
+            t.busy_s += time.perf_counter() - t_poll
+        if waiting:
+            self._answer(trainer, waiting)
+        wait_all(list(self._reply_handles.values()), t, self.max_sleep)
+        self._reply_handles = {}
+        t.serve_wall_s += time.perf_counter() - wall0
+        t.serve_cpu_s += time.process_time() - cpu0
+
+    def _answer(self, trainer, waiting: dict[int, tuple[np.ndarray, int]]) -> None:
+        comm = trainer.comm
+        payloads = [(w, g, s) for w, (g, s) in sorted(waiting.items())]
+        replies = self.master_apply(trainer, payloads)
+        self.updates += 1
+        self.messages_applied += len(payloads)
+        for w, reply in replies.items():
+            old = self._reply_handles.pop(w, None)
+            if old is not None:  # the worker got it before it sent again: already complete
+                wait_all([old], self.traffic, self.max_sleep)
+            buf = self._replies[w]
+            buf[...] = reply
+            self._reply_handles[w] = comm.isend_(buf, w, TAG_REPLY)
+            self.traffic.sent(buf)
+
+    # -- epoch boundaries ------------------------------------------------------------------
+    def end_epoch(self, trainer, epoch: int) -> None:
+        if not self.is_master(trainer):
+            self._finish_epoch(trainer)
+        gentle_barrier(trainer.comm, self.traffic)
+        average_buffers(trainer)
+
+    def stats(self) -> dict[str, float]:
+        out = self.traffic.as_dict()
+        out.update(updates=float(self.updates), messages_applied=float(self.messages_applied),
+                   pushes=float(self.pushes))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates, "messages_applied": self.messages_applied}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state.get("updates", 0))
+        self.messages_applied = int(state.get("messages_applied", 0))
+
+
+@contextlib.contextmanager
+def swapped_weights(model, weights: np.ndarray) -> Iterator[None]:
+    """Within it ``model`` holds ``weights``; its own are put back afterwards."""
+    flat = model.parameters_flat()
+    own = flat.copy()
+    flat[...] = weights
+    try:
+        yield
+    finally:
+        flat[...] = own
+
+
+def average_buffers(trainer, train_ranks: bool = True) -> None:
+    """Average the model's buffers (batch-norm running statistics) over the ranks that
+    train, so a master or centre evaluated with them sees the workers' statistics."""
+    comm = trainer.comm
+    buffers = [value for layer in trainer.model.walk() for value in layer.buffers.values()
+               if np.issubdtype(np.asarray(value).dtype, np.floating)]
+    if comm.size == 1 or not buffers:
+        return
+    trains = trainer.rule.data_shard(trainer)[0] is not None
+    n = comm.allreduce_obj(int(trains), "sum")
+    for value in buffers:
+        tmp = np.ascontiguousarray(value, dtype=np.float64) * (1.0 if trains else 0.0)
+        comm.allreduce_(tmp, "sum")
+        value[...] = tmp / max(n, 1)
+
+
+# -- per-rank state in checkpoints ----------------------------------------------------------
+# A checkpoint is written by rank 0 from rank 0's objects. Rules whose ranks hold different
+# state (local replicas, local optimizers) gather every rank's state at the end of each
+# epoch (collective) so that rank 0's ``state_dict`` holds all of them, and each rank takes
+# its own back when a run resumes.
+def local_state(trainer, *, weights: bool, **extra: Any) -> dict[str, Any]:
+    """This rank's optimizer state (and weights) for ``gather_states``."""
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    out: dict[str, Any] = {"optim": opt.state_dict(), **extra}
+    if weights:
+        out["weights"] = trainer.model.parameters_flat().copy()
+    return out
+
+
+def gather_states(trainer, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``state`` (collective)."""
+    return trainer.comm.allgather_obj(state)
+
+
+def pick_state(rule: str, states: list, comm) -> dict[str, Any] | None:
+    """This rank's entry of a resumed checkpoint's per-rank states."""
+    if not states:
+        return None
+    if len(states) != comm.size:
+        raise ValueError(f"the checkpoint holds the {rule} state of {len(states)} ranks, this run "
+                         f"has {comm.size}; resume under mpiexec -n {len(states)}")
+    return states[comm.rank]
+
+
+def restore_local_state(trainer, state: dict[str, Any] | None) -> None:
+    if not state:
+        return
+    if "weights" in state:
+        trainer.model.parameters_flat()[...] = state["weights"]
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    opt.load_state_dict(state["optim"])

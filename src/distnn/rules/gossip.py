@@ -1,0 +1,195 @@
+"""``gossip``: GoSGD (Blot et al. 2016; Theano-MPI's ``GOSGD``): decentralized
+asynchronous gossip averaging, no master.
+
+Every rank trains its replica x_i with its own optimizer and holds a mixing weight
+alpha_i (initially ``alpha``, default 1/N: the weights sum to 1). After each step it
+pushes, with probability ``probability``, to one random other rank::
+
+    sender:    alpha_i <- alpha_i / 2;  send (x_i, alpha_i) to j
+    receiver:  x_j <- (alpha_j x_j + alpha_i x_i) / (alpha_j + alpha_i);  alpha_j += alpha_i
+
+Asynchronous (default): a rank merges whatever pushes have arrived after each of its steps
+and never waits for a peer. ``synchronous=True`` draws every rank's push from one shared
+random stream (seeded by the trainer's seed and the step), so each rank knows which pushes
+reach it this step and merges exactly those, in rank order: the result is deterministic
+(2 ranks, probability 1, alpha 1/2: both replicas become their exact average every step).
+Each epoch ends with the pushes still in flight merged and a consensus average
+sum_i alpha_i x_i on every rank (alphas reset), which validation, checkpoints and the final
+model use.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import distributed as dist
+from ._p2p import (MIN_SLEEP, TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
+                   restore_local_state, wait_all)
+from .base import Rule
+
+
+class Gossip(Rule):
+    """Gossip averaging of replicas between random pairs of ranks.
+
+    Args:
+        probability: chance that a rank pushes after a step, in (0, 1].
+        alpha: initial mixing weight of every rank (None: 1 / number of ranks).
+        synchronous: shared push schedule (deterministic) instead of merging what arrived.
+
+    Example:
+        Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=Gossip(probability=0.25))
+    """
+
+    name = "gossip"
+
+    def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
+                 synchronous: bool = False):
+        if not 0 < probability <= 1:
+            raise ValueError(f"gossip: probability must be in (0, 1], got {probability!r}")
+        if alpha is not None and not 0 < alpha <= 1:
+            raise ValueError(f"gossip: alpha must be in (0, 1] (None: 1 / ranks), got {alpha!r}")
+        self.probability = float(probability)
+        self.alpha0 = None if alpha is None else float(alpha)
+        self.synchronous = bool(synchronous)
+        self.traffic = Traffic()
+        self.pushes = 0
+        self.merges = 0
+        self._states: list = []
+        self._resume = None
+
+    def bind(self, trainer, optimizer):
+        comm = trainer.comm
+        n = trainer.model.parameters_flat().size
+        self._n = n
+        self._dtype = trainer.model.dtype
+        self._inbox = np.zeros(n + 1, np.float64 if self._dtype == np.float64 else self._dtype)
+        self._sending: list[tuple[object, np.ndarray]] = []
+        self._free: list[np.ndarray] = []
+        self._sent_to = np.zeros(comm.size, np.int64)
+        self._received = 0
+        self._rng = np.random.default_rng([trainer.seed, 0x6055, comm.rank])
+        return optimizer
+
+    def loss_denominator(self, batch) -> int:
+        return len(batch.x)
+
+    def begin(self, trainer) -> None:
+        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
+        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / trainer.comm.size
+        mine = pick_state(self.name, self._resume, trainer.comm)
+        restore_local_state(trainer, mine)
+        if mine:
+            self._rng.bit_generator.state = mine["rng"]
+        self._resume = None
+
+    # -- pushing and merging ----------------------------------------------------------------
+    def _push(self, trainer, peer: int) -> None:
+        self._reap()
+        buf = self._free.pop() if self._free else np.empty(self._n + 1, self._inbox.dtype)
+        self.alpha /= 2
+        buf[:-1] = trainer.model.parameters_flat()
+        buf[-1] = self.alpha
+        self._sending.append((trainer.comm.isend_(buf, peer, TAG_GOSSIP), buf))
+        self._sent_to[peer] += 1
+        self.traffic.sent(buf)
+        self.pushes += 1
+
+    def _reap(self) -> None:
+        still = []
+        for handle, buf in self._sending:
+            if handle.test():
+                self._free.append(buf)
+            else:
+                still.append((handle, buf))
+        self._sending = still
+
+    def _receive(self, trainer, source: int) -> None:
+        comm = trainer.comm
+        handle = comm.irecv_(self._inbox, source, TAG_GOSSIP)
+        wait_all([handle], self.traffic)
+        self._received += 1
+        self.traffic.received += 1
+        x = trainer.model.parameters_flat()
+        a_in = float(self._inbox[-1])
+        total = self.alpha + a_in
+        x *= self.alpha / total
+        x += (a_in / total) * self._inbox[:-1]
+        self.alpha = total
+        self.merges += 1
+
+    def _merge_arrived(self, trainer) -> None:
+        while True:
+            msg = trainer.comm.iprobe(-1, TAG_GOSSIP)
+            if msg is None:
+                return
+            self._receive(trainer, msg[0])
+
+    def step(self, trainer) -> None:
+        comm = trainer.comm
+        if trainer.batch_samples:
+            trainer.optimizer.step()
+        if comm.size == 1:
+            return
+        if self.synchronous:
+            rng = np.random.default_rng([trainer.seed, 0x6055, trainer.global_step])
+            pushes = rng.random(comm.size) < self.probability
+            peers = (np.arange(comm.size) + 1 + rng.integers(0, comm.size - 1, comm.size)) \
+                % comm.size
+            if pushes[comm.rank]:
+                self._push(trainer, int(peers[comm.rank]))
+            for source in np.flatnonzero(pushes & (peers == comm.rank)):
+                self._receive(trainer, int(source))
+        else:
+            self._merge_arrived(trainer)
+            if self._rng.random() < self.probability:
+                peer = int(self._rng.integers(0, comm.size - 1))
+                self._push(trainer, peer + (peer >= comm.rank))
+
+    # -- epoch end: drain, then consensus ---------------------------------------------------
+    def end_epoch(self, trainer, epoch: int) -> None:
+        comm = trainer.comm
+        if comm.size == 1:
+            return
+        counts = self._sent_to.copy()
+        comm.allreduce_(counts, "sum")
+        expected = int(counts[comm.rank])
+        delay = MIN_SLEEP
+        while self._received < expected:
+            msg = comm.iprobe(-1, TAG_GOSSIP)
+            if msg is None:
+                time.sleep(delay)
+                delay = min(2 * delay, 2e-3)
+                continue
+            self._receive(trainer, msg[0])
+        wait_all([h for h, _ in self._sending], self.traffic)
+        self._reap()
+        x = trainer.model.parameters_flat()
+        buf = np.empty(self._n + 1, self._inbox.dtype)
+        buf[:-1] = x * self.alpha
+        buf[-1] = self.alpha
+        comm.allreduce_(buf, "sum")
+        self.traffic.sent(buf)
+        np.divide(buf[:-1], buf[-1], out=x)
+        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / comm.size
+        self._sent_to[...] = 0
+        self._received = 0
+        self._states = gather_states(trainer, local_state(
+            trainer, weights=False, rng=self._rng.bit_generator.state))
+
+    def state_dict(self):
+        return {"pushes": self.pushes, "merges": self.merges, "ranks": self._states}
+
+    def load_state_dict(self, state):
+        self.pushes = int(state.get("pushes", 0))
+        self.merges = int(state.get("merges", 0))
+        self._resume = state.get("ranks")
+
+    def stats(self):
+        out = self.traffic.as_dict()
+        out.update(pushes=float(self.pushes), merges=float(self.merges))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Gossip(probability={self.probability}, alpha={self.alpha0}, "
+                f"synchronous={self.synchronous})")
