@@ -1,8 +1,10 @@
-"""Pure NumPy kernels behind the layers: convolution, pooling, batch-norm math.
+"""Kernels behind the layers: convolution, pooling, batch-norm math.
 
 Each op family is one module (``conv``, ``pooling``, ``batchnorm``) of functions over
-arrays; they import nothing from the rest of distnn and keep no state, so another backend
-can be swapped in per module.
+arrays; they import nothing from the rest of distnn. The NumPy code in them is the
+reference; with the "numba" backend (the default when numba is installed; see ``backend``)
+their memory-bound loops run compiled and multi-threaded from ``_numba`` while the GEMMs
+stay in NumPy's BLAS. ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose.
 """
 from .backend import backend, get_num_threads, set_backend, set_num_threads
 from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
