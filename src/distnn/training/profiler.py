@@ -162,10 +162,17 @@ class Profiler:
                          "backward": self._bwd[name], "calls": self._calls[name]}
                   for name in self._layer_types}
         waits = trainer.comm.allgather_obj(self._wait)
+        # The training rule's counters (messages, bytes, seconds waiting), this epoch's share.
+        totals = trainer.comm.allgather_obj(trainer.rule.stats())
+        last = getattr(self, "_rule_totals", None) or [{} for _ in totals]
+        self._rule_totals = totals
+        rule_ranks = [{k: v - before.get(k, 0.0) for k, v in now.items()}
+                      for now, before in zip(totals, last)]
         record = {"epoch": epoch + 1, "steps": steps,
                   "time": time.perf_counter() - self._t_epoch, "layers": layers,
                   "comm_wait": self._wait, "update": self._update,
-                  "comm_wait_ranks": [float(w) for w in waits]}
+                  "comm_wait_ranks": [float(w) for w in waits], "rule": trainer.rule.name,
+                  "rule_ranks": rule_ranks}
         self.epochs.append(record)
         if self.report_tables:
             trainer.print(self.table(record), force=True)
@@ -199,6 +206,13 @@ class Profiler:
         if len(waits) > 1:
             lines.append("  allreduce wait per rank (s): "
                          + ", ".join(f"{r}: {w:.3f}" for r, w in enumerate(waits)))
+        for r, st in enumerate(record.get("rule_ranks", [])):
+            if st:
+                extra = (f", master idle {st['idle_s']:.2f} s / busy {st['busy_s']:.2f} s"
+                         f" (CPU {st['serve_cpu_s']:.2f} s)" if st.get("serve_s") else "")
+                lines.append(f"  {record['rule']} rank {r}: {st.get('messages', 0):.0f} "
+                             f"messages sent, {st.get('bytes', 0) / 2**20:.2f} MB, waited "
+                             f"{st.get('wait_s', 0):.3f} s{extra}")
         return "\n".join(lines)
 
     # -- output -------------------------------------------------------------------------
