@@ -69,3 +69,22 @@ def test_gossip_merges_every_push(runs):
     pushes = sum(rk["stats"]["pushes"] for rk in ranks)
     merges = sum(rk["stats"]["merges"] for rk in ranks)
     assert pushes == merges > 0
+
+
+def test_a_failing_worker_ends_the_job_within_seconds(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from conftest import MPIEXEC, PROG, child_env
+    job = {**COMMON, "name": "fail", "rule": "downpour", "options": {}, "fail_rank": 2,
+           "epochs": 50, "slow_rank": None}
+    t0 = time.perf_counter()
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(PROG), str(tmp_path),
+                           json.dumps([job])], capture_output=True, text=True, timeout=60,
+                          env=child_env())
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode != 0
+    assert "[rank 2]" in proc.stderr and "worker failed on purpose" in proc.stderr
+    assert elapsed < 30  # the master, asleep between polls, is killed with the job

@@ -30,8 +30,8 @@ def data(n: int, seed: int = 5):
 class Record(Callback):
     """Keeps this rank's weights after its last step and slows one rank down."""
 
-    def __init__(self, slow_rank: int | None, factor: float):
-        self.slow_rank, self.factor = slow_rank, factor
+    def __init__(self, slow_rank: int | None, factor: float, fail_rank: int | None = None):
+        self.slow_rank, self.factor, self.fail_rank = slow_rank, factor, fail_rank
         self.local = None
 
     def on_batch_begin(self, trainer, step):
@@ -41,6 +41,8 @@ class Record(Callback):
         if trainer.comm.rank == self.slow_rank:
             time.sleep((self.factor - 1) * (time.perf_counter() - self._t0) + 2e-3)
         self.local = trainer.model.parameters_flat().copy()
+        if trainer.comm.rank == self.fail_rank and step == 3:
+            raise RuntimeError("worker failed on purpose")
 
 
 def run(job: dict, comm, out: str) -> None:
@@ -50,7 +52,7 @@ def run(job: dict, comm, out: str) -> None:
     ds = ArrayDataset(x, y, CLASSES, preprocess=Preprocess(dtype=np.float64, normalize=False))
     opt = SGD(model, lr=job.get("lr", 0.1), momentum=job.get("momentum", 0.0))
     rule = get_rule(job["rule"], **job.get("options", {}))
-    record = Record(job.get("slow_rank"), job.get("slow_factor", 5.0))
+    record = Record(job.get("slow_rank"), job.get("slow_factor", 5.0), job.get("fail_rank"))
     trainer = Trainer(model, opt, comm=comm, rule=rule, callbacks=[record], progress=False,
                       verbose=False, seed=job.get("seed", 0))
     initial = model.parameters_flat().copy()
