@@ -33,3 +33,4 @@ def test_quick_run_prints_table_rows():
         assert float(sps) > 0, line
     assert "0.00x" not in rows[("simplecnn", "1p1t", "torch")]
     assert "distnn ÷ system" in r.stdout
+    assert "MISSED" not in r.stdout and "Targets" not in r.stdout  # --quick judges no target

@@ -263,7 +263,7 @@ def test_resume_through_the_command_is_exact(tmp_path):
 def test_train_evaluate_predict_round_trip(tmp_path):
     proc = distnn("train", *SYNTH, "--num_epochs", "2", "--save_weights", "w.npz",
                   "--profile", "--trace", "t.json", "--cprofile", "p.prof",
-                  "--quiet", "false", cwd=tmp_path)
+                  "--quiet", "false", "--verbose", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Total parameters" in out and "batch_size" in out  # summary and parameters

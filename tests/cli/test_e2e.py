@@ -59,7 +59,7 @@ def test_one_epoch_reaches_83_percent(trained):
     assert samples == "10000"
     assert float(acc) >= 0.83, proc.stdout[-2000:]
     assert "Training: 1 epoch in" in proc.stdout and "samples/s" in proc.stdout
-    assert "Total parameters: 149,210" in proc.stdout  # model summary printed at start
+    assert "simplecnn (149,210 parameters)" in proc.stdout  # the summary line at start
     assert (folder / "h.csv").read_text().startswith("epoch,loss,accuracy")
 
 

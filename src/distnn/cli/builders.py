@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import TRAIN, ConfigError, RunConfig
+from .config import PRED, TRAIN, ConfigError, RunConfig
 
 
 class UserError(Exception):
@@ -36,6 +36,8 @@ def _collective(comm, what: str, fn: Callable[[], Any]) -> Any:
         error = f"{what}: {exc}" if not str(exc).startswith(what) else str(exc)
         if isinstance(exc, KeyError):
             error = f"{what}: missing entry {exc}"
+        # The library's messages name its arguments; here the user typed options.
+        error = error.replace("pass path=<", "pass --dataset_path <")
     errors = comm.allgather_obj(error) if comm.size > 1 else [error]
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
@@ -66,9 +68,11 @@ def load_splits(cfg: RunConfig, comm):
                   seed=cfg.model.random_seed, **reader_options)
     training = cfg.command == TRAIN and not cfg.train.evaluate_only
     test_as_val = training and d.test_as_validation
+    # predict --split val holds out the same tail of the training set as train did.
+    held_out = training or (cfg.command == PRED and cfg.predict.split == "val")
     splits = load_dataset(d.dataset, path=d.dataset_path,
-                          validation_split=0.0 if test_as_val or not training
-                          else d.validation_split,
+                          validation_split=0.0 if test_as_val or not held_out
+                          else d.validation_split or 0.0,
                           test_as_validation=test_as_val, **common)
     if d.dataset_test_path:
         from ..data import Splits
@@ -77,10 +81,6 @@ def load_splits(cfg: RunConfig, comm):
         test = other.test if other.test is not None else other.train
         splits = Splits(splits.train, test if test_as_val else splits.val, test)
     return splits
-
-
-READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name", "labels_name",
-                  "input_shape", "num_classes", "num_samples")
 
 
 def load_data(cfg: RunConfig, comm):
@@ -96,6 +96,10 @@ def load_data(cfg: RunConfig, comm):
         for key, ds in parts.items():
             ds.set_parts([n for n, _ in infos[key]], num_classes)
     return splits
+
+
+READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name", "labels_name",
+                  "input_shape", "num_classes", "num_samples")
 
 
 def build_model(cfg: RunConfig, dataset):
@@ -181,6 +185,11 @@ def _reduce_lr_every_nepochs(s, ctx):
 
 def _stop_at_loss(s, ctx):
     from ..training.callbacks import TargetMetric, metric_mode
+    if s.stop_at_loss_threshold is None:
+        # No default: any fixed one (0 was) is reached at once for accuracies or never.
+        raise ValueError(f"--stop_at_loss_threshold: stop_at_loss needs the value of "
+                         f"{s.stop_at_loss_metric} to stop at (e.g. 0.9 for an accuracy, 0.3 "
+                         "for a loss), got none")
     op = ">=" if metric_mode(s.stop_at_loss_metric) == "max" else "<="
     return TargetMetric(s.stop_at_loss_metric, op, s.stop_at_loss_threshold)
 
@@ -217,8 +226,10 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
             callbacks.append(parse_target_metric(s.target_metric))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg.train.checkpoint:
-        callbacks.append(TrainingCheckpoint(cfg.train.checkpoint, cfg.train.checkpoint_freq))
+    # --resume alone keeps checkpointing to the file it resumed.
+    path = cfg.train.checkpoint or cfg.train.resume
+    if path:
+        callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq))
     return callbacks
 
 

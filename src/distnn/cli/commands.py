@@ -26,9 +26,10 @@ def _version() -> str:
 class Console:
     """Rank-0 output: parameters, summaries and results (stdout)."""
 
-    def __init__(self, comm, quiet: bool):
+    def __init__(self, comm, quiet: bool, verbose: bool = False):
         self.root = comm.rank == 0
         self.quiet = quiet
+        self.verbose = verbose
 
     def info(self, text: str) -> None:
         if self.root and not self.quiet:
@@ -46,8 +47,19 @@ def _fmt_value(value) -> str:
 
 
 def print_header(console: Console, cfg: RunConfig, comm, model, splits, extra: dict) -> None:
-    """The resolved parameters (PyDTNN style) and the model summary, rank 0 only."""
+    """One summary line; with --verbose the resolved parameters (PyDTNN style) and the
+    model summary; rank 0 only."""
     if console.quiet or not console.root:
+        return
+    sizes = ", ".join(f"{name} {len(ds)}" for name, ds in
+                      (("train", splits.train), ("val", splits.val), ("test", splits.test))
+                      if ds is not None)
+    if not console.verbose:
+        params = model.parameters_flat().size
+        run = ", ".join(f"{k} {v}" for k, v in extra.items())
+        console.info(f"distnn {_version()} {cfg.command}: {cfg.model.model} ({params:,} "
+                     f"parameters) on {cfg.data.dataset} ({sizes}); {run} (--verbose lists "
+                     "every option)")
         return
     lines = [f"distnn {_version()} {cfg.command}"]
     for title, items in cfg.items():
@@ -57,9 +69,6 @@ def print_header(console: Console, cfg: RunConfig, comm, model, splits, extra: d
     lines.append("Run:")
     width = max(len(k) for k in extra)
     lines += [f"  {k.ljust(width)} : {v}" for k, v in extra.items()]
-    sizes = ", ".join(f"{name} {len(ds)}" for name, ds in
-                      (("train", splits.train), ("val", splits.val), ("test", splits.test))
-                      if ds is not None)
     lines.append(f"Dataset {cfg.data.dataset}: {sizes} samples, input shape "
                  f"{splits.train.input_shape}, {splits.train.num_classes} classes")
     console.info("\n".join(lines))
@@ -97,9 +106,19 @@ def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:
     return logs
 
 
-def run_train(cfg: RunConfig, comm) -> int:
-    console = Console(comm, cfg.output.quiet)
+def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> int:
+    """``distnn train``. ``explicit``: the options the user gave (command line or config
+    file), which a resumed run applies or refuses instead of taking the checkpoint's."""
+    from . import preflight
+    console = Console(comm, cfg.output.quiet, cfg.output.verbose)
+    # Cheap checks first: a bad path or file ends the run before any data is read.
+    state = None
+    if cfg.train.resume:
+        from ..training.checkpoint import load_checkpoint
+        state = _collective(comm, "--resume", lambda: load_checkpoint(cfg.train.resume))
+    preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
+    preflight.check_weights_file(cfg, comm)
     model = _collective(comm, "model", lambda: build_model(cfg, splits.train))
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
@@ -111,37 +130,53 @@ def run_train(cfg: RunConfig, comm) -> int:
         from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     trainer = _trainer(cfg, comm, model, optimizer, callbacks, profiler)
-    t = cfg.train
-    from ..training import resolve_batch_sizes
-    local_bs, gbs = resolve_batch_sizes(t.batch_size, t.global_batch_size, comm.size)
-    print_header(console, cfg, comm, model, splits, {
-        "ranks": comm.size, "batch size per rank": local_bs, "global batch size": gbs,
-        "learning rate": trainer.lr, "callbacks": ", ".join(type(c).__name__ for c in callbacks)
-        or "-"})
-    if t.evaluate_only:
-        _evaluate_test(cfg, console, trainer, splits.test)
-        return 0
-    if t.resume:
-        _collective(comm, "--resume", lambda: _check_checkpoint(t.resume))
-    if t.validate_every:  # NNLO: a callback, so a --resume expects it too
+    trainer.ignore_nan = cfg.train.ignore_nan
+    if cfg.train.validate_every:  # NNLO: a callback, so a --resume expects it too
         if splits.val is None:
             raise UserError("--validate_every needs validation data: --validation_split, "
                             "--test_as_validation or --val_list")
         from .seeds import make_validate_every
         trainer.callbacks.insert(0, make_validate_every(
-            t.validate_every, splits.val, max(t.batch_size, 256) * comm.size,
-            t.steps_per_epoch))
+            cfg.train.validate_every, splits.val, max(cfg.train.batch_size, 256) * comm.size,
+            cfg.train.steps_per_epoch))
+    names = list(trainer.metrics.names)
+    preflight.check_monitors(cfg, names + [f"val_{k}" for k in names if splits.val is not None]
+                             + ["lr", "time", "samples_per_s"])
+    t = cfg.train
+    from ..training import resolve_batch_sizes
+    local_bs, gbs = resolve_batch_sizes(t.batch_size, t.global_batch_size, comm.size)
+    lr, header_cfg, notes = trainer.lr, cfg, []
+    if state is not None:
+        plan = preflight.plan_resume(cfg, comm, set(explicit), state, trainer)
+        local_bs, gbs, lr, header_cfg, notes = (plan.batch_size, plan.global_batch_size,
+                                                plan.lr, plan.cfg, plan.notes)
+    for cb in callbacks:  # what a later --resume compares with
+        if hasattr(cb, "run"):
+            cb.run = {"model": cfg.model.model, "optimizer": cfg.optim.optimizer,
+                      "learning_rate": header_cfg.optim.learning_rate,
+                      "learning_rate_scaling": cfg.optim.learning_rate_scaling,
+                      "ranks": comm.size, "batch_size": local_bs, "global_batch_size": gbs,
+                      "random_seed": header_cfg.model.random_seed}
+    print_header(console, header_cfg, comm, model, splits, {
+        "ranks": comm.size, "batch size per rank": local_bs, "global batch size": gbs,
+        "learning rate": f"{lr:.6g}",
+        "callbacks": ", ".join(type(c).__name__ for c in callbacks) or "-"})
+    for note in notes:
+        console.info(f"resume: {note}")
+    if t.evaluate_only:
+        _evaluate_test(cfg, console, trainer, splits.test)
+        return 0
     if t.evaluate:  # PyDTNN's --evaluate true: before and after training
         _evaluate_test(cfg, console, trainer, splits.test, "Test (before training)")
     # --shared_storage false: every rank writes its own copy ('{rank}' -> its rank).
     from .seeds import rank_path
     history_file = t.history_file and rank_path(t.history_file, comm.rank)
-    trainer.fit(splits.train, epochs=t.num_epochs, batch_size=t.batch_size,
-                global_batch_size=t.global_batch_size, validation=splits.val,
-                steps_per_epoch=t.steps_per_epoch, validation_steps=t.steps_per_epoch,
-                shuffle=t.shuffle, augment=build_augment(cfg) or None,
-                prefetch=cfg.data.prefetch, history_file=history_file, resume=t.resume,
-                eval_batch_size=max(t.batch_size, 256))
+    _fit(cfg, trainer, splits.train, epochs=t.num_epochs, batch_size=t.batch_size,
+         global_batch_size=gbs if state is not None else t.global_batch_size,
+         validation=splits.val, steps_per_epoch=t.steps_per_epoch,
+         validation_steps=t.steps_per_epoch, shuffle=t.shuffle,
+         augment=build_augment(cfg) or None, prefetch=cfg.data.prefetch,
+         history_file=history_file, resume=state, eval_batch_size=max(t.batch_size, 256))
     if not cfg.output.shared_storage and history_file:  # rank 0 wrote it in fit
         _collective(comm, "--history_file", lambda: comm.rank == 0
                     or trainer.history.save(history_file))
@@ -155,7 +190,8 @@ def run_train(cfg: RunConfig, comm) -> int:
     if t.evaluate is not False:
         _evaluate_test(cfg, console, trainer, splits.test)
     if profiler is not None and cfg.output.trace:
-        files = profiler.write_trace(cfg.output.trace, comm, merged=cfg.output.trace_merged)
+        files = _collective(comm, "--trace", lambda: profiler.write_trace(
+            cfg.output.trace, comm, merged=cfg.output.trace_merged))
         if files:
             console.info(f"Trace written to {', '.join(files)}" if comm.size == 1 or
                          cfg.output.trace_merged else
@@ -163,14 +199,40 @@ def run_train(cfg: RunConfig, comm) -> int:
     return 0
 
 
-def _check_checkpoint(path: str) -> None:
-    from ..training.checkpoint import load_checkpoint
-    load_checkpoint(path)
+class TrainingDiverged(UserError):
+    """The loss became NaN/inf (exit status 3, one line)."""
+
+    exit_code = 3
+
+
+# Which option names the file a collective write could not write.
+_WRITE_OPTIONS = {"checkpoint": "--checkpoint", "history": "--history_file",
+                  "model_checkpoint weights": "--model_checkpoint_file"}
+
+
+def _fit(cfg: RunConfig, trainer, train, **options) -> None:
+    """``trainer.fit`` with the errors a user can cause turned into one-line messages (every
+    rank raises the same one, so every rank ends the same way)."""
+    from ..fileio import WriteError
+    from ..training.checkpoint import CheckpointError
+    from ..training.trainer import NonFiniteLossError
+    try:
+        trainer.fit(train, **options)
+    except CheckpointError as exc:
+        raise UserError(f"--resume: {exc}") from None
+    except WriteError as exc:
+        raise UserError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
+    except NonFiniteLossError as exc:
+        raise TrainingDiverged(f"training diverged: {exc.where}; lower --learning_rate, or "
+                               "pass --ignore_nan to keep training") from None
 
 
 def run_evaluate(cfg: RunConfig, comm) -> int:
+    from . import preflight
     console = Console(comm, cfg.output.quiet)
+    preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
+    preflight.check_weights_file(cfg, comm)
     model = _collective(comm, "--weights_and_bias_filename",
                         lambda: build_model(cfg, splits.train))
     trainer = _trainer(cfg, comm, model, _collective(
@@ -183,8 +245,14 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
 
 
 def run_predict(cfg: RunConfig, comm) -> int:
+    from . import preflight
     console = Console(comm, cfg.output.quiet)
+    if not cfg.predict.output.lower().endswith((".npy", ".npz", ".csv")):
+        raise UserError(f"--output: the file name must end in .npy, .npz or .csv, got "
+                        f"{cfg.predict.output!r}")
+    preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
+    preflight.check_weights_file(cfg, comm)
     dataset = getattr(splits, cfg.predict.split)
     if dataset is None:
         raise UserError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
@@ -211,7 +279,11 @@ def _root_write(comm, what: str, write: Callable[[], None]) -> None:
     if comm.rank == 0:
         try:
             write()
-        except (OSError, ValueError, UserError) as exc:
+        except OSError as exc:
+            from ..fileio import describe_os_error
+            where = f" {exc.filename!r}" if exc.filename else ""
+            error = f"{what}: could not write{where}: {describe_os_error(exc)}"
+        except (ValueError, UserError) as exc:
             error = f"{what}: {exc}"
     if comm.size > 1:
         error = comm.bcast_obj(error, 0)
@@ -234,9 +306,13 @@ def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None
                 f.write(f"{i},{p},{t}\n")
         atomic_write_text(path, write)
     elif low.endswith(".npz"):
-        np.savez(path, logits=logits, predicted=predicted, labels=true)
+        from ..fileio import atomic_open
+        with atomic_open(path) as f:
+            np.savez(f, logits=logits, predicted=predicted, labels=true)
     elif low.endswith(".npy"):
-        np.save(path, logits)
+        from ..fileio import atomic_open
+        with atomic_open(path) as f:
+            np.save(f, logits)
     else:
         raise ValueError(f"must end in .npy, .npz or .csv, got {path!r}")
 
@@ -244,9 +320,21 @@ def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None
 def run_info(args) -> int:
     from .. import distributed as dist
     comm = make_comm(args.parallel)
-    text = dist.describe(comm)
+    # Report the threads train would use: the same rule as main's (1 per rank with
+    # several ranks unless --threads).
+    n = getattr(args, "threads", 0) or (1 if comm.size > 1 else 0)
+    if n:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(limits=n):
+            text = dist.describe(comm)
+    else:
+        text = dist.describe(comm)
     if comm.rank == 0:
-        print(f"distnn {_version()}\n{text}", flush=True)
+        rule = f"{n} (--threads {getattr(args, 'threads', 0) or 0}" + \
+            (", 1 per rank with several ranks)" if n and not getattr(args, "threads", 0)
+             else ")") if n else "the BLAS library default (1 rank, --threads 0)"
+        print(f"distnn {_version()}\n{text}\nBLAS threads per rank in train: {rule}",
+              flush=True)
     return 0
 
 

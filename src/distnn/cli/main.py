@@ -7,7 +7,9 @@ dataclasses, which ``cli.builders`` and ``cli.commands`` turn into library calls
 ``mpiexec -n N`` the same command runs on every rank; a crash on any rank aborts the job.
 
 Exit status: 0 on success, 2 for a bad option value or a user error (missing or malformed
-data or weights file...) with a one-line message, 1 for an unexpected error (traceback).
+data, weights or checkpoint file, an output that cannot be written...) with a one-line
+message, 3 when training diverged (the loss became NaN/inf; see --ignore_nan), 1 for an
+unexpected error (traceback).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from .builders import UserError, make_comm
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
 from .config import ConfigError, RunConfig, build_config, load_config, resolve_values
-from .options import ALL, OPTION_BY_NAME, OPTIONS, _add_options, _argtype
+from .options import ALL, OPTION_BY_NAME, OPTIONS, _add_options, _argtype, canonical
 
 # distnn.cli.main held the builders and commands before they had modules of their own.
 from .builders import (OPTIMIZER_OPTIONS, READER_OPTIONS, SCHEDULERS,  # noqa: F401
@@ -62,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                           allow_abbrev=False)
     info.add_argument("--parallel", type=_argtype(OPTION_BY_NAME["parallel"]),
                       default="auto", metavar="MODE", help="auto, sequential or data.")
+    info.add_argument("--threads", type=_argtype(OPTION_BY_NAME["threads"]), default=0,
+                      metavar="N", help="BLAS threads per rank, as for train (0: 1 per rank "
+                      "with several ranks, else the library default).")
     conv = sub.add_parser("convert-imagenet", allow_abbrev=False,
                           help="convert ImageNet TFRecord files into NPZ shards")
     conv.add_argument("tfrecord_files", nargs="+", metavar="FILE", help="TFRecord files.")
@@ -107,6 +112,17 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return build_config(args.command, values, notes)
 
 
+def explicit_options(args: argparse.Namespace) -> frozenset[str]:
+    """The option names the user gave, on the command line or in the --config file."""
+    names = {o.name for o in OPTIONS if hasattr(args, o.name)}
+    if getattr(args, "config", None):
+        try:
+            names |= {canonical(k) for k in load_config(args.config)}
+        except ConfigError:
+            pass
+    return frozenset(names)
+
+
 @contextlib.contextmanager
 def _threads(cfg: RunConfig, size: int):
     n = cfg.parallel.threads or (1 if size > 1 else 0)
@@ -128,25 +144,40 @@ def _cprofile(path: str | None, comm, show: bool = False):
     import cProfile
     prof = cProfile.Profile()
     prof.enable()
+    done = False
     try:
         yield
+        done = True
     finally:
         prof.disable()
+        error = None
         if path:
+            import marshal
+
+            from ..fileio import atomic_open, describe_os_error
             target = path if comm.size == 1 else f"{path}.rank{comm.rank}"
-            prof.dump_stats(target)
+            try:
+                prof.create_stats()
+                with atomic_open(target) as f:
+                    marshal.dump(prof.stats, f)
+            except OSError as exc:
+                error = UserError(f"--cprofile: could not write {target!r}: "
+                                  f"{describe_os_error(exc)}")
+                error.local = True  # this rank's own file: this rank reports it
         if show and comm.rank == 0:
             import pstats
             print("cProfile (rank 0), the 25 functions with the most cumulative time:",
                   flush=True)
             pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+        if error is not None and done:
+            raise error
 
 
-def _fail(prog: str, message: str, show: bool) -> int:
+def _fail(prog: str, message: str, show: bool, code: int = 2) -> int:
     if show:
         sys.stderr.write(f"{prog}: error: {message}\n")
         sys.stderr.flush()
-    return 2
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,12 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     sys.stderr.write(f"{prog}: note: {note}\n")
             with _threads(cfg, comm.size), _cprofile(cfg.output.cprofile, comm,
                                                     cfg.output.profile):
-                return COMMANDS[args.command](cfg, comm)
+                extra = {"explicit": explicit_options(args)} if args.command == "train" else {}
+                return COMMANDS[args.command](cfg, comm, **extra)
         except (UserError, ConfigError) as exc:
             if show_tb:
                 raise
             # Every rank got the same error (collective checks): rank 0 reports it.
-            return _fail(prog, str(exc), comm.rank == 0)
+            return _fail(prog, str(exc), comm.rank == 0 or getattr(exc, "local", False),
+                         getattr(exc, "exit_code", 2))
         except KeyboardInterrupt:
             if comm.rank == 0:
                 sys.stderr.write(f"{prog}: interrupted\n")

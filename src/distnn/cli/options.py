@@ -151,7 +151,7 @@ OPTIONS: list[Option] = [
     _O("validation_split", Maybe(Float(0.0, 1.0, high_open=True)), None, "Fraction of the "
        "training set (from its end) held out for validation after every epoch (ignored with "
        "--test_as_validation); none: 0.2, or 0 when the dataset has its own validation "
-       "files (hdf5 --val_list).", "data", "data", (TRAIN,)),
+       "files (hdf5 --val_list).", "data", "data", (TRAIN, PRED)),
     _O("flip_images", Bool(), False, "Randomly flip training images horizontally.", "data",
        "data", (TRAIN,), aliases=("augment_flip",)),
     _O("flip_images_prob", Float(0.0, 1.0), 0.5, "Probability of a flip.", "data", "data",
@@ -214,8 +214,14 @@ OPTIONS: list[Option] = [
     _O("checkpoint_freq", Int(1), 1, "Epochs between full-state checkpoints.", "train",
        "train", (TRAIN,), aliases=("checkpoint_interval", "checkpoint_int")),
     _O("resume", Maybe(Str(metavar="FILE")), None, "Continue the run saved in this "
-       "checkpoint (same model, optimizer and schedulers).", "train", "train", (TRAIN,),
-       aliases=("restore",)),
+       "checkpoint (same model, optimizer and schedulers; keeps its global batch) and keep "
+       "checkpointing to it (unless --checkpoint names another file).", "train", "train",
+       (TRAIN,), aliases=("restore",)),
+    _O("overwrite", Bool(), False, "Replace an existing --checkpoint file (without it, a "
+       "run refuses to start over a checkpoint it does not --resume).", "train", "train",
+       (TRAIN,)),
+    _O("ignore_nan", Bool(), False, "Keep training when the loss becomes NaN or infinite "
+       "(default: stop at the first such step, exit status 3).", "train", "train", (TRAIN,)),
     _O("shuffle", Bool(), True, "Shuffle the training set every epoch.", "train", "train",
        (TRAIN,)),
     # Optimizer
@@ -285,8 +291,9 @@ OPTIONS: list[Option] = [
        "bound.", "sched", "sched", (TRAIN,)),
     _O("stop_at_loss_metric", Str(lower=False), "val_accuracy", "stop_at_loss: metric.",
        "sched", "sched", (TRAIN,)),
-    _O("stop_at_loss_threshold", Float(-math.inf), 0.0, "stop_at_loss: stop once the metric "
-       "reaches this value (>= for accuracies, <= for losses).", "sched", "sched", (TRAIN,)),
+    _O("stop_at_loss_threshold", Maybe(Float(-math.inf)), None, "stop_at_loss: stop once the "
+       "metric reaches this value (>= for accuracies, <= for losses); required by "
+       "stop_at_loss.", "sched", "sched", (TRAIN,)),
     _O("target_metric", Maybe(Str(lower=False, metavar="SPEC")), None, "NNLO syntax "
        "'metric,op,value', e.g. 'val_acc,>,0.97': stop when reached.", "sched", "sched",
        (TRAIN,)),
@@ -352,6 +359,8 @@ OPTIONS: list[Option] = [
     # Output
     _O("quiet", Bool(), False, "No progress bars, parameters or summary; only results.",
        "output", "output"),
+    _O("verbose", Bool(), False, "Print every option's value and the model summary (by "
+       "default: one summary line).", "output", "output"),
     _O("profile", Bool(), False, "Per-layer forward/backward time and all-reduce wait per "
        "epoch, and (PyDTNN's meaning) the cProfile functions with the most cumulative time "
        "at the end (rank 0); --cprofile FILE keeps the full statistics.", "output",

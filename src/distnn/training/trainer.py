@@ -34,7 +34,27 @@ from .callbacks import Callback, TrainingCheckpoint
 from .evaluation import MetricSet, evaluate, predict, resolve_batch_sizes
 from .history import History, Reporter
 
-__all__ = ["Trainer", "fit"]
+__all__ = ["Trainer", "fit", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite (raised on every rank, at the first step
+    where any rank saw it, unless the Trainer was built with ``ignore_nan=True``).
+
+    Attributes:
+        epoch, step: 1-based epoch and step within it; global_step: 0-based step count.
+        lr: the learning rate of that step; value: the loss seen.
+    """
+
+    def __init__(self, epoch: int, step: int, steps: int, global_step: int, lr: float,
+                 value: float):
+        where = f"epoch {epoch}, step {step}/{steps}" if step else f"epoch {epoch}"
+        self.where = (f"the training loss became {value} at {where} (global step "
+                      f"{global_step}) with learning rate {lr:.6g}")
+        super().__init__(f"{self.where}; lower the learning rate, or build the Trainer with "
+                         "ignore_nan=True to go on")
+        self.epoch, self.step, self.global_step = epoch, step, global_step
+        self.lr, self.value = lr, value
 
 
 class Trainer:
@@ -59,6 +79,8 @@ class Trainer:
         seed: base seed of the epoch shuffles and augmentations.
         bucket_size_mb, non_blocking, compression: options of the default rule.
         profiler: a ``distnn.training.Profiler`` (None: no timing at all).
+        ignore_nan: keep training when the loss becomes NaN/inf (default: stop at the first
+            such step on every rank with ``NonFiniteLossError``).
         out: where the summary lines go (default sys.stdout).
 
     Attributes:
@@ -82,7 +104,8 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), progress: bool = True,
                  verbose: bool = True, seed: int = 0, rule: Rule | None = None,
                  bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                 compression: str | None = None, profiler=None, out: TextIO | None = None):
+                 compression: str | None = None, profiler=None, out: TextIO | None = None,
+                 ignore_nan: bool = False):
         self.comm = comm if comm is not None else dist.get_comm()
         self.model = model
         self.metrics = MetricSet(loss, metrics)
@@ -116,6 +139,9 @@ class Trainer:
         self.train_time = 0.0
         self.train_samples = 0
         self.last_eval_count = 0
+        self.ignore_nan = bool(ignore_nan)
+        self.batch_loss = 0.0
+        self.global_batch_size = 0
 
     # -- shortcuts to the collaborators ---------------------------------------------------
     @property
@@ -172,7 +198,9 @@ class Trainer:
             loss_value, dlogits = self.loss_fn(logits, batch.y, denom=denom)
             model.backward(dlogits)
             self.metrics.accumulate(sums, logits, batch.y, loss_value, denom)
+            self.batch_loss = float(loss_value)
         else:
+            self.batch_loss = 0.0
             # This rank has no samples in the last global batch: contribute zeros to the
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
@@ -197,8 +225,9 @@ class Trainer:
             steps_per_epoch: use at most this many batches per epoch (0: all).
             shuffle, drop_last, augment, prefetch: passed to ``Dataset.batches``.
             history_file: rank 0 rewrites it (JSON, or CSV for a .csv name) after each epoch.
-            resume: a checkpoint written by ``TrainingCheckpoint``/``save_checkpoint``; the
-                run continues from its state (weights, optimizer, epoch, callbacks, RNGs).
+            resume: a checkpoint written by ``TrainingCheckpoint``/``save_checkpoint`` (its
+                path, or a loaded ``Checkpoint``); the run continues from its state
+                (weights, optimizer, epoch, callbacks, RNGs).
             eval_batch_size: per-rank batch size of validation (default max(batch_size, 256)).
             validation_steps: validate on at most this many batches (0: all).
 
@@ -216,6 +245,12 @@ class Trainer:
         # e.g. a parameter-server master) and among how many ranks the batches are split.
         shard, n_shards = self.rule.data_shard(self)
         local_bs, gbs = resolve_batch_sizes(batch_size, global_batch_size, n_shards)
+        self.global_batch_size = gbs
+        # A per-step check of the loss over the ranks needs every rank to take the steps
+        # together: not under rules that let ranks run ahead (localsgd, gossip, masters).
+        self._nan_sync = (comm.size > 1 and self.rule.lockstep
+                          and all(comm.allgather_obj(shard is not None)))
+        self._first_nan = None
         eval_bs = eval_batch_size or max(local_bs, 256)
         self.num_epochs = int(epochs)
         n_batches = train.num_batches(gbs, drop_last=drop_last)
@@ -241,13 +276,16 @@ class Trainer:
 
         start_epoch = 0
         if resume is not None:
-            from .checkpoint import load_checkpoint
-            state = load_checkpoint(resume)
+            from .checkpoint import Checkpoint, load_checkpoint
+            state = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
             state.restore(self)
             start_epoch = state.epochs_done
             if start_epoch >= self.num_epochs:
-                self.print(f"checkpoint {resume!r} already holds {start_epoch} epochs "
+                self.print(f"checkpoint {state.path!r} already holds {start_epoch} epochs "
                            f"(>= epochs={self.num_epochs}); nothing to train")
+            else:
+                self.print(f"resuming from epoch {start_epoch} of {state.path}: training "
+                           f"epochs {start_epoch + 1}..{self.num_epochs}")
         self.rule.begin(self)
         self.stop_training = False
         self.stop_reason = None
@@ -283,8 +321,8 @@ class Trainer:
                 self.reporter.epoch_line(record, self.num_epochs)
                 if self.profiler is not None:
                     self.profiler.epoch_end(epoch)
-                if history_file and self.is_root:
-                    self.history.save(history_file)
+                if history_file:
+                    self.history.save_on_root(history_file, comm)
                 if self.stop_training:
                     self.history.stop_reason = self.stop_reason
                     self.print(f"Stopping after epoch {epoch + 1}: {self.stop_reason}")
@@ -335,6 +373,7 @@ class Trainer:
                 for cb in callbacks:
                     cb.on_batch_begin(self, step)
                 self._train_step(batch, sums)
+                self._check_loss(epoch, i + 1, n_batches)
                 self.global_step += 1
                 samples += batch.global_size
                 if callbacks:
@@ -354,12 +393,37 @@ class Trainer:
                 close()
         return self._end_epoch(epoch, sums, samples, t0, bar)
 
+    def _check_loss(self, epoch: int, step: int, steps: int) -> None:
+        """Stop at the first non-finite loss of any rank, on every rank (one small
+        all-reduce per step when several ranks train; see ``NonFiniteLossError``)."""
+        if self.ignore_nan:
+            return
+        value = self.batch_loss
+        bad = not np.isfinite(value)
+        if bad and self._first_nan is None:
+            self._first_nan = (epoch + 1, step, steps, self.global_step, self.optimizer.lr, value)
+        if self._nan_sync:
+            flag = np.array([float(bad)])
+            self.comm.allreduce_(flag, "sum")
+            bad = flag[0] > 0
+            if bad and self._first_nan is None:
+                value = float("nan")  # another rank saw it
+                self._first_nan = (epoch + 1, step, steps, self.global_step, self.optimizer.lr,
+                                   value)
+        if bad and (self._nan_sync or self.comm.size == 1):
+            raise NonFiniteLossError(*self._first_nan)
+
     def _end_epoch(self, epoch, sums, samples, t0, bar) -> dict[str, float]:
         elapsed = time.perf_counter() - t0
         self.rule.end_epoch(self, epoch)
         # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
         self.comm.allreduce_(sums, "sum")
         logs = self.metrics.logs(sums)
+        loss = logs.get(self.loss_key, 0.0)
+        if not self.ignore_nan and not np.isfinite(loss):
+            # Ranks that could not agree at every step (some do not train) stop here.
+            raise NonFiniteLossError(*(self._first_nan or (epoch + 1, 0, 0, self.global_step,
+                                                           self.optimizer.lr, loss)))
         logs["lr"] = float(self.optimizer.lr)
         logs["time"] = elapsed
         logs["samples_per_s"] = samples / elapsed if elapsed > 0 else float("nan")
