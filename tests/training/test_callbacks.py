@@ -252,3 +252,26 @@ def test_bad_arguments_name_the_rule(make, match):
 def test_registry_names():
     assert set(CALLBACKS) >= {"warm_up", "early_stopping", "reduce_lr_on_plateau",
                               "reduce_lr_every_nepochs", "model_checkpoint", "stop_at_loss"}
+
+
+def test_model_checkpoint_under_a_real_trainer(tmp_path):
+    # The trainer's logs carry "epoch" too: the pattern must get one value for it.
+    from distnn.data import load_dataset
+    from distnn.nn import Dense, Flatten, ReLU, Sequential
+    from distnn.optim import get_optimizer
+    from distnn.training import Trainer
+    splits = load_dataset("synthetic", input_shape=(1, 4, 4), num_classes=3, num_samples=60,
+                          test_samples=10, validation_split=0.2, seed=1)
+    model = Sequential([Flatten(), Dense(8), ReLU(), Dense(3)], input_shape=(1, 4, 4), rng=0)
+    cb = ModelCheckpoint(str(tmp_path / "w-{epoch:02d}-{val_loss:.3f}.npz"))
+    trainer = Trainer(model, get_optimizer("sgd", model, lr=0.01), callbacks=[cb],
+                      progress=False, verbose=False)
+    history = trainer.fit(splits.train, epochs=2, batch_size=16, validation=splits.val)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"w-{e:02d}-{v:.3f}.npz" for e, v in
+                     zip(history.history["epoch"], history.history["val_loss"])]
+    bad = ModelCheckpoint(str(tmp_path / "w-{val_los}.npz"))
+    trainer = Trainer(model, get_optimizer("sgd", model, lr=0.01), callbacks=[bad],
+                      progress=False, verbose=False)
+    with pytest.raises(ValueError, match="val_los.*does not log"):
+        trainer.fit(splits.train, epochs=1, batch_size=16, validation=splits.val)
