@@ -333,7 +333,7 @@ def test_theano_mpi_session_file(tmp_path):
         '# example launcher config : run with "tmlauncher -cfg=session.cfg"\n\n'
         "RULE=BSP\nMODELFILE=models.modelfile\nMODELCLASS=ModelClass\nSIZE=2\n"
         "DEVICES=cuda0,cuda1\nBSP_SYNC_TYPE=cdd\n")
-    proc = run("train", "-cfg=session.cfg", *SYNTH, "--learning_rate", "0.01",
+    proc = run("train", "-cfg=session.cfg", *SYNTH, "--verbose", "--learning_rate", "0.01",
                "--learning_rate_scaling", "--history_file", "h.json", cwd=tmp_path, ranks=2)
     assert proc.returncode == 0, proc.stderr
     assert "note: DEVICES=cuda0,cuda1: not applicable" in proc.stderr
@@ -341,6 +341,8 @@ def test_theano_mpi_session_file(tmp_path):
     assert proc.stderr.count("note: DEVICES") == 1  # said once, not once per rank
     # MODELFILE/MODELCLASS built the model: 64*32+32 + 32*10+10 parameters
     assert "2,410" in proc.stdout
+    # RULE=BSP is distnn's synchronous data parallelism
+    assert any(line.split() == ["parallel", ":", "data"] for line in proc.stdout.splitlines())
     # --learning_rate_scaling (Theano-MPI's advice): the rate times the number of workers
     assert history(tmp_path / "h.json")["lr"] == [pytest.approx(0.02)]
 
@@ -370,3 +372,15 @@ def test_theano_mpi_session_file_errors(tmp_path):
     proc = run("train", "--config", "half.cfg", cwd=tmp_path)
     assert proc.returncode == 2 and "MODELFILE and MODELCLASS" in proc.stderr
 
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("rule,parallel", [("EASGD", "easgd"), ("GOSGD", "gossip")])
+def test_theano_mpi_rules(tmp_path, rule, parallel):
+    (tmp_path / "session.cfg").write_text(f"RULE={rule}\nSIZE=2\n")
+    proc = run("train", "-cfg=session.cfg", *SYNTH, "--verbose", "--history_file", "h.json",
+               cwd=tmp_path, ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.split() == ["parallel", ":", parallel]
+               for line in proc.stdout.splitlines()), proc.stdout
+    assert history(tmp_path / "h.json")["epoch"] == [1]
