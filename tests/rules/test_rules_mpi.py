@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_jobs
+from conftest import MPIEXEC, PROG, child_env, needs_mpi, run_jobs
 
 pytestmark = needs_mpi
 
@@ -77,7 +77,6 @@ def test_a_failing_worker_ends_the_job_within_seconds(tmp_path):
     import sys
     import time
 
-    from conftest import MPIEXEC, PROG, child_env
     job = {**COMMON, "name": "fail", "rule": "downpour", "options": {}, "fail_rank": 2,
            "epochs": 50, "slow_rank": None}
     t0 = time.perf_counter()
