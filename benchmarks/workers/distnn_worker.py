@@ -16,6 +16,7 @@ import _common as C  # noqa: E402
 args = C.parse_args()
 C.pin_threads(args.threads)
 
+import distnn  # noqa: E402,F401  (first, as the command does: its thread-waiting defaults)
 import numpy as np  # noqa: E402
 
 _limits = C.limit_blas(args.threads)

@@ -15,10 +15,12 @@ import os
 import threading
 import types
 
-# The workqueue layer's idle workers sleep instead of spinning: with OpenBLAS's own pool on
-# the same 2 cores, a spinning OpenMP pool (numba's default when libgomp is found) and
-# OpenBLAS's threads take turns waiting for each other.
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+# OpenMP (libgomp) when it loads, else numba's own workqueue (TBB last). With the waiting
+# threads made passive (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT: distnn/__init__.py) the
+# OpenMP pool measured fastest: resnet20 at 2 threads 344 ms per step against 576 ms on the
+# workqueue layer, whose hand-off to a sleeping worker per parallel loop costs more than
+# many of these loops take.
+os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
 
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
