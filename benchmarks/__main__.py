@@ -292,8 +292,12 @@ def run_one(cmd, env, timeout):
     own = children_cpu_s() - c0
     others = max(0.0, (cpu_busy_s() - b0) - own) / wall if wall > 0 else 0.0
     lines = [ln for ln in out.splitlines() if ln.startswith(MARKER)]
-    if proc.returncode == 0 and lines:
-        return json.loads(lines[-1][len(MARKER):]), "", wall, others
+    if lines and (proc.returncode == 0 or '"samples_per_s"' in lines[-1]):
+        # A rank that dies after rank 0 printed the complete record (torch-ddp's rank 1 has
+        # aborted with SIGABRT at interpreter exit) keeps the measurement, with a note.
+        note = "" if proc.returncode == 0 else \
+            f"exited with rc={proc.returncode} after reporting complete results"
+        return json.loads(lines[-1][len(MARKER):]), note, wall, others
     lines = err.strip().splitlines() + out.strip().splitlines()
     # the cause is usually the first error a rank printed, not the launcher's last words
     first = [ln for ln in lines if "Error" in ln or "error:" in ln or "Traceback" in ln][:2]
@@ -344,6 +348,10 @@ def sweep(args, systems):
                         log(f"ERROR {system} {model} {config}: {err}\n  command: "
                             f"{shlex.join(cmd)}")
                         continue
+                    if err:
+                        note = f"NOTE {system} {model} {config} rep {rep}: {err}"
+                        notes.append(note)
+                        log(note)
                     res.update(rep=rep, wall_s=wall, others_cores=others, command=cmd)
                     results.setdefault(key, []).append(res)
                     log(f"[rep {rep}/{args.reps}] {model:16s} {config} {system:9s} "
