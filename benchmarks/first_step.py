@@ -20,6 +20,7 @@ import os, sys, time
 sys.path.insert(0, {workers!r})
 import _common as C
 C.pin_threads(1)
+import distnn  # first, as the command does
 import numpy as np
 from distnn.models import get_model
 from distnn.nn.losses import CategoricalCrossEntropy
@@ -37,15 +38,18 @@ print("DONE", time.time())
 
 def run(code: str, env: dict) -> float:
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"a first-step run failed:\n{proc.stderr[-2000:]}")
+    out = proc.stdout
     done = float([ln for ln in out.splitlines() if ln.startswith("DONE")][-1].split()[1])
     return done - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="simplecnn")
+    ap.add_argument("--model", default="simplecnn", choices=["simplecnn", "lenet"])
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -73,14 +77,21 @@ def main() -> None:
 TORCH_STEP = r"""
 import os, sys, time
 sys.path.insert(0, {workers!r})
-sys.argv = ["torch_worker.py", "--model", {model!r}, "--threads", "1", "--warmup", "0",
-            "--windows", "1", "--steps", "1"]
 import _common as C
-src = open(os.path.join({workers!r}, "torch_worker.py")).read()
-build_src = src[:src.index("if args.ddp:")]
-exec(compile(build_src, "torch_worker.py", "exec"))
+C.pin_threads(1)
+import torch
+import torch.nn as nn
+torch.set_num_threads(1)
 x, y = C.rank_shard({model!r}, 0, 1, 0)
-net = build({model!r})
+if {model!r} == "lenet":
+    net = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                        nn.Linear(84, 10))
+else:
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 8, 3), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1152, 128), nn.ReLU(),
+                        nn.Linear(128, 10))
 opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 loss = nn.CrossEntropyLoss()(net(torch.from_numpy(x[:64])), torch.from_numpy(y[:64]))
 loss.backward()

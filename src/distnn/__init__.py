@@ -2,14 +2,13 @@
 import os as _os
 import sys as _sys
 
-# Waiting threads sleep instead of spinning. On a node where BLAS (OpenBLAS) and the compiled
-# kernels (numba over OpenMP) take turns on the same cores, a pool that spins after its work
-# steals the core the other pool needs next: resnet20 at 2 threads took 576 ms per step with
-# spinning pools and 344 ms without (benchmarks/RESULTS.md). Both are read when the library
-# loads, so they apply when distnn is imported before numpy (the command always does);
-# values set in the environment win.
+# OpenBLAS's threads sleep soon after their work instead of spinning: on a node where BLAS
+# and the compiled kernels (numba over OpenMP, whose waiting threads distnn.kernels makes
+# passive) take turns on the same cores, a pool that spins steals the core the other needs
+# next: resnet20 at 2 threads took 542 ms per step with spinning pools and 379 ms without
+# (benchmarks/RESULTS.md). OpenBLAS reads it when it loads, so it applies when distnn is
+# imported before numpy (the command always is); a value set in the environment wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import distributed
 from .distributed import (DistributedOptimizer, broadcast_parameters, init, local_rank,

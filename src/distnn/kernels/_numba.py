@@ -15,11 +15,10 @@ import os
 import threading
 import types
 
-# OpenMP (libgomp) when it loads, else numba's own workqueue (TBB last). With the waiting
-# threads made passive (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT: distnn/__init__.py) the
-# OpenMP pool measured fastest: resnet20 at 2 threads 344 ms per step against 576 ms on the
-# workqueue layer, whose hand-off to a sleeping worker per parallel loop costs more than
-# many of these loops take.
+# OpenMP (libgomp) when it loads, else numba's own workqueue (TBB last). With OpenMP's
+# waiting threads passive (see _start_pool) and OpenBLAS's too (OPENBLAS_THREAD_TIMEOUT,
+# distnn/__init__.py), the OpenMP pool measured fastest: resnet20 at 2 threads 379 ms per
+# step against 542 ms on the workqueue layer with spinning BLAS threads.
 os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
 
 import numba as nb  # noqa: E402
@@ -433,4 +432,21 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
+def _start_pool() -> None:
+    """Load numba's threading layer now, with OMP_WAIT_POLICY=PASSIVE unless the user set
+    it: libgomp reads it once, when it loads. A spinning OpenMP pool and OpenBLAS's threads
+    take turns on the same cores and slow each other. The variable is removed again, so an
+    OpenMP runtime loaded later (torch has its own) keeps its default: passive waiting made
+    torch's small convolutions at 2 threads 4x slower."""
+    given = os.environ.get("OMP_WAIT_POLICY")
+    if given is None:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        nb.get_num_threads()  # launches the threading layer
+    finally:
+        if given is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+_start_pool()
 set_num_threads(default_threads())
