@@ -11,6 +11,10 @@ of them alike. Threads: BLAS through threadpoolctl, the compiled loops through
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -101,57 +105,79 @@ def torch_step(layer, x, dy, need_dx):
     return step
 
 
+def measure(variants, args, step, tstep):
+    """Median ms of each variant, all variants interleaved in every round."""
+    times = {v: [] for v in variants}
+
+    def run(v):
+        kind, t = v
+        with threadpool_limits(limits=t):
+            if kind == "torch":
+                import torch
+                torch.set_num_threads(t)
+                fn = tstep
+            else:
+                kernels.set_backend(kind)
+                kernels.set_num_threads(t)
+                fn = step
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+    for v in variants:  # warm-up (and JIT/cache load)
+        run(v)
+    for _ in range(args.repeat):
+        for v in variants:
+            times[v].append(run(v))
+    return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if args.no_torch:
-        torch = None
+    if args.torch_only:  # the child process: PyTorch's columns, printed as JSON
+        out = {}
+        for label, factory, shape, need_dx in CASES:
+            _, layer, x, dy = distnn_step(factory, shape, need_dx, args.batch)
+            med = measure([("torch", t) for t in threads], args, None,
+                          torch_step(layer, x, dy, need_dx))
+            out[label] = {str(t): med[("torch", t)] for t in threads}
+        print(json.dumps(out))
+        return
+    # PyTorch runs in its own process: its OpenMP threads keep spinning after each op and,
+    # in one process with distnn's pools, slow both (distnn's 2-thread convs 10-20x).
+    torch_ms = None
+    if not args.no_torch and importlib.util.find_spec("torch") is not None:
+        proc = subprocess.run([sys.executable, __file__, "--torch-only", "--batch",
+                               str(args.batch), "--repeat", str(args.repeat), "--threads",
+                               args.threads], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"the PyTorch process failed:\n{proc.stderr[-2000:]}")
+        torch_ms = json.loads(proc.stdout.strip().splitlines()[-1])
     variants = [(k, t) for t in threads for k in ("numpy", "numba")]
-    if torch is not None:
-        variants += [("torch", t) for t in threads]
     head = ["case"] + [f"{k} {t}t" for k, t in variants]
+    if torch_ms is not None:
+        head += [f"torch {t}t" for t in threads]
     ratio_heads = [f"numba÷numpy {t}t" for t in threads]
     print(f"batch {args.batch}, float32, forward+backward, median ms over {args.repeat} "
-          "interleaved rounds (first conv layers skip dx, as in a model)")
+          "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
+          "first, in a process of its own)")
     print()
     print("| " + " | ".join(head + ratio_heads) + " |")
     print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")
     for label, factory, shape, need_dx in CASES:
-        step, layer, x, dy = distnn_step(factory, shape, need_dx, args.batch)
-        tstep = torch_step(layer, x, dy, need_dx) if torch is not None else None
-        times = {v: [] for v in variants}
-
-        def run(v, step=step, tstep=tstep):
-            kind, t = v
-            with threadpool_limits(limits=t):
-                if kind == "torch":
-                    torch.set_num_threads(t)
-                    fn = tstep
-                else:
-                    kernels.set_backend(kind)
-                    kernels.set_num_threads(t)
-                    fn = step
-                fn()
-                t0 = time.perf_counter()
-                fn()
-                return time.perf_counter() - t0
-
-        for v in variants:  # warm-up (and JIT/cache load)
-            run(v)
-        for _ in range(args.repeat):
-            for v in variants:
-                times[v].append(run(v))
-        med = {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
+        step, _, _, _ = distnn_step(factory, shape, need_dx, args.batch)
+        med = measure(variants, args, step, None)
         cells = [f"{med[v]:.2f}" for v in variants]
+        if torch_ms is not None:
+            cells += [f"{torch_ms[label][str(t)]:.2f}" for t in threads]
         ratios = [f"{med[('numpy', t)] / med[('numba', t)]:.2f}x" for t in threads]
         print(f"| {label} | " + " | ".join(cells + ratios) + " |", flush=True)
     kernels.set_backend(None)
