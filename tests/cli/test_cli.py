@@ -380,3 +380,22 @@ def test_sync_batchnorm_with_empty_shards_does_not_hang(tmp_path):
     assert proc.returncode == 0, proc.stderr
     h1, h3 = _history(tmp_path / "h1.json"), _history(tmp_path / "h3.json")
     assert h3["loss"] == pytest.approx(h1["loss"], rel=1e-4)
+
+
+def test_threads_option_sets_blas_and_compiled_kernel_threads():
+    from threadpoolctl import threadpool_info
+
+    from distnn import kernels
+    from distnn.cli.builders import threads
+    from distnn.cli.config import build_config, resolve_values
+
+    kernels.set_num_threads(2)
+    start = kernels.get_num_threads()  # 2, or fewer on a 1-core machine / NumPy backend
+    cfg = build_config("train", resolve_values({"threads": 1}))
+    with threads(cfg, 1):
+        assert kernels.get_num_threads() == 1
+        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+    assert kernels.get_num_threads() == start  # restored after the run
+    # 0 with several ranks: one thread per rank
+    with threads(build_config("train", resolve_values({})), 2):
+        assert kernels.get_num_threads() == 1

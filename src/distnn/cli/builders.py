@@ -4,6 +4,7 @@ asks for.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable
 
@@ -277,3 +278,24 @@ def build_augment(cfg: RunConfig) -> list:
     if d.crop_images:
         out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob))
     return out
+
+
+@contextlib.contextmanager
+def threads(cfg: RunConfig, size: int):
+    """``--threads`` for the run: the BLAS pools (threadpoolctl) and the compiled kernels'
+    loops; 0 means 1 per rank with several ranks, else the libraries' defaults."""
+    n = cfg.parallel.threads or (1 if size > 1 else 0)
+    if not n:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    from .. import kernels
+    before = kernels.get_num_threads()
+    kernels.set_num_threads(n)
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        kernels.set_num_threads(before)
+

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Sequence
 
-from .builders import UserError, make_comm
+from .builders import UserError, make_comm, threads
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
 from .config import ConfigError, RunConfig, build_config, load_config, resolve_values
@@ -124,17 +124,6 @@ def explicit_options(args: argparse.Namespace) -> frozenset[str]:
 
 
 @contextlib.contextmanager
-def _threads(cfg: RunConfig, size: int):
-    n = cfg.parallel.threads or (1 if size > 1 else 0)
-    if not n:
-        yield
-        return
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=n):
-        yield
-
-
-@contextlib.contextmanager
 def _cprofile(path: str | None, comm, show: bool = False):
     """cProfile the command: dump to ``path`` and/or (``show``: PyDTNN's --profile) print
     the functions with the most cumulative time on rank 0."""
@@ -211,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if comm.rank == 0:
                 for note in cfg.notes:
                     sys.stderr.write(f"{prog}: note: {note}\n")
-            with _threads(cfg, comm.size), _cprofile(cfg.output.cprofile, comm,
+            with threads(cfg, comm.size), _cprofile(cfg.output.cprofile, comm,
                                                     cfg.output.profile):
                 extra = {"explicit": explicit_options(args)} if args.command == "train" else {}
                 return COMMANDS[args.command](cfg, comm, **extra)

@@ -354,8 +354,8 @@ OPTIONS: list[Option] = [
        "parallel", "parallel", (TRAIN,)),
     _O("gradient_compression", Str(("none", "fp16")), "none", "Gradients travel as: none "
        "(own dtype) or fp16.", "parallel", "parallel", (TRAIN,)),
-    _O("threads", Int(0), 0, "BLAS threads per rank (0: 1 per rank with several ranks, "
-       "else the library default).", "parallel", "parallel"),
+    _O("threads", Int(0), 0, "Threads per rank, for BLAS and the compiled kernels (0: 1 per "
+       "rank with several ranks, else the libraries' defaults).", "parallel", "parallel"),
     # Output
     _O("quiet", Bool(), False, "No progress bars, parameters or summary; only results.",
        "output", "output"),

@@ -12,7 +12,6 @@ trial.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .builders import (UserError, _collective, build_augment, build_callbacks, build_model,
-                       build_optimizer, load_data, make_comm)
+                       build_optimizer, load_data, make_comm, threads)
 from .config import ConfigError, RunConfig, build_config, resolve_values
 from .kinds import Bool, Int, Maybe, Str
 from .options import (OPTION_BY_NAME, OPTIONS, TRAIN, Option, _add_options, _argtype,
@@ -514,17 +513,6 @@ def run_search_command(cfg: SearchConfig, comm) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _threads(cfg: RunConfig, size: int):
-    n = cfg.parallel.threads or (1 if size > 1 else 0)
-    if not n:
-        yield
-        return
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=n):
-        yield
-
-
 def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -> int:
     """``distnn search`` from parsed arguments; returns the exit status (2: a user error,
     printed once, on every rank)."""
@@ -541,7 +529,7 @@ def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -
             if comm.rank == 0:
                 for note in cfg.notes:
                     sys.stderr.write(f"{prog}: note: {note}\n")
-            with _threads(cfg.base, comm.size):
+            with threads(cfg.base, comm.size):
                 return run_search_command(cfg, comm)
         except (UserError, ConfigError) as exc:
             if cfg.base.output.traceback:
