@@ -1,14 +1,8 @@
 """Every kernel test runs on both backends: the NumPy reference and the compiled one."""
 import pytest
 
-from distnn import kernels
 
-
-@pytest.fixture(params=["numpy", "numba"], scope="module", autouse=True)
-def kernel_backend(request):
-    if request.param == "numba":
-        pytest.importorskip("numba")
-    previous = kernels.backend()
-    kernels.set_backend(request.param)
-    yield request.param
-    kernels.set_backend(previous)
+@pytest.fixture(autouse=True)
+def _both_backends(kernel_backend):
+    """``kernel_backend`` (tests/conftest.py) for every test here."""
+    return kernel_backend
