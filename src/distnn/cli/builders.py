@@ -281,16 +281,13 @@ def build_augment(cfg: RunConfig) -> list:
 
 
 @contextlib.contextmanager
-def threads(cfg: RunConfig, size: int):
+def threads(cfg: RunConfig, local_size: int):
     """``--threads`` for the run: the BLAS pools (threadpoolctl) and the compiled kernels'
-    loops; 0 means 1 per rank with several ranks, else the libraries' defaults."""
-    n = cfg.parallel.threads or (1 if size > 1 else 0)
-    if not n:
-        yield
-        return
+    loops; 0 means this process's cores shared among the ``local_size`` ranks of its node."""
     from threadpoolctl import threadpool_limits
 
     from .. import kernels
+    n = cfg.parallel.threads or kernels.threads_per_rank(local_size)
     before = kernels.get_num_threads()
     kernels.set_num_threads(n)
     try:

@@ -319,20 +319,19 @@ def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None
 
 def run_info(args) -> int:
     from .. import distributed as dist
+    from .. import kernels
     comm = make_comm(args.parallel)
-    # Report the threads train would use: the same rule as main's (1 per rank with
-    # several ranks unless --threads).
-    n = getattr(args, "threads", 0) or (1 if comm.size > 1 else 0)
-    if n:
-        from threadpoolctl import threadpool_limits
-        with threadpool_limits(limits=n):
-            text = dist.describe(comm)
-    else:
+    # The threads train would use: --threads, else this rank's cores shared among the
+    # ranks of its node (each node decides for itself).
+    asked = getattr(args, "threads", 0) or 0
+    n = asked or kernels.threads_per_rank(comm.local_size)
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=n):
         text = dist.describe(comm)
+    rule = (f"{n} (--threads {asked})" if asked else
+            f"{n} on rank 0's node (--threads 0: each node's cores shared among its ranks; "
+            "per rank above)")
     if comm.rank == 0:
-        rule = f"{n} (--threads {getattr(args, 'threads', 0) or 0}" + \
-            (", 1 per rank with several ranks)" if n and not getattr(args, "threads", 0)
-             else ")") if n else "the BLAS library default (1 rank, --threads 0)"
         print(f"distnn {_version()}\n{text}\nBLAS threads per rank in train: {rule}",
               flush=True)
     return 0

@@ -89,8 +89,10 @@ def describe(comm: Communicator | None = None) -> str:
     """A multi-line report of the parallel set-up (collective: every rank must call it):
     MPI library and mpi4py versions, ranks, hosts, ranks per host and threads per rank."""
     comm = comm if comm is not None else get_comm()
+    from ..kernels import node_cores, threads_per_rank
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "threads": _threads(),
-            "local": (comm.local_rank, comm.local_size)}
+            "local": (comm.local_rank, comm.local_size), "cores": node_cores(),
+            "train_threads": threads_per_rank(comm.local_size)}
     everyone = comm.allgather_obj(mine)
     library = getattr(comm, "library_version", None)
     lines = [f"communicator: {type(comm).__name__}",
@@ -106,5 +108,6 @@ def describe(comm: Communicator | None = None) -> str:
     for r, info in enumerate(everyone):
         threads = ", ".join(f"{k}={v}" for k, v in sorted(info["threads"].items())) or "unknown"
         lines.append(f"  rank {r}: pid {info['pid']}, local rank {info['local'][0]}/"
-                     f"{info['local'][1]}, threads {threads}")
+                     f"{info['local'][1]}, cores {info['cores']}, train threads "
+                     f"{info['train_threads']}, threads now {threads}")
     return "\n".join(lines)

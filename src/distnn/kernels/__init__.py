@@ -6,7 +6,8 @@ reference; with the "numba" backend (the default when numba is installed; see ``
 their memory-bound loops run compiled and multi-threaded from ``_numba`` while the GEMMs
 stay in NumPy's BLAS. ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose.
 """
-from .backend import backend, get_num_threads, set_backend, set_num_threads
+from .backend import (backend, get_num_threads, node_cores, set_backend, set_num_threads,
+                      threads_per_rank)
 from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
                         bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
                         bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
@@ -18,7 +19,8 @@ from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       maxpool2d_forward, pool_output_shape)
 
 __all__ = [
-    "backend", "set_backend", "set_num_threads", "get_num_threads",
+    "backend", "set_backend", "set_num_threads", "get_num_threads", "node_cores",
+    "threads_per_rank",
     "im2col", "col2im", "conv2d_forward", "conv2d_backward", "conv_output_size",
     "same_padding", "conv_geometry", "ConvGeometry", "ConvCache",
     "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",

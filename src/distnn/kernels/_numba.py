@@ -33,16 +33,9 @@ _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", 
 
 
 def default_threads() -> int:
-    """OMP_NUM_THREADS when set; else the cores shared among the launcher's ranks."""
-    for var in ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS"):
-        if os.environ.get(var, "").strip().isdigit() and int(os.environ[var]) > 0:
-            return int(os.environ[var])
-    size = 1
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
-        if os.environ.get(var, "").isdigit():
-            size = max(1, int(os.environ[var]))
-            break
-    return max(1, (os.cpu_count() or 1) // size)
+    """OMP_NUM_THREADS when set; else this process's cores shared among its node's ranks."""
+    from .backend import threads_per_rank
+    return threads_per_rank()
 
 
 def set_num_threads(n: int) -> None:
