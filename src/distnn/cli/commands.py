@@ -157,8 +157,11 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
                       "learning_rate_scaling": cfg.optim.learning_rate_scaling,
                       "ranks": comm.size, "batch_size": local_bs, "global_batch_size": gbs,
                       "random_seed": header_cfg.model.random_seed}
+    from .. import kernels
     print_header(console, header_cfg, comm, model, splits, {
-        "ranks": comm.size, "batch size per rank": local_bs, "global batch size": gbs,
+        "ranks": comm.size,
+        "threads per rank": cfg.parallel.threads or kernels.threads_per_rank(comm.local_size),
+        "batch size per rank": local_bs, "global batch size": gbs,
         "learning rate": f"{lr:.6g}",
         "callbacks": ", ".join(type(c).__name__ for c in callbacks) or "-"})
     for note in notes:

@@ -213,8 +213,14 @@ class EmulatedCluster:
             "esac",
             # The command arrives as words for a remote shell (hydra quotes the proxy's
             # path): the inner sh joins and re-parses them, as sshd's shell would.
-            'exec ip netns exec "$host" unshare --uts --mount --propagation private -- '
+            'ip netns exec "$host" unshare --uts --mount --propagation private -- '
             'sh -c "$pre exec taskset -c $cpus $*"',
+            "status=$?",
+            # As ssh says "Connection to HOST closed" when a host goes away: a launch
+            # whose processes were killed names its host (hydra's own message does not).
+            'if [ $status -gt 128 ]; then echo "[$host] lost: its processes ended by '
+            'signal $((status - 128)) (emulated host $host died or was killed)" >&2; fi',
+            "exit $status",
             ""])
         with open(self.launcher_script, "w") as f:
             f.write(script)

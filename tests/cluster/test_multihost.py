@@ -1,0 +1,112 @@
+"""distnn across hosts, on the emulated cluster: the same updates as on one host, each
+rank using its node's cores, and a lost host ending the whole job with its name."""
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from cluster_util import DISTNN, PREFIX, ROOT, local_run, make_cluster, needs_cluster, run
+
+from distnn.cluster import total_sent
+
+pytestmark = [needs_cluster, pytest.mark.mpi]
+
+# A short float64 run of the README's model on real Fashion-MNIST; global batch 64 on
+# every launch, so 1 process, 1 host x 2 ranks and 2 hosts x 1 rank make the same steps.
+TRAIN = [DISTNN, "train", "--dtype", "float64", "--num_epochs", "1", "--steps_per_epoch",
+         "6", "--global_batch_size", "64", "--evaluate", "false", "--validation_split", "0",
+         "--quiet"]
+
+
+def weights(path) -> dict:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_two_hosts_make_the_same_updates_as_one_host_and_one_process(tmp_path):
+    one = local_run(TRAIN + ["--save_weights", str(tmp_path / "p1.npz")])
+    assert one.returncode == 0, one.stderr
+    shm = local_run(TRAIN + ["--save_weights", str(tmp_path / "shm.npz")], n=2)
+    assert shm.returncode == 0, shm.stderr
+    with make_cluster(2, rate="1gbit") as c:
+        before = c.link_bytes()
+        net = run(c, TRAIN + ["--save_weights", str(tmp_path / "net.npz")])
+        sent = total_sent(before, c.link_bytes())
+    assert net.returncode == 0, net.stderr
+    # the gradients (149,210 float64) crossed the link at every one of the 6 steps
+    assert sent >= 6 * 149_210 * 8, sent
+    ref = weights(tmp_path / "p1.npz")
+    for other in ("shm", "net"):
+        got = weights(tmp_path / f"{other}.npz")
+        assert got.keys() == ref.keys()
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-10, err_msg=other)
+    # the steps changed the weights (so the comparison above could fail): 5 steps differ
+    fewer = local_run([a if a != "6" else "5" for a in TRAIN]
+                      + ["--save_weights", str(tmp_path / "five.npz")])
+    assert fewer.returncode == 0, fewer.stderr
+    five = weights(tmp_path / "five.npz")
+    assert max(np.abs(ref[k] - five[k]).max() for k in ref) > 1e-6
+
+
+def test_each_rank_uses_its_node_cores(tmp_path):
+    # 2 hosts x 1 rank, every host with this machine's cores: each rank takes them all
+    # (before, the rule counted all ranks of the job and gave each 1 thread).
+    cores = len(os.sched_getaffinity(0))
+    with make_cluster(2, rate="10gbit", cores="all") as c:
+        info = run(c, [DISTNN, "info"], timeout=120)
+        train = run(c, TRAIN[:2] + ["--num_epochs", "1", "--steps_per_epoch", "2",
+                                    "--evaluate", "false"], timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert "hosts: 2" in info.stdout
+    for r in range(2):
+        assert f"rank {r}: " in info.stdout
+        line = next(ln for ln in info.stdout.splitlines() if f"rank {r}: " in ln)
+        assert "local rank 0/1" in line and f"cores {cores}, train threads {cores}" in line
+        assert f"openblas={cores}" in line  # what the BLAS pool is set to, not just said
+    assert f"BLAS threads per rank in train: {cores} on rank 0's node" in info.stdout
+    assert train.returncode == 0, train.stderr
+    assert f"threads per rank {cores}" in train.stdout
+    # the same machine as one host with 2 ranks: the cores are shared between them
+    shared = local_run([DISTNN, "info"], n=2)
+    assert "hosts: 1" in shared.stdout
+    assert f"train threads {max(1, cores // 2)}" in shared.stdout
+
+
+def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
+    ck = tmp_path / "ck.npz"
+    argv = [DISTNN, "train", "--num_epochs", "200", "--steps_per_epoch", "15",
+            "--checkpoint", str(ck), "--validation_split", "0", "--evaluate", "false"]
+    with make_cluster(2, rate="1gbit") as c:
+        proc = subprocess.Popen(c.mpiexec(argv, mpiexec=None), env=c.env(), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert ck.exists(), "no checkpoint was written"
+            time.sleep(1.0)  # mid-epoch: checkpoints come at epoch ends
+            killed = c.kill(f"{PREFIX}2")
+            assert killed
+            t = time.monotonic()
+            out, _ = proc.communicate(timeout=30)
+            ended = time.monotonic() - t
+            survivors_gone = c.wait_gone(f"{PREFIX}1", timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode != 0
+    assert ended < 10, ended
+    assert survivors_gone, "rank 0's host still runs after the job ended"
+    assert f"[{PREFIX}2] lost" in out, out[-2000:]
+    # nothing half-written: the checkpoint loads and a run resumes from it on one host
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("ck.npz.")]
+    from distnn.training.checkpoint import load_checkpoint
+    done = load_checkpoint(ck).epochs_done
+    assert done >= 1
+    resumed = local_run([DISTNN, "train", "--resume", str(ck), "--num_epochs", str(done + 1),
+                         "--steps_per_epoch", "15", "--evaluate", "false"], n=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Epoch {done + 1}/{done + 1}" in resumed.stderr + resumed.stdout
