@@ -137,3 +137,27 @@ def test_cores_split_between_hosts():
     assert make_cluster(2, cores="all").hosts[1].cores == tuple(cpus)
     many = make_cluster(len(cpus) + 1)  # more hosts than cores: one each, round-robin
     assert [h.cores for h in many.hosts][-1] == (cpus[0],)
+
+
+def test_the_cluster_command_up_run_exec_kill_down():
+    from cluster_util import DISTNN
+
+    def cmd(*words):
+        return subprocess.run([DISTNN, "cluster", *words], capture_output=True, text=True,
+                              timeout=120)
+    up = cmd("up", "--hosts", "3", "--prefix", PREFIX, "--net", str(NET), "--rate", "10gbit")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"{PREFIX}3: 198.18.{NET}.13" in up.stdout
+        ran = cmd("run", "--prefix", PREFIX, "--", DISTNN, "info")
+        assert ran.returncode == 0, ran.stderr
+        assert "hosts: 3" in ran.stdout and "MB crossed the links" in ran.stderr
+        assert cmd("exec", "--prefix", PREFIX, f"{PREFIX}2", "--", "hostname").stdout.strip() \
+            == f"{PREFIX}2"
+        bad = cmd("kill", "--prefix", PREFIX, f"{PREFIX}9")
+        assert bad.returncode == 2 and f"no host '{PREFIX}9'" in bad.stderr
+    finally:
+        down = cmd("down", "--prefix", PREFIX)
+    assert down.returncode == 0 and leftovers() == []
+    gone = cmd("status", "--prefix", PREFIX)
+    assert gone.returncode == 2 and "distnn cluster up" in gone.stderr

@@ -20,6 +20,7 @@ import sys
 from typing import Sequence
 
 from .builders import UserError, make_comm, threads
+from .cluster import add_cluster_parser, run_cluster
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
 from .config import ConfigError, RunConfig, build_config, load_config, resolve_values
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                            argument_default=argparse.SUPPRESS, allow_abbrev=False)
         _add_options(p, command)
     add_search_parser(sub)
+    add_cluster_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
     info.add_argument("--parallel", type=_argtype(OPTION_BY_NAME["parallel"]),
@@ -179,10 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet, search", True)
+                     "convert-imagenet, search, cluster", True)
     prog = f"{PROG} {args.command}"
     if args.command == SEARCH:
         return main_search(args, prog, _env_rank() == 0)
+    if args.command == "cluster":
+        try:
+            return run_cluster(args)
+        except UserError as exc:
+            return _fail(prog, str(exc), True)
     if args.command in PLAIN_COMMANDS:
         try:
             return PLAIN_COMMANDS[args.command](args)

@@ -159,8 +159,9 @@ class EmulatedCluster:
     def _create(self) -> None:
         os.makedirs(self.state, exist_ok=True)
         with open(os.path.join(self.state, "cluster.json"), "w") as f:
-            json.dump({"mark": MARK, "hosts": [h.name for h in self.hosts],
-                       "links": [h.link for h in self.hosts], "bridge": self.bridge}, f)
+            json.dump({"mark": MARK, "hosts": len(self.hosts), "rate": self.rate,
+                       "prefix": self.prefix, "net": self.net, "cores": self.cores_mode,
+                       "private_dirs": list(self.private_dirs)}, f)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "alias", MARK)
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
@@ -191,6 +192,22 @@ class EmulatedCluster:
                 os.makedirs(d, exist_ok=True)
                 os.makedirs(self.backing(h.name, d), exist_ok=True)
         self._write_launcher()
+
+    @classmethod
+    def existing(cls, prefix: str = "h", state_dir: str = STATE_DIR) -> "EmulatedCluster":
+        """The cluster of ``prefix`` that an earlier ``up()`` (another process) left up."""
+        try:
+            with open(os.path.join(state_dir, prefix, "cluster.json")) as f:
+                spec = json.load(f)
+        except (OSError, ValueError):
+            raise ClusterError(f"no emulated cluster {prefix!r} is up (no "
+                               f"{os.path.join(state_dir, prefix, 'cluster.json')}); start "
+                               "one with: distnn cluster up") from None
+        cluster = cls(spec["hosts"], rate=spec["rate"], prefix=spec["prefix"], net=spec["net"],
+                      cores=spec["cores"], private_dirs=spec["private_dirs"],
+                      state_dir=state_dir)
+        cluster._up = True
+        return cluster
 
     def backing(self, host: str, folder: str) -> str:
         """Where ``folder`` lives on ``host`` when it is one of ``private_dirs``."""
