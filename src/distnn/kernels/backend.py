@@ -54,47 +54,6 @@ def compiled():
     return _state["module"]
 
 
-# Ranks on this node as the launcher tells them before MPI starts: hydra (MPICH), Open MPI,
-# PMIx, Slurm (SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node).
-_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
-                    "SLURM_NTASKS_PER_NODE")
-
-
-def node_cores() -> int:
-    """Cores this process may run on: its CPU affinity (what Slurm's cpusets, ``taskset``
-    and the emulated cluster's hosts set), not ``os.cpu_count()`` (all of the machine)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def launcher_local_size() -> int:
-    """Ranks the launcher put on this node (1 when started without a launcher)."""
-    for var in _LOCAL_SIZE_VARS:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
-
-
-def threads_per_rank(local_size: int | None = None) -> int:
-    """Threads a rank should use by default: ``OMP_NUM_THREADS`` (or
-    ``DISTNN_NUM_THREADS``) when set, else this process's cores shared among the ranks on
-    its node (``local_size``: ``comm.local_size``; None reads the launcher's variables).
-
-    Example:
-        threads_per_rank(comm.local_size)  # 2 hosts x 1 rank on 8-core nodes -> 8
-    """
-    for var in ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    ranks = launcher_local_size() if local_size is None else max(1, int(local_size))
-    cores = node_cores()
-    return max(1, cores // ranks) if cores > 1 else 1
-
-
 def set_num_threads(n: int) -> None:
     """Threads of the compiled loops (default: ``threads_per_rank()``); BLAS threads are
     set separately (threadpoolctl)."""
