@@ -285,6 +285,6 @@ def test_info_reports_the_threads_train_uses(tmp_path):
     rank_lines = [x for x in proc.stdout.splitlines() if x.strip().startswith("rank ")]
     assert len(rank_lines) == 2
     for line in rank_lines:
-        counts = [int(part.split("=")[1]) for part in line.split("threads ")[1].split(", ")
+        counts = [int(part.split("=")[1]) for part in line.split("threads now ")[1].split(", ")
                   if "=" in part]
         assert counts and all(c == 1 for c in counts), line
