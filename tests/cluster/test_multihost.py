@@ -75,11 +75,14 @@ def test_each_rank_uses_its_node_cores(tmp_path):
 
 
 def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
+    # 3 hosts; the job runs on the first two; the second dies mid-epoch; the run resumes
+    # from its checkpoint on the first and the third (the job comes back on other hosts).
     ck = tmp_path / "ck.npz"
     argv = [DISTNN, "train", "--num_epochs", "200", "--steps_per_epoch", "15",
             "--checkpoint", str(ck), "--validation_split", "0", "--evaluate", "false"]
-    with make_cluster(2, rate="1gbit") as c:
-        proc = subprocess.Popen(c.mpiexec(argv, mpiexec=None), env=c.env(), cwd=ROOT,
+    h1, h2, h3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
+    with make_cluster(3, rate="1gbit") as c:
+        proc = subprocess.Popen(c.mpiexec(argv, hosts=[h1, h2]), env=c.env(), cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 120
@@ -87,26 +90,26 @@ def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
                 time.sleep(0.2)
             assert ck.exists(), "no checkpoint was written"
             time.sleep(1.0)  # mid-epoch: checkpoints come at epoch ends
-            killed = c.kill(f"{PREFIX}2")
+            killed = c.kill(h2)
             assert killed
             t = time.monotonic()
             out, _ = proc.communicate(timeout=30)
             ended = time.monotonic() - t
-            survivors_gone = c.wait_gone(f"{PREFIX}1", timeout=10)
+            survivors_gone = c.wait_gone(h1, timeout=10)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    assert proc.returncode != 0
-    assert ended < 10, ended
-    assert survivors_gone, "rank 0's host still runs after the job ended"
-    assert f"[{PREFIX}2] lost" in out, out[-2000:]
-    # nothing half-written: the checkpoint loads and a run resumes from it on one host
-    assert not [p for p in os.listdir(tmp_path) if p.startswith("ck.npz.")]
-    from distnn.training.checkpoint import load_checkpoint
-    done = load_checkpoint(ck).epochs_done
-    assert done >= 1
-    resumed = local_run([DISTNN, "train", "--resume", str(ck), "--num_epochs", str(done + 1),
-                         "--steps_per_epoch", "15", "--evaluate", "false"], n=2)
+        assert proc.returncode != 0
+        assert ended < 10, ended
+        assert survivors_gone, "rank 0's host still runs after the job ended"
+        assert f"[{h2}] lost" in out, out[-2000:]
+        # nothing half-written: the checkpoint loads, and the run resumes on h1 and h3
+        assert not [p for p in os.listdir(tmp_path) if p.startswith("ck.npz.")]
+        from distnn.training.checkpoint import load_checkpoint
+        done = load_checkpoint(ck).epochs_done
+        assert done >= 1
+        resumed = run(c, [DISTNN, "train", "--resume", str(ck), "--num_epochs", str(done + 1),
+                          "--steps_per_epoch", "15", "--evaluate", "false"], hosts=[h1, h3])
     assert resumed.returncode == 0, resumed.stderr
     assert f"Epoch {done + 1}/{done + 1}" in resumed.stderr + resumed.stdout
