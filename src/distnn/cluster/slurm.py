@@ -217,7 +217,9 @@ class EmulatedSlurm:
         victims = self._leftovers()
         for pid in victims:
             _kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 5
+        # slurmctld and slurmd take seconds to end after a job (they save state and talk
+        # to each other); the state is thrown away, so they get one second.
+        end = time.monotonic() + 1
         while time.monotonic() < end and any(_alive(p) for p in victims):
             time.sleep(0.1)
         for pid in victims:
@@ -230,6 +232,10 @@ class EmulatedSlurm:
                 pass
         self._procs = []
         shutil.rmtree(self.state, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self.state))  # only when no other prefix uses it
+        except OSError:
+            pass
 
     def _leftovers(self) -> list[int]:
         """Our daemons (by the state folder in their command line), and every slurmd or
@@ -237,7 +243,7 @@ class EmulatedSlurm:
         procs = _processes()
         host_ns = {_netns_inode(h.name) for h in self.cluster.hosts} - {None}
         roots = []
-        for pid, (ppid, comm, cmdline, netns) in procs.items():
+        for pid, (_ppid, comm, cmdline, netns) in procs.items():
             if pid == os.getpid() or comm not in _DAEMONS:
                 continue
             if self.state + "/" in cmdline or (netns in host_ns and comm in
@@ -307,10 +313,22 @@ PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE State=
 """
 
     def env(self, base: dict | None = None) -> dict:
-        """Environment for ``srun``/``sinfo`` on this cluster: ``SLURM_CONF`` and the
-        cluster's MPI-over-TCP settings (``EmulatedCluster.env()``)."""
+        """Environment for ``srun``/``sinfo`` on this cluster: ``SLURM_CONF``, the
+        cluster's MPI-over-TCP settings (``EmulatedCluster.env()``) and MPICH's OFI netmod
+        (libfabric's tcp provider) instead of UCX, unless ``base`` names a netmod.
+
+        Why not UCX: Slurm's PMI-1 server (mpi/pmi2 plugin, 22.05) takes each request
+        from a single ``read()`` of at most 1024 bytes ("TODO: read until newline" in
+        its pmi1.c), while MPICH's PMI-1 client sends a UCX address of ~4 KB as ``put``
+        lines whose value alone may be 1023 characters: a longer line arrives in two
+        pieces, Slurm rejects both ("mpi/pmi2: value not properly terminated in client
+        request") and MPI_Init fails or hangs. Whether a line passes 1024 depends on how
+        well the address compresses: it failed every time for ``distnn info`` run from
+        pytest and never in a shell. The OFI address fits in one 65-byte line."""
         env = self.cluster.env(base)
         env["SLURM_CONF"] = self.conf
+        if "MPIR_CVAR_CH4_NETMOD" not in (os.environ if base is None else base):
+            env["MPIR_CVAR_CH4_NETMOD"] = "ofi"
         return env
 
     def srun_argv(self, argv: Sequence[str], nodes: int | None = None,
