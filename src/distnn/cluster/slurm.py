@@ -39,7 +39,9 @@ Example:
 from __future__ import annotations
 
 import os
+import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -102,6 +104,8 @@ class EmulatedSlurm:
         self.conf = os.path.join(self.state, "slurm.conf")
         self.munge_socket = os.path.join(self.state, "munge", "munge.socket")
         self.controller = f"{cluster.prefix}ctl"
+        # job ids (and so PMI kvsnames) differ from one instance to the next
+        self.first_job_id = random.randint(1000, 60_000_000)
         self._procs: list[subprocess.Popen] = []
 
     # -- set-up and tear-down ----------------------------------------------------------
@@ -147,8 +151,14 @@ class EmulatedSlurm:
                                   "slurmctld", "-D", "-f", self.conf])
         self._wait(lambda: self._ping(), "slurmctld to answer (scontrol ping)")
         for h in self.cluster.hosts:
-            argv = self.cluster.exec_argv(h.name, ["slurmd", "-D", "-f", self.conf])
-            self._spawn(f"slurmd.{h.name}", argv)
+            # Each host gets its own /dev/shm (a tmpfs in slurmd's private mount namespace,
+            # gone with its last process): MPICH names its shared-memory segment after the
+            # PMI kvsname (the Slurm job and step ids), and a segment an aborted job left
+            # in the machine's /dev/shm made the next job of that id fail in
+            # MPIDI_POSIX_comm_bootstrap ("Out of memory").
+            script = (f"mount -t tmpfs -o mode=1777 {h.name}shm /dev/shm && "
+                      f"exec slurmd -D -f {shlex.quote(self.conf)}")
+            self._spawn(f"slurmd.{h.name}", self.cluster.exec_argv(h.name, ["sh", "-c", script]))
         self._wait(self._all_idle, "every node idle (sinfo)")
 
     def _path(self, rel: str) -> str:
@@ -304,6 +314,7 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+FirstJobId={self.first_job_id}
 SlurmdTimeout=120
 InactiveLimit=0
 KillWait=5
