@@ -408,3 +408,47 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distnn.cluster.slurm``: an emulated cluster with Slurm on it until
+    Ctrl-C (or SIGTERM); prints the environment for ``srun`` in another shell, and at the
+    end the bytes each host's link carried."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m distnn.cluster.slurm",
+                                     description=main.__doc__)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="tc rate of every link ('none': "
+                        "unshaped)")
+    parser.add_argument("--prefix", default="s")
+    parser.add_argument("--net", type=int, default=5)
+    parser.add_argument("--cores", choices=("split", "all"), default="split")
+    parser.add_argument("--port", type=int, default=6817)
+    args = parser.parse_args(argv)
+    rate = None if args.rate == "none" else args.rate
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(1))
+    with EmulatedCluster(args.hosts, rate=rate, prefix=args.prefix, net=args.net,
+                         cores=args.cores) as cluster:
+        with EmulatedSlurm(cluster, port=args.port) as slurm:
+            env = slurm.env({})
+            print("Slurm is up on " + ", ".join(
+                f"{h.name} ({h.address}, cores {','.join(map(str, h.cores))})"
+                for h in cluster.hosts) + ". In another shell:", flush=True)
+            print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())),
+                  flush=True)
+            print("Ctrl-C ends it.", flush=True)
+            start = cluster.link_bytes()
+            while not stop:
+                time.sleep(0.5)
+            print("link bytes while up: " + json.dumps(
+                {h: {k: v - start[h][k] for k, v in d.items()}
+                 for h, d in cluster.link_bytes().items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
