@@ -6,31 +6,39 @@ Layout (for an ``EmulatedCluster`` with prefix ``s`` and net 5, hosts s1, s2, ..
   (``STATE/munge/munge.socket``; Slurm finds it through ``AuthInfo=socket=...``), so it
   neither needs nor touches the machine's ``/etc/munge`` or ``/run/munge``. A Unix socket
   is a path, not a network address: the daemons in the host namespaces reach it too.
-* ``slurmctld`` in the root namespace (where ``srun`` runs, as on a login/head node),
-  in a UTS namespace of its own whose hostname is ``PREFIXctl`` (Slurm refuses to start
-  a controller whose hostname is not ``SlurmctldHost``); the hosts reach it at the bridge
-  address, ``SlurmctldHost=sctl(198.18.5.1)``. It listens on ``port`` (6817) of the root
-  namespace.
+* ``slurmctld`` in the root namespace (where ``srun`` runs, as on a login node), in a UTS
+  namespace of its own whose hostname is ``PREFIXctl`` (a controller must run on the host
+  named by ``SlurmctldHost``); the hosts reach it at the bridge address,
+  ``SlurmctldHost=sctl(198.18.5.1)``. It listens on ``port`` (6817) of the root namespace.
 * one ``slurmd`` per host, started like an MPI rank of the cluster (the host's network
-  namespace, its hostname, its cores through ``taskset``), as ``NodeName=s1
-  NodeAddr=198.18.5.11 CPUs=<the host's cores>``. It finds its node by its hostname, so
-  one ordinary ``slurmd`` per host works without ``--enable-multiple-slurmd``. The tasks
-  it starts inherit the host's namespace, hostname and cores.
+  namespace, hostname and cores), as ``NodeName=s1 NodeAddr=198.18.5.11 CPUs=<the host's
+  cores>``. It finds its node by its hostname, so one ordinary ``slurmd`` per host works
+  without ``--enable-multiple-slurmd``. A synthetic hwloc topology of the host's cores
+  (``HWLOC_SYNTHETIC``) makes its hardware detection agree (hwloc reads the machine, not
+  the affinity). Each host gets a private ``/dev/shm`` (tmpfs in slurmd's mount
+  namespace) and ``TmpFS=STATE/tmp/%n`` (PMIx's per-step folders): the hosts share one
+  file system, and both would collide between hosts or with an aborted job's leftovers.
+  The tasks it starts inherit the host's namespace, hostname, cores and ``/dev/shm``.
 * a minimal ``slurm.conf`` (``STATE/slurm.conf``; ``env()`` sets ``SLURM_CONF``):
   ``SlurmUser=root``, ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``,
-  ``SelectType=select/cons_tres``, ``MpiDefault=pmi2``, no accounting, no cgroups; state,
-  spool, logs and pid files under ``STATE`` (``/run/distnn-slurm/PREFIX``).
+  ``SelectType=select/cons_tres``, ``MpiDefault=pmi2``, no accounting; ``cgroup.conf``
+  names ``cgroup/v1`` because slurmd 22.05 loads a cgroup plugin even so and cannot
+  autodetect one under ``ip netns exec``'s fresh ``/sys``. State, spool, logs and pid files
+  live under ``STATE`` (``/run/distnn-slurm/PREFIX``).
 
-``srun --mpi=pmi2`` serves the PMI-1/PMI-2 wire protocol on the ``PMI_FD`` it gives each
-task, which the mpich wheel's ``libmpi`` speaks (MPICH detects the PMI version from the
-environment: ``PMI_SIZE`` -> PMI-1/2, ``PMIX_NAMESPACE`` -> PMIx); ``env()`` also forces
-MPI over TCP (``EmulatedCluster.env()``) so the data crosses the hosts' links.
+MPI: ``srun --mpi=pmi2`` serves the PMI-1 and PMI-2 wire protocols on the ``PMI_FD`` it
+gives each task; the mpich wheel's ``libmpi`` speaks PMI-1 (it has no PMI-2 or PMIx
+client: ``MPIR_CVAR_PMI_VERSION=2`` or ``x`` aborts in ``MPIR_pmi_init`` even under its own
+hydra, and under ``srun --mpi=pmix`` it says "Runtime environment uses unsupported PMI
+version PMIx"). ``env()`` forces MPI over TCP (``EmulatedCluster.env()``) and MPICH's OFI
+netmod, whose address fits Slurm's PMI-1 requests (see ``env()``).
 
 Set-up and tear-down are idempotent: ``up()`` first ends what a crashed earlier instance of
 the same prefix left (its daemons are found by the state folder in their command line, the
 slurmd's and their jobs by being in a host namespace) and ``down()`` ends munged,
 slurmctld, every slurmd with its steps and tasks, and removes the state folder. Needs root
-and Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge`` packages.
+and Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge`` packages
+(``--mpi=pmix`` also ``libpmix-dev``: Slurm's plugin opens ``libpmix.so``).
 
 Example:
     with EmulatedCluster(2, prefix="s", net=5) as cluster, EmulatedSlurm(cluster) as slurm:
@@ -158,18 +166,23 @@ class EmulatedSlurm:
             # MPIDI_POSIX_comm_bootstrap ("Out of memory").
             script = (f"mount -t tmpfs -o mode=1777 {h.name}shm /dev/shm && "
                       f"exec slurmd -D -f {shlex.quote(self.conf)}")
-            self._spawn(f"slurmd.{h.name}", self.cluster.exec_argv(h.name, ["sh", "-c", script]))
+            # hwloc (slurmd's hardware detection) reads the machine, not the taskset: a
+            # synthetic topology of the host's cores makes slurmd find CPUs=<its cores>.
+            topology = (f"package:1 core:{len(h.cores)} "
+                        f"pu:1(indexes={','.join(map(str, h.cores))})")
+            self._spawn(f"slurmd.{h.name}", self.cluster.exec_argv(h.name, ["sh", "-c", script]),
+                        HWLOC_SYNTHETIC=topology, HWLOC_THISSYSTEM="1")
         self._wait(self._all_idle, "every node idle (sinfo)")
 
     def _path(self, rel: str) -> str:
         return os.path.join(self.state, rel)
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> None:
+    def _spawn(self, name: str, argv: Sequence[str], **env: str) -> None:
         log = open(self._path(f"log/{name}.out"), "ab")
         try:
             proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env=self.env())
+                                    env={**self.env(), **env})
         finally:
             log.close()
         self._procs.append(proc)
