@@ -122,6 +122,9 @@ class EmulatedSlurm:
         why = unavailable_reason()
         if why:
             raise SlurmError(why)
+        if not os.path.exists(self.cluster.launcher_script):
+            raise SlurmError(f"the emulated cluster {self.cluster.prefix!r} is not up "
+                             "(EmulatedCluster.up() first)")
         self.down()
         try:
             self._start()
