@@ -8,6 +8,18 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     $SUDO apt-get install -y dataset-fashion-mnist >/dev/null 2>&1 \
         || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y dataset-fashion-mnist >/dev/null; }
 fi
+# Slurm and munge for tests/cluster/test_slurm.py (srun on the emulated cluster; skipped
+# without them). Debian's packages install in seconds; their services need a slurm.conf
+# in /etc/slurm, which this does not write. DISTNN_NO_SLURM=1 leaves them out.
+if [ -z "${DISTNN_NO_SLURM:-}" ] && ! command -v slurmctld >/dev/null 2>&1 \
+        && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    PKGS="slurmctld slurmd slurm-client munge"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $PKGS >/dev/null 2>&1 \
+        || { $SUDO apt-get update >/dev/null 2>&1 \
+             && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $PKGS >/dev/null 2>&1; } \
+        || echo "setup.sh: could not install $PKGS (the Slurm test will be skipped)" >&2
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv

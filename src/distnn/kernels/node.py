@@ -7,9 +7,11 @@ a rank knows its node, never the machine's ``os.cpu_count()`` or the job's world
 from __future__ import annotations
 
 import os
+import re
 
 # Ranks on this node as the launcher tells them before MPI starts: hydra (MPICH), Open MPI,
-# PMIx, Slurm (SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node).
+# PMIx, Slurm (SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; else srun's
+# SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID).
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE")
 
@@ -29,7 +31,24 @@ def launcher_local_size() -> int:
         value = os.environ.get(var, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    return 1
+    return _srun_tasks_on_this_node() or 1
+
+
+def _srun_tasks_on_this_node() -> int | None:
+    """Tasks srun started on this node: SLURM_STEP_TASKS_PER_NODE ('2(x3),1': 2 on each
+    of the first three nodes, then 1) at this task's SLURM_NODEID."""
+    spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    node = os.environ.get("SLURM_NODEID", "").strip()
+    if not spec or not node.isdigit():
+        return None
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    i = int(node)
+    return counts[i] if i < len(counts) and counts[i] > 0 else None
 
 
 def threads_per_rank(local_size: int | None = None) -> int:
