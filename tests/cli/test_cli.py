@@ -392,10 +392,12 @@ def test_threads_option_sets_blas_and_compiled_kernel_threads():
     kernels.set_num_threads(2)
     start = kernels.get_num_threads()  # 2, or fewer on a 1-core machine / NumPy backend
     cfg = build_config("train", resolve_values({"threads": 1}))
-    with threads(cfg, 1):
+    from distnn.distributed import LocalComm
+    with threads(cfg, LocalComm()):
         assert kernels.get_num_threads() == 1
         assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
     assert kernels.get_num_threads() == start  # restored after the run
-    # 0 with several ranks: one thread per rank
-    with threads(build_config("train", resolve_values({})), 2):
+    # 0 with several ranks sharing the node's cores: the cores divided among them
+    two = type("TwoRanksOnANode", (), {"local_size": 2, "core_sharers": 2})()
+    with threads(build_config("train", resolve_values({})), two):
         assert kernels.get_num_threads() == 1

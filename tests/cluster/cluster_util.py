@@ -44,9 +44,11 @@ def run(cluster, argv, ranks_per_host=1, hosts=None, timeout=180, env=None, **kw
                           cwd=kw.pop("cwd", ROOT), **kw)
 
 
-def local_run(argv, n=0, timeout=180, env=None):
-    """argv on this machine's shared memory: n ranks under mpiexec, or 1 process (n=0)."""
-    cmd = ([MPIEXEC, "-n", str(n)] if n else []) + list(argv)
+def local_run(argv, n=0, timeout=180, env=None, bind=None):
+    """argv on this machine's shared memory: n ranks under mpiexec, or 1 process (n=0);
+    ``bind``: hydra's -bind-to (e.g. "core")."""
+    cmd = ([MPIEXEC] + (["-bind-to", bind] if bind else []) + ["-n", str(n)] if n else []) \
+        + list(argv)
     environment = dict(os.environ if env is None else env)
     return subprocess.run(cmd, env=environment, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)

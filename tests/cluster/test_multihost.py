@@ -113,3 +113,21 @@ def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
                           "--steps_per_epoch", "15", "--evaluate", "false"], hosts=[h1, h3])
     assert resumed.returncode == 0, resumed.stderr
     assert f"Epoch {done + 1}/{done + 1}" in resumed.stderr + resumed.stdout
+
+
+def test_ranks_pinned_to_their_own_cores_are_not_divided_again():
+    # hydra's -bind-to core gives each rank a core of its own: the rank keeps all of its
+    # cores (here 1) instead of dividing them by the ranks on the node.
+    prog = ("import os; from distnn import distributed as d; c = d.init(); "
+            "rows = c.allgather_obj(f'{c.rank} {len(os.sched_getaffinity(0))} "
+            "{c.core_sharers} {d.default_threads(c)}'); c.rank or print(*rows, sep=chr(10))")
+    import sys
+    shared = local_run([sys.executable, "-c", prog], n=2)
+    pinned = local_run([sys.executable, "-c", prog], n=2, bind="core")
+    assert shared.returncode == 0 and pinned.returncode == 0, shared.stderr + pinned.stderr
+    cores = len(os.sched_getaffinity(0))
+    for line in shared.stdout.split("\n")[:-1]:
+        assert line.split()[1:] == [str(cores), "2", str(max(1, cores // 2))], line
+    for line in pinned.stdout.split("\n")[:-1]:
+        own = int(line.split()[1])
+        assert line.split()[2:] == ["1", str(own)], line

@@ -281,13 +281,15 @@ def build_augment(cfg: RunConfig) -> list:
 
 
 @contextlib.contextmanager
-def threads(cfg: RunConfig, local_size: int):
+def threads(cfg: RunConfig, comm):
     """``--threads`` for the run: the BLAS pools (threadpoolctl) and the compiled kernels'
-    loops; 0 means this process's cores shared among the ``local_size`` ranks of its node."""
+    loops; 0 means this rank's cores shared among the ranks of its node that use them
+    (``distributed.default_threads``)."""
     from threadpoolctl import threadpool_limits
 
     from .. import kernels
-    n = cfg.parallel.threads or kernels.threads_per_rank(local_size)
+    from ..distributed import default_threads
+    n = cfg.parallel.threads or default_threads(comm)
     before = kernels.get_num_threads()
     kernels.set_num_threads(n)
     try:

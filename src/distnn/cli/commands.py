@@ -157,10 +157,9 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
                       "learning_rate_scaling": cfg.optim.learning_rate_scaling,
                       "ranks": comm.size, "batch_size": local_bs, "global_batch_size": gbs,
                       "random_seed": header_cfg.model.random_seed}
-    from .. import kernels
+    from ..distributed import default_threads
     print_header(console, header_cfg, comm, model, splits, {
-        "ranks": comm.size,
-        "threads per rank": cfg.parallel.threads or kernels.threads_per_rank(comm.local_size),
+        "ranks": comm.size, "threads per rank": cfg.parallel.threads or default_threads(comm),
         "batch size per rank": local_bs, "global batch size": gbs,
         "learning rate": f"{lr:.6g}",
         "callbacks": ", ".join(type(c).__name__ for c in callbacks) or "-"})
@@ -322,12 +321,11 @@ def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None
 
 def run_info(args) -> int:
     from .. import distributed as dist
-    from .. import kernels
     comm = make_comm(args.parallel)
     # The threads train would use: --threads, else this rank's cores shared among the
     # ranks of its node (each node decides for itself).
     asked = getattr(args, "threads", 0) or 0
-    n = asked or kernels.threads_per_rank(comm.local_size)
+    n = asked or dist.default_threads(comm)
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=n):
         text = dist.describe(comm)

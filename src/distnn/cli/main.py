@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if comm.rank == 0:
                 for note in cfg.notes:
                     sys.stderr.write(f"{prog}: note: {note}\n")
-            with threads(cfg, comm.local_size), _cprofile(cfg.output.cprofile, comm,
+            with threads(cfg, comm), _cprofile(cfg.output.cprofile, comm,
                                                     cfg.output.profile):
                 extra = {"explicit": explicit_options(args)} if args.command == "train" else {}
                 return COMMANDS[args.command](cfg, comm, **extra)

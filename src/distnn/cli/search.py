@@ -529,7 +529,7 @@ def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -
             if comm.rank == 0:
                 for note in cfg.notes:
                     sys.stderr.write(f"{prog}: note: {note}\n")
-            with threads(cfg.base, comm.local_size):
+            with threads(cfg.base, comm):
                 return run_search_command(cfg, comm)
         except (UserError, ConfigError) as exc:
             if cfg.base.output.traceback:

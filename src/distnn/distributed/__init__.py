@@ -21,11 +21,12 @@ from .comm import Communicator, Handle, LocalComm, MPIComm, get_comm, init, mpi_
 from .optimizer import DistributedOptimizer, make_buckets
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)
-from .runtime import abort_on_error, describe, install_abort_handler
+from .runtime import abort_on_error, default_threads, describe, install_abort_handler
 
 __all__ = [
     "Communicator", "Handle", "MPIComm", "LocalComm", "init", "get_comm", "world",
-    "mpi_available", "rank", "size", "local_rank", "local_size", "allreduce", "allreduce_",
+    "mpi_available", "default_threads", "rank", "size", "local_rank", "local_size",
+    "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "allgather", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
     "make_buckets", "sync_batchnorm", "metrics_allreduce", "scale_lr", "abort_on_error",

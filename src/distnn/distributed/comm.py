@@ -98,6 +98,7 @@ class LocalComm:
     size = 1
     local_rank = 0
     local_size = 1
+    core_sharers = 1
 
     def allreduce_(self, arr, op="sum"):
         _check_op(op, _check_array(arr, "allreduce_"))
@@ -188,6 +189,13 @@ class _MPIHandle:
         return self._done
 
 
+def _affinity() -> frozenset:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: assume every rank shares every core
+        return frozenset({-1})
+
+
 def _mpi():
     from mpi4py import MPI  # the only import of mpi4py in distnn (lazy: optional dependency)
     return MPI
@@ -231,6 +239,12 @@ class MPIComm:
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = node.Get_rank()
         self.local_size = node.Get_size()
+        # Ranks of this node whose cores overlap this rank's (itself included): local_size
+        # when nothing pins them, 1 when the launcher gave each rank cores of its own
+        # (Slurm's --cpu-bind, hydra's -bind-to core): then a rank keeps all its cores.
+        mine = _affinity()
+        cpus = node.allgather(mine) if self.local_size > 1 else [mine]
+        self.core_sharers = sum(1 for other in cpus if not mine.isdisjoint(other))
         node.Free()
         if fp16 not in ("auto", "native", "op"):
             raise ValueError(f"fp16 must be 'auto', 'native' or 'op', got {fp16!r}")
