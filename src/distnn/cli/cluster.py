@@ -33,6 +33,11 @@ def add_cluster_parser(sub) -> None:
                            help="Each host its own share of the cores, or all of them.")
             a.add_argument("--private", nargs="*", default=[], metavar="DIR",
                            help="Folders private to each host (node-local storage).")
+            a.add_argument("--slurm", action="store_true",
+                           help="Also run Slurm on the hosts (munged, slurmctld at the "
+                           "bridge address, one slurmd per host; needs Debian's slurmctld, "
+                           "slurmd, slurm-client and munge) and print the environment srun "
+                           "needs.")
         if action in ("exec", "kill"):
             a.add_argument("host", metavar="HOST")
         if action == "run":
@@ -54,8 +59,11 @@ def run_cluster(args) -> int:
             _describe(c)
             print(f"run: distnn cluster run -- distnn train ...   (or: "
                   f"{' '.join(c.mpiexec(['COMMAND']))} with UCX_TLS=tcp)")
+            if args.slurm:
+                _slurm_up(c)
             return 0
         if args.action == "down":
+            _slurm_down(args.prefix)
             EmulatedCluster(1, prefix=args.prefix).down()
             print(f"emulated cluster {args.prefix!r}: removed")
             return 0
@@ -78,6 +86,30 @@ def run_cluster(args) -> int:
         return code
     except (ClusterError, ValueError) as exc:
         raise UserError(str(exc)) from None
+
+
+def _slurm_up(cluster) -> None:
+    import shlex
+
+    from ..cluster.slurm import EmulatedSlurm, SlurmError
+    try:
+        slurm = EmulatedSlurm(cluster).up()
+    except SlurmError as exc:
+        cluster.down()
+        raise UserError(f"--slurm: {exc}") from None
+    env = slurm.env({})
+    print("Slurm is up (srun --mpi=pmi2 -N 2 -n 2 distnn info); in the shell that runs srun:")
+    print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
+
+
+def _slurm_down(prefix: str) -> None:
+    from ..cluster import EmulatedCluster
+    from ..cluster.slurm import EmulatedSlurm
+    try:
+        cluster = EmulatedCluster.existing(prefix)
+    except Exception:  # noqa: BLE001 - no cluster state: nothing of Slurm's to end either
+        return
+    EmulatedSlurm(cluster).down()
 
 
 def _host(cluster, name: str) -> str:
