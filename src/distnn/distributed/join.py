@@ -25,7 +25,8 @@ _DTYPES = [np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.i
 _OPS = ["sum", "mean", "max", "min", "adasum"]
 _KINDS = {"allreduce": 1, "adasum": 2, "other": 3}
 _LOW = np.iinfo(np.int64).min // 4
-_HEADER = 12  # (kind, n, dtype, op, segments) and their negations, joined, newly joined
+_NV = 6  # kind, length, dtype, op, segments, blocking; then their negations
+_HEADER = 2 * _NV + 2  # ... and: some rank joined, the rank newly joined (+1)
 
 
 def _identity(dtype, op: str):
@@ -78,29 +79,34 @@ class JoinableComm:
         self.local_rank = getattr(comm, "local_rank", 0)
         self.local_size = getattr(comm, "local_size", 1)
 
-    def _header(self, kind: str, arr: np.ndarray | None, op: str, segments: int = 0):
+    def _header(self, kind: str, arr: np.ndarray | None, op: str, segments: int = 0,
+                blocking: bool = False):
         if arr is None:
-            vals = [_KINDS[kind], 0, 0, _OPS.index(op) if op in _OPS else 0, segments]
+            vals = [_KINDS[kind], 0, 0, _OPS.index(op) if op in _OPS else 0, segments, 0]
         else:
             if arr.dtype.type not in _DTYPES:
                 raise TypeError(f"reductions support dtypes {[d.__name__ for d in _DTYPES]}, "
                                 f"got {arr.dtype}")
             vals = [_KINDS[kind], arr.size, _DTYPES.index(arr.dtype.type), _OPS.index(op),
-                    segments]
+                    segments, int(blocking)]
         return np.array(vals + [-v for v in vals] + [0, 0], dtype=np.int64)
 
     def _check(self, h: np.ndarray) -> None:
-        if np.any(h[:5] != -h[5:10]):
-            names = ["kind", "length", "dtype", "op", "segments"]
-            bad = [names[i] for i in range(5) if h[i] != -h[5 + i]]
+        if np.any(h[:_NV] != -h[_NV:2 * _NV]):
+            names = ["kind", "length", "dtype", "op", "segments", "blocking"]
+            bad = [names[i] for i in range(_NV) if h[i] != -h[_NV + i]]
             raise RuntimeError(f"ranks disagree on a reduction ({', '.join(bad)} differ: "
-                               f"max {h[:5].tolist()}, min {(-h[5:10]).tolist()}); every "
-                               "rank must reduce the same tensors in the same order")
+                               f"max {h[:_NV].tolist()}, min {(-h[_NV:2 * _NV]).tolist()}); "
+                               "every rank must reduce the same tensors in the same order")
+
+    def _exchange(self, h: np.ndarray) -> np.ndarray:
+        # Always non-blocking: MPI never matches a blocking collective with a non-blocking
+        # one, and a joined rank cannot know which kind the others will post.
+        return self.comm.iallreduce_(h, "max").wait()
 
     def _others_joined(self, kind: str, what: str) -> None:
-        h = self._header(kind, None, "sum")
-        self.comm.allreduce_(h, "max")
-        if h[10]:
+        h = self._exchange(self._header(kind, None, "sum"))
+        if h[2 * _NV]:
             raise RuntimeError(f"{what}: a rank has called join(); only all-reduces "
                                "(average, sum, min, max, Adasum) and barriers can run while "
                                "some ranks are joined")
@@ -117,7 +123,7 @@ class JoinableComm:
     def allreduce_(self, arr: np.ndarray, op: str = "sum") -> np.ndarray:
         if self.size == 1:
             return self.comm.allreduce_(arr, op)
-        h = self._header("allreduce", arr, op)
+        h = self._header("allreduce", arr, op, blocking=True)
         hh = self.comm.iallreduce_(h, "max")
         self.comm.allreduce_(arr, op)
         hh.wait()
@@ -128,9 +134,7 @@ class JoinableComm:
         if self.size == 1:
             return arr
         counts = np.asarray(counts, dtype=np.int64)
-        h = self._header("adasum", arr, "adasum", len(counts))
-        self.comm.allreduce_(h, "max")
-        self._check(h)
+        self._check(self._exchange(self._header("adasum", arr, "adasum", len(counts))))
         self.comm.allreduce_(counts.copy(), "max")
         return adasum_(arr, counts, self.comm)
 
@@ -141,7 +145,7 @@ class JoinableComm:
 
     def barrier(self) -> None:
         if self.size > 1:
-            self.comm.allreduce_(self._header("other", None, "sum"), "max")
+            self._exchange(self._header("other", None, "sum"))
 
     # -- join -----------------------------------------------------------------------------
     def join(self) -> int:
@@ -152,13 +156,13 @@ class JoinableComm:
         first = True
         while True:
             h = np.full(_HEADER, _LOW, dtype=np.int64)
-            h[10] = 1
-            h[11] = self.rank + 1 if first else 0
+            h[2 * _NV] = 1
+            h[2 * _NV + 1] = self.rank + 1 if first else 0
             first = False
-            self.comm.allreduce_(h, "max")
+            self._exchange(h)
             kind = int(h[0])
             if kind <= 0:  # everyone is inside join()
-                return int(h[11]) - 1
+                return int(h[2 * _NV + 1]) - 1
             self._check(h)
             if kind == _KINDS["other"]:
                 continue
@@ -167,8 +171,10 @@ class JoinableComm:
                 counts = np.full(int(h[4]), _LOW, dtype=np.int64)
                 self.comm.allreduce_(counts, "max")
                 adasum_(np.zeros(n, dtype), counts, self.comm)
-            else:
+            elif h[5]:  # the others post a blocking all-reduce: so must this rank
                 self.comm.allreduce_(np.full(n, _identity(dtype, op), dtype), op)
+            else:
+                self.comm.iallreduce_(np.full(n, _identity(dtype, op), dtype), op).wait()
 
     def __getattr__(self, name):
         return getattr(self.comm, name)

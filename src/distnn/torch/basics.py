@@ -166,7 +166,7 @@ class ProcessSet:
     def comm(self) -> Communicator:
         if self is global_process_set:
             return dist.get_comm()
-        if self._comm is None:
+        if self.process_set_id is None:
             raise ValueError(f"process set {self.ranks} is not registered: call "
                              "hvd.add_process_set(...) on every rank first")
         if not self.included():
