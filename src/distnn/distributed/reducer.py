@@ -72,6 +72,44 @@ class _Named:
         self.name = name
 
 
+class NoneCompressor:
+    """No compression: arrays travel in their own dtype."""
+
+    wire_dtype = None
+
+    @staticmethod
+    def compress(x: np.ndarray):
+        return x, None
+
+    @staticmethod
+    def decompress(x: np.ndarray, ctx) -> np.ndarray:
+        return x
+
+
+class FP16Compressor:
+    """Floating arrays travel as float16 and come back in their dtype."""
+
+    wire_dtype = np.float16
+
+    @staticmethod
+    def compress(x: np.ndarray):
+        if np.issubdtype(x.dtype, np.floating) and x.dtype != np.float16:
+            return x.astype(np.float16), x.dtype
+        return x, None
+
+    @staticmethod
+    def decompress(x: np.ndarray, ctx) -> np.ndarray:
+        return x.astype(ctx) if ctx is not None else x
+
+
+class Compression:
+    """``Compression.none`` and ``Compression.fp16`` (Horovod's objects, for NumPy arrays;
+    ``distnn.torch.Compression`` is the same for tensors)."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
 def wire_dtype(compression) -> Any:
     """The dtype a bucket travels in: None (the buffer's own) or np.float16.
 

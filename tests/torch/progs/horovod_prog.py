@@ -129,7 +129,7 @@ out["mnist"] = {
 
 # -- pytorch_synthetic_benchmark.py's calls: wrap first, then broadcast the wrapped optimizer,
 # timeit over benchmark_step, logging on rank 0 ---------------------------------------------
-for use_adasum in (False, True):
+def synthetic_benchmark(use_adasum):
     model = net(10 + rank)
     lr_scaler = hvd.size() if not use_adasum else 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler)
@@ -148,8 +148,14 @@ for use_adasum in (False, True):
 
     timeit.timeit(benchmark_step, number=2)
     img_sec = 8 * 3 / timeit.timeit(benchmark_step, number=3)
-    out[f"synthetic_adasum={use_adasum}"] = {"flat": flat(model), "img_sec": img_sec}
+    if hvd.rank() == 0:
+        print(f"Img/sec per CPU: {img_sec:.1f}")
     optimizer.remove_hooks()
+    return {"flat": flat(model), "img_sec": img_sec}
+
+
+for use_adasum in (False, True):
+    out[f"synthetic_adasum={use_adasum}"] = synthetic_benchmark(use_adasum)
 
 # -- pytorch_imagenet_resnet50.py's calls: resume epoch broadcast with a name, Metric
 # (allreduce with name), lr warm-up through param_groups, backward_passes_per_step,
