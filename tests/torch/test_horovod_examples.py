@@ -97,6 +97,10 @@ def test_collectives(hvd_run):
         assert c["reducescatter"] == (mine * s).tolist()
         assert c["reducescatter_avg"] == (mine * s / n * 3).tolist()
         assert c["grouped_reducescatter"] == [(mine * s).tolist(), (mine * 2 * s).tolist()]
+        dtype, half, compressed = c["fp16"]
+        assert dtype == "torch.float32" and compressed
+        np.testing.assert_allclose(half, [s / n / 3, -(n - 1.0) / 3], rtol=1e-3)
+        assert half != [s / n / 3, -(n - 1.0) / 3]  # it did travel as float16
         assert c["object"] == {"from": n - 1}
         assert c["objects"] == [("rank", r) for r in range(n)]
         assert c["autograd"] == [s, s]  # d/dx sum_r (r + 1) * allreduce_sum(x)

@@ -9,8 +9,9 @@ ranks, as in Horovod. ``join()`` returns, on every rank, the rank that joined la
 ranks are inside it. Collectives that cannot include a joined rank (allgather, broadcast,
 alltoall, reduce-scatter) raise on the ranks still training, as Horovod does.
 
-The header costs one small extra non-blocking all-reduce per reduction (about 10 us on
-one host); the header carries each value and its negation, so ranks that pass different
+The header costs one small extra non-blocking all-reduce per reduction (2 ranks on one
+host: a 4 KiB all-reduce takes 20 us instead of 7-9 us; at 1 MiB, 420-490 us either way);
+the header carries each value and its negation, so ranks that pass different
 lengths, dtypes or ops get an error on every rank instead of a hang.
 """
 from __future__ import annotations

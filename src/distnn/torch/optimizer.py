@@ -282,7 +282,7 @@ class _Mixin:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer (gradients stay views into it; ``set_to_none`` is
         accepted for compatibility and ignored)."""
-        if any(h is not None for h in self._reducer.handles):
+        if self._reducer.next > 0 and not self._reducer.synced:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but "
                                "before optimizer.step() or optimizer.synchronize(); the "
                                "all-reduce is still reading the gradients: step first")

@@ -255,6 +255,9 @@ c["reducescatter"] = hvd.reducescatter(full, op=hvd.Sum).tolist()
 c["reducescatter_avg"] = hvd.reducescatter(full, postscale_factor=3.0).tolist()
 c["grouped_reducescatter"] = [x.tolist() for x in hvd.grouped_reducescatter([full, full * 2],
                                                                             op=hvd.Sum)]
+half = hvd.allreduce(t.float() / 3, compression=hvd.Compression.fp16)
+c["fp16"] = (str(half.dtype), half.tolist(), hvd.Compression.fp16.compress(t)[0].dtype ==
+             torch.float16)
 c["object"] = hvd.broadcast_object({"from": rank}, root_rank=size - 1)
 c["objects"] = hvd.allgather_object(("rank", rank))
 x = torch.tensor([1.0, 2.0], requires_grad=True)
