@@ -27,7 +27,10 @@ _state: dict = {"initialized": False, "sets": {}, "next_id": 1, "channels": {}}
 
 def init(comm: Communicator | None = None, process_sets: Iterable | None = None):
     """Start distnn's MPI communicator (Horovod's ``hvd.init``; returns the Communicator).
+    ``comm``: a distnn Communicator or an mpi4py communicator (default COMM_WORLD);
     ``process_sets``: ProcessSets (or rank lists) to register now, on every rank alike."""
+    if comm is not None and hasattr(comm, "Get_rank"):  # an mpi4py communicator
+        comm = dist.MPIComm(comm)
     c = dist.init(comm)
     _state["initialized"] = True
     for ps in process_sets or []:

@@ -69,6 +69,7 @@ def mnist_flow(op=hvd.Average, compression=hvd.Compression.none, passes=1, predi
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.5)
     samplers = [torch.utils.data.distributed.DistributedSampler(
         DATA, num_replicas=size, rank=r, seed=3) for r in range(size)]
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale) if scale != 1.0 else None
     diffs, losses = [], []
     for epoch in range(1, 3):
         for s in samplers:
@@ -88,17 +89,18 @@ def mnist_flow(op=hvd.Average, compression=hvd.Compression.none, passes=1, predi
                 else:
                     loss = F.cross_entropy(output, target[i:i + bs // passes])
                     loss = loss / math.ceil(len(data) / (bs // passes))
-                (loss * scale).backward()
+                (scaler.scale(loss) if scaler else loss).backward()
             losses.append(loss.item())
-            if scale != 1.0 or clip:
+            if scaler or clip:
                 optimizer.synchronize()  # all-reduced gradients, then edit them in place
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.grad.div_(scale)
+                if scaler:
+                    scaler.unscale_(optimizer)  # in-place unscaling before the update
                 if clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 with optimizer.skip_synchronize():
-                    optimizer.step()
+                    scaler.step(optimizer) if scaler else optimizer.step()
+                if scaler:
+                    scaler.update()
             else:
                 optimizer.step()
             gx = torch.cat([b[0] for b in batches])
