@@ -267,15 +267,21 @@ class _Mixin:
         self._reducer.reset()
         return out
 
+    def _params_flat(self) -> np.ndarray:
+        if not self._params:
+            return np.zeros(0, self._flat.dtype)
+        return np.concatenate([p.detach().reshape(-1).numpy() for p in self._params])
+
     def _adasum_step(self, base_step, closure):
         """Step on the local gradients, combine the parameter deltas with Adasum, apply."""
-        arrays = [p.detach().numpy().reshape(-1) for p in self._params]
-        start = np.concatenate(arrays) if arrays else self._flat.copy()
+        start = self._params_flat()
         out = base_step(self, closure)
-        delta = np.concatenate(arrays) - start if arrays else start
+        delta = self._params_flat() - start
         self._reducer.reduce_(delta)
-        for a, lo, hi in zip(arrays, self._offsets[:-1], self._offsets[1:]):
-            np.add(start[lo:hi], delta[lo:hi], out=a)
+        combined = torch.from_numpy(start + delta)
+        with torch.no_grad():
+            for p, lo, hi in zip(self._params, self._offsets[:-1], self._offsets[1:]):
+                p.copy_(combined[lo:hi].view_as(p))
         self._reducer.reset()
         return out
 
