@@ -41,16 +41,15 @@ from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_pr
                      mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
                      shutdown, size, start_timeline, stop_timeline)
 from .batchnorm import SyncBatchNorm, convert_sync_batchnorm
-from .collectives import (Handle, allgather, allgather_async, allreduce, allreduce_,
-                          allreduce_async, allreduce_async_, alltoall, alltoall_async,
-                          broadcast, broadcast_, broadcast_async, broadcast_async_,
-                          grouped_allgather, grouped_allgather_async, grouped_allreduce,
-                          grouped_allreduce_, grouped_allreduce_async,
-                          grouped_allreduce_async_, grouped_reducescatter,
-                          grouped_reducescatter_async, poll, reducescatter,
-                          reducescatter_async, sparse_allreduce_async, synchronize)
+from .collectives import (Handle, allreduce, allreduce_, allreduce_async, allreduce_async_,
+                          grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                          grouped_allreduce_async_, poll, sparse_allreduce_async, synchronize)
 from .compression import Compression
 from .data import DistributedSampler, Shard, partition_dataset, shard_indices
+from .exchange import (allgather, allgather_async, alltoall, alltoall_async, broadcast,
+                       broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                       grouped_allgather_async, grouped_reducescatter,
+                       grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters, metric_average)
 from .model import TorchModel, TorchUnit

@@ -11,7 +11,7 @@ import torch
 
 from ..distributed import Communicator
 from .basics import channel
-from .collectives import broadcast_
+from .exchange import broadcast_
 
 
 def _comm(comm: Communicator | None, process_set=None) -> Communicator:

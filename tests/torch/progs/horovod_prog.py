@@ -279,6 +279,20 @@ c["objects"] = hvd.allgather_object(("rank", rank))
 x = torch.tensor([1.0, 2.0], requires_grad=True)
 (hvd.allreduce(x, op=hvd.Sum) * (rank + 1)).sum().backward()
 c["autograd"] = x.grad.tolist()
+grads = {}
+x = torch.ones(rank + 1, 2, requires_grad=True)
+(hvd.allgather(x) * torch.arange(2.0 * size * (size + 1) / 2).reshape(-1, 2)).sum().backward()
+grads["allgather"] = x.grad.tolist()
+x = torch.ones(2, requires_grad=True)
+hvd.broadcast(x, root_rank=size - 1).sum().backward()
+grads["broadcast"] = x.grad.tolist()
+x = torch.ones(size, 1, requires_grad=True)
+(hvd.alltoall(x) * (rank + 1)).sum().backward()
+grads["alltoall"] = x.grad.reshape(-1).tolist()
+x = torch.ones(size, 2, requires_grad=True)
+hvd.reducescatter(x, op=hvd.Sum).sum().backward()
+grads["reducescatter"] = x.grad.tolist()
+c["grads"] = grads
 vectors = [np.random.default_rng([9, r]).standard_normal(7) for r in range(size)]
 mine = [torch.from_numpy(vectors[rank][:3].copy()), torch.from_numpy(vectors[rank][3:].copy())]
 ada = hvd.grouped_allreduce(mine, op=hvd.Adasum)
