@@ -105,6 +105,8 @@ def _start_reduce(out: torch.Tensor, mode: str, prescale: float, postscale: floa
         else:
             adasum_(a, counts or [a.size], c)
     elif mode == "product":
+        if hasattr(c, "check_none_joined"):
+            c.check_none_joined("allreduce(op=Product)")
         a[...] = np.prod(c.allgather(a.copy()), axis=0)
     else:
         if mode == "mean" and not np.issubdtype(a.dtype, np.inexact):

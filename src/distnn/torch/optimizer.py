@@ -130,6 +130,8 @@ class DistributedOptimizer:
         if comm is None:
             included = process_set is None or process_set.included()
             comm = channel(process_set=process_set) if included else LocalComm()
+        else:
+            comm = channel(comm)  # the default communicator: join-safe
         obj._distnn_setup(optimizer, named_parameters, _OPS[key], bucket_size_mb,
                           non_blocking, backward_passes_per_step, comm, compression,
                           gradient_predivide_factor)
