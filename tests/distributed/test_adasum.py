@@ -1,7 +1,8 @@
 """Adasum on 2, 3 and 4 real MPI ranks against the NumPy reference of the algorithm
 (float64 to 1e-10), through adasum_ and through the NumPy DistributedOptimizer
 (op="adasum": deltas combined layer by layer), and the Reducer's Horovod knobs
-(gradient_predivide_factor, Compression objects) against op="average"."""
+(gradient_predivide_factor, Compression objects) against op="average", and join() over a
+JoinableComm with ranks given 2, 3, (4, 5) batches."""
 import pickle
 
 import numpy as np
@@ -29,6 +30,9 @@ def test_adasum_matches_the_reference(tmp_path, n):
         assert res["predivide"] < 1e-10 and res["compression"] == 0.0
         diff, nbytes = res["fp16"]
         assert 0 < diff < 1e-3 and nbytes == 3 * 573 * 2  # float16 on the wire
+    for rank, res in enumerate(results):  # join: rank r had 2 + r batches
+        last, diff, calls, buckets = res["join"]
+        assert last == n - 1 and diff < 1e-10 and calls == (2 + rank) * buckets
 
 
 def test_pairwise_combination():

@@ -7,7 +7,8 @@ OUT_DIR/rank<r>.pkl with
   same steps computed in this process: every rank's delta -lr * g_r, combined by the
   reference layer by layer;
 - "predivide"/"compression": op="average" with gradient_predivide_factor=4 and with
-  Compression.none vs plain op="average".
+  Compression.none vs plain op="average";
+- "join": the optimizer over a JoinableComm, rank r given 2 + r batches, then join().
 
 python adasum_prog.py OUT_DIR  (under mpiexec -n N)
 """
@@ -74,5 +75,28 @@ out["compression"] = float(np.abs(train("average", compression=dist.Compression.
                                   .parameters_flat() - avg).max())
 fp16_net, fp16_opt = train("average", compression=dist.Compression.fp16)
 out["fp16"] = (float(np.abs(fp16_net.parameters_flat() - avg).max()), fp16_opt.bytes_reduced)
+# join: rank r has 2 + r batches, then joins; the others' averages count its zeros
+jc = dist.JoinableComm(comm)
+net = common.build_model("mlp", np.float64, seed=0)
+opt = dist.DistributedOptimizer(SGD(net, lr=0.1), net, comm=jc, op="average",
+                                bucket_size_mb=0.0)
+ref_net = common.build_model("mlp", np.float64, seed=0)
+for step in range(1 + size):
+    live = [r for r in range(size) if step < 2 + r]
+    total = np.zeros_like(ref_net.gradients_flat())
+    for r in live:
+        lo = 8 * (step * size + r)
+        logits = ref_net.forward(xs[lo:lo + 8], training=True)
+        ref_net.backward(common.cross_entropy(logits, ys[lo:lo + 8], 8)[1])
+        total += ref_net.gradients_flat()
+        if r == rank:
+            logits = net.forward(xs[lo:lo + 8], training=True)
+            net.backward(common.cross_entropy(logits, ys[lo:lo + 8], 8)[1])
+            opt.step()
+    ref_net.parameters_flat()[...] -= 0.1 * total / size
+last = jc.join()
+dist.broadcast_parameters(net, root=last, comm=comm)
+out["join"] = (last, float(np.abs(net.parameters_flat() - ref_net.parameters_flat()).max()),
+               opt.allreduce_calls, len(opt.buckets))
 with open(f"{sys.argv[1]}/rank{rank}.pkl", "wb") as f:
     pickle.dump(out, f)
