@@ -32,14 +32,3 @@ def test_example_file_trains_on_two_ranks(tmp_path, example):
     assert match, proc.stdout[-2000:]
     # 60 global batches of 128 samples: far above chance (0.1) already
     assert float(match.group(1)) > 0.6, proc.stdout[-2000:]
-
-
-@needs_mpi
-def test_horovod_style_script_on_two_ranks(tmp_path):
-    import sys
-    from torchjobs import mpirun
-    proc = mpirun(2, sys.executable, EXAMPLES / "horovod_mnist.py", "--epochs", "1",
-                  "--steps", "40", cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    match = re.search(r"^epoch 1: train loss \S+, test accuracy (\S+)$", proc.stdout, re.M)
-    assert match and float(match.group(1)) > 0.6, proc.stdout

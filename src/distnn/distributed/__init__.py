@@ -19,6 +19,9 @@ import numpy as np
 
 from .comm import Communicator, Handle, LocalComm, MPIComm, get_comm, init, mpi_available, world
 from .optimizer import DistributedOptimizer, make_buckets
+from .adasum import adasum_
+from .join import JoinableComm
+from .reducer import Compression, Reducer
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)
 from .runtime import abort_on_error, default_threads, describe, install_abort_handler
@@ -30,7 +33,7 @@ __all__ = [
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "allgather", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
     "make_buckets", "sync_batchnorm", "metrics_allreduce", "scale_lr", "abort_on_error",
-    "install_abort_handler", "describe",
+    "install_abort_handler", "describe", "Compression", "Reducer", "JoinableComm", "adasum_",
 ]
 
 

@@ -162,6 +162,21 @@ class LocalComm:
         if root != 0:
             raise ValueError(f"root must be 0 on a communicator of size 1, got {root}")
 
+    # -- added for Horovod's collectives (alltoall, reducescatter, Adasum) ---------------
+    def sendrecv_(self, send, dest, recv, source, tag=0):
+        self._p2p("sendrecv_")
+
+    def alltoallv_(self, send, send_counts, recv, recv_counts):
+        """Exchange slices: ``send_counts[r]`` elements go to rank r (size 1: a copy)."""
+        np.copyto(recv[:recv_counts[0]], send[:send_counts[0]])
+        return recv
+
+    def reduce_scatter_(self, send, recv, counts, op="sum"):
+        """Reduce ``send`` over ranks; this rank gets its ``counts[rank]`` elements."""
+        _check_op(op, _check_array(recv, "reduce_scatter_"))
+        np.copyto(recv, send[:counts[0]])
+        return recv
+
     def __repr__(self):
         return "LocalComm()"
 
@@ -355,6 +370,42 @@ class MPIComm:
     def mpi4py_version(self) -> str:
         import mpi4py
         return mpi4py.__version__
+
+    # -- added for Horovod's collectives (alltoall, reducescatter, Adasum) ---------------
+    def sendrecv_(self, send, dest, recv, source, tag=0):
+        """Send ``send`` to ``dest`` while receiving into ``recv`` from ``source``."""
+        def raw(a):
+            return [a.view(np.uint16), self.MPI.UINT16_T] if a.dtype == np.float16 else a
+        self.comm.Sendrecv(raw(_check_array(send, "sendrecv_")), dest, tag,
+                           raw(_check_array(recv, "sendrecv_")), source, tag)
+        return recv
+
+    def alltoallv_(self, send, send_counts, recv, recv_counts):
+        """Exchange slices of 1-D arrays: ``send_counts[r]`` elements (in rank order) go to
+        rank r, ``recv_counts[r]`` arrive from it; returns recv."""
+        def spec(a, counts):
+            counts = [int(c) for c in counts]
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            if a.dtype == np.float16:
+                return [a.view(np.uint16), (counts, displs), self.MPI.UINT16_T]
+            return [a, (counts, displs)]
+        self.comm.Alltoallv(spec(_check_array(send, "alltoallv_"), send_counts),
+                            spec(_check_array(recv, "alltoallv_"), recv_counts))
+        return recv
+
+    def reduce_scatter_(self, send, recv, counts, op="sum"):
+        """Reduce the 1-D ``send`` over ranks; rank r receives the r-th block of
+        ``counts[r]`` elements into ``recv``; returns recv."""
+        _check_op(op, _check_array(recv, "reduce_scatter_"))
+        send = np.ascontiguousarray(send)
+        if send.dtype == np.float16:  # through the all-reduce's float16 path
+            tmp = send.copy()
+            self.allreduce_(tmp, op)
+            lo = int(np.sum(counts[:self.rank]))
+            np.copyto(recv, tmp[lo:lo + int(counts[self.rank])])
+            return recv
+        self.comm.Reduce_scatter(send, recv, [int(c) for c in counts], op=self._ops[op])
+        return _divide_(recv, self.size) if op == "mean" else recv
 
     def __repr__(self):
         return f"MPIComm(rank={self.rank}, size={self.size})"

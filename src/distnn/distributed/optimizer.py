@@ -1,52 +1,13 @@
-"""DistributedOptimizer: gradients all-reduced in buckets, overlapped with backward.
-
-This module is the one place where data-parallel gradients are combined (DESIGN rule 7).
+"""DistributedOptimizer for distnn models: a thin adapter from ``model.grad_hooks`` to the
+one gradient ``Reducer`` (reducer.py, where data-parallel gradients are combined, DESIGN
+rule 7), plus the check that every rank holds the same model.
 """
 from __future__ import annotations
-
-import time
-from typing import Any
 
 import numpy as np
 
 from .comm import Communicator, get_comm
-
-Bucket = tuple[int, int, list[str]]
-
-
-def make_buckets(layer_ranges, itemsize: int, bucket_size_mb: float) -> list[Bucket]:
-    """Group top-level layers into contiguous buckets in *backward* order.
-
-    Args:
-        layer_ranges: ``model.layer_ranges()``: (layer, start, stop) in forward order.
-        itemsize: bytes per gradient element.
-        bucket_size_mb: target bucket size in MiB; a layer larger than that is a bucket
-            of its own; 0 makes every layer its own bucket.
-
-    Returns:
-        [(start, stop, [layer names])], the first bucket holding the last layers.
-    """
-    if bucket_size_mb < 0:
-        raise ValueError(f"bucket_size_mb must be >= 0, got {bucket_size_mb}")
-    cap = bucket_size_mb * (1 << 20)
-    buckets: list[Bucket] = []
-    names: list[str] = []
-    start = stop = 0
-    for layer, lo, hi in reversed(list(layer_ranges)):
-        nbytes = (hi - lo) * itemsize
-        if names and ((stop - start) * itemsize + nbytes > cap or hi != start):
-            buckets.append((start, stop, names))
-            names = []
-        if not names:
-            start, stop = lo, hi
-        start = lo
-        names.append(layer.name)
-        if (stop - start) * itemsize >= cap:
-            buckets.append((start, stop, names))
-            names = []
-    if names:
-        buckets.append((start, stop, names))
-    return buckets
+from .reducer import REDUCE_OPS, Reducer, make_buckets, wire_dtype  # noqa: F401
 
 
 def model_layout(model) -> tuple:
@@ -76,12 +37,16 @@ def check_same_layout(model, comm: Communicator, who: str) -> None:
 class DistributedOptimizer:
     """Wrap an optimizer so that ``step()`` uses gradients combined over all ranks.
 
-    Gradient combination (the one place it is defined): with ``op="average"`` (the
+    A thin adapter: the gradients are reduced by ``Reducer`` (``reducer.py``), the one
+    place where data-parallel gradients are combined. With ``op="average"`` (the
     Horovod/DDP default) the gradients of all ranks are summed and divided by the number
     of ranks — N ranks with local batch B then make the update of 1 rank with batch N·B
     when the loss is a mean over the local batch. With ``op="sum"`` they are only summed:
     use it with a loss whose denominator is the *global* batch size, which stays exact
-    when shards are uneven (or empty) — that is what the trainer does.
+    when shards are uneven (or empty) — that is what the trainer does. ``op="adasum"``
+    applies Horovod's Adasum to the parameter *deltas*: every rank steps its optimizer on
+    its own gradients, the deltas are combined by adaptive summation, and every rank
+    applies the combined delta (no learning-rate scaling by the number of ranks).
 
     The flat gradient buffer is cut into buckets of whole top-level layers in backward
     order (the last layers first), about ``bucket_size_mb`` each. A hook in
@@ -95,17 +60,22 @@ class DistributedOptimizer:
         optimizer: a distnn optimizer over ``model`` (anything with ``step()``).
         model: the built ``Sequential`` whose flat gradient buffer is reduced.
         comm: communicator; None means the default (``distnn.dist.init()``).
-        op: "average" or "sum", see above.
+        op: "average", "sum" or "adasum", see above.
         bucket_size_mb: target bucket size in MiB (0: one bucket per layer).
         non_blocking: True overlaps with backward (``Iallreduce``); False does one
             blocking ``Allreduce`` per bucket inside ``step()``.
-        compression: None, or "fp16": each bucket travels as float16 (half the bytes) and
-            is reduced by MPI's float16 SUM (or, without one, a user-defined op adding in
-            float32); the result is cast back into the gradient buffer. Gradients beyond
-            float16's range (|g| > 65504 / size) overflow to inf. It pays only where the
-            network is the bottleneck: NumPy (and MPICH) convert float16 in software,
-            about 6 ns per element on a CPU without F16C use, which on one machine costs
-            more than the bytes it saves (see benchmarks/scaling.py).
+        compression: None, "fp16" or ``Compression.none``/``Compression.fp16``: with fp16
+            each bucket travels as float16 (half the bytes) and is reduced by MPI's
+            float16 SUM (or, without one, a user-defined op adding in float32); the result
+            is cast back into the gradient buffer. Gradients beyond float16's range
+            (|g| > 65504 / size) overflow to inf. It pays only where the network is the
+            bottleneck: NumPy (and MPICH) convert float16 in software, about 6 ns per
+            element on a CPU without F16C use, which on one machine costs more than the
+            bytes it saves (see benchmarks/scaling.py).
+        gradient_predivide_factor: with op "average", multiply by 1/f before the sum and
+            by f/size after it (Horovod's knob against overflow in low precision).
+        backward_passes_per_step: must be 1 here: distnn layers overwrite their gradients
+            in backward, so there is nothing to accumulate (``distnn.torch`` accumulates).
 
     Attributes:
         buckets: [(start, stop, [layer names])] in the order they are reduced.
@@ -121,11 +91,17 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer, model, *, comm: Communicator | None = None,
                  op: str = "average", bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                 compression: str | None = None):
-        if op not in ("average", "sum"):
-            raise ValueError(f"op must be 'average' or 'sum', got {op!r}")
-        if compression not in (None, "fp16"):
-            raise ValueError(f"compression must be None or 'fp16', got {compression!r}")
+                 compression=None, gradient_predivide_factor: float = 1.0,
+                 backward_passes_per_step: int = 1):
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+        wire_dtype(compression)
+        if backward_passes_per_step != 1:
+            raise ValueError(
+                f"backward_passes_per_step={backward_passes_per_step!r}: distnn layers "
+                "overwrite their gradients in backward, so the NumPy DistributedOptimizer "
+                "reduces after every backward (1); accumulate with distnn.torch, or make the "
+                "global batch larger")
         if not hasattr(model, "gradients_flat") or not hasattr(optimizer, "step"):
             raise TypeError(
                 f"DistributedOptimizer(optimizer, model) takes a distnn optimizer and a built "
@@ -141,20 +117,17 @@ class DistributedOptimizer:
         self.compression = compression
         grads = model.gradients_flat()
         self._grads = grads
-        self.buckets = make_buckets(model.layer_ranges(), grads.itemsize, bucket_size_mb)
+        segments = [(layer.name, lo, hi) for layer, lo, hi in model.layer_ranges()]
+        self._reducer = Reducer(grads, segments, self.comm, op=op,
+                                bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
+                                compression=compression,
+                                gradient_predivide_factor=gradient_predivide_factor)
+        self.buckets = self._reducer.buckets
         # Collective, before any gradient traffic: ranks with different models would
         # otherwise post all-reduces of different sizes and hang or corrupt memory.
         check_same_layout(model, self.comm, "DistributedOptimizer")
-        self._bucket_of = {id(layer): next(i for i, (start, stop, _) in enumerate(self.buckets)
-                                           if start <= lo < stop)
-                           for layer, lo, _ in model.layer_ranges()}
-        self._sizes = [len(names) for _, _, names in self.buckets]
-        self._fp16 = ([np.empty(stop - start, np.float16) for start, stop, _ in self.buckets]
-                      if compression == "fp16" else None)
-        self._reset()
-        self.comm_wait_time = 0.0
-        self.allreduce_calls = 0
-        self.bytes_reduced = 0
+        self._segment_of = {id(layer): i for i, (layer, _, _) in
+                            enumerate(model.layer_ranges())}
         self.steps = 0
         self._active = self.comm.size > 1
         # One DistributedOptimizer per model: a stale one's hook would post all-reduces
@@ -162,84 +135,41 @@ class DistributedOptimizer:
         model.grad_hooks[:] = [h for h in model.grad_hooks
                                if not isinstance(getattr(h, "__self__", None),
                                                  DistributedOptimizer)]
-        if self._active and self.non_blocking:
+        if self._active and self.non_blocking and op != "adasum":
             model.grad_hooks.append(self._hook)
 
-    # -- communication ------------------------------------------------------------------
-    def _reset(self) -> None:
-        self._pending = list(self._sizes)
-        self._handles: list[Any] = [None] * len(self.buckets)
-        self._synced = False
-        self._next = 0  # buckets start strictly in order, so every rank posts the same sequence
-
-    def _send_buffer(self, i: int) -> np.ndarray:
-        start, stop, _ = self.buckets[i]
-        g = self._grads[start:stop]
-        if self._fp16 is None:
-            return g
-        np.copyto(self._fp16[i], g, casting="unsafe")
-        return self._fp16[i]
-
-    def _start(self, i: int) -> None:
-        buf = self._send_buffer(i)
-        self._handles[i] = self.comm.iallreduce_(buf, "sum")
-        self.allreduce_calls += 1
-        self.bytes_reduced += buf.nbytes
+    # -- counters and state live in the reducer -----------------------------------------
+    allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
+    bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
+    comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
+    _next = property(lambda self: self._reducer.next)
 
     def _hook(self, layer) -> None:
-        i = self._bucket_of.get(id(layer))
-        if i is None:
-            return
-        if self._pending[i] <= 0 or self._synced:
-            raise RuntimeError(
-                f"DistributedOptimizer: layer {layer.name!r} produced gradients twice before "
-                "step(); call step() after every backward (gradients are overwritten, not "
-                "accumulated, and the first all-reduce may still be reading them)")
-        self._pending[i] -= 1
-        while self._next < len(self.buckets) and self._pending[self._next] == 0:
-            self._start(self._next)
-            self._next += 1
-        for h in self._handles[:self._next]:  # let MPI progress the earlier buckets
-            if h is not None and hasattr(h, "test"):
-                h.test()
-
-    def _finish(self, i: int) -> None:
-        if self._fp16 is not None:
-            start, stop, _ = self.buckets[i]
-            np.copyto(self._grads[start:stop], self._fp16[i])
+        i = self._segment_of.get(id(layer))
+        if i is not None:
+            self._reducer.ready(i)
 
     def synchronize(self) -> None:
         """Complete the all-reduce of every bucket and combine the gradients. ``step()``
         calls it; call it yourself first to read or clip the combined gradients (a second
-        call before ``step()`` does nothing)."""
-        if not self._active or self._synced:
-            return
-        t0 = time.perf_counter()
-        if self.non_blocking:
-            while self._next < len(self.buckets):  # buckets backward did not start
-                self._start(self._next)
-                self._next += 1
-            for i, h in enumerate(self._handles):
-                h.wait()
-                self._finish(i)
-        else:
-            for i in range(len(self.buckets)):
-                buf = self._send_buffer(i)
-                self.comm.allreduce_(buf, "sum")
-                self.allreduce_calls += 1
-                self.bytes_reduced += buf.nbytes
-                self._finish(i)
-        self.comm_wait_time += time.perf_counter() - t0
-        if self.op == "average":
-            self._grads /= self.comm.size
-        self._reset()
-        self._synced = True
+        call before ``step()`` does nothing). With op "adasum" there is nothing to do
+        before the step (the deltas are combined inside ``step()``)."""
+        if self.op != "adasum":
+            self._reducer.synchronize()
 
     def step(self) -> None:
         """Wait for the gradient all-reduce, combine (see class doc), update parameters."""
-        self.synchronize()
-        self.optimizer.step()
-        self._synced = False
+        if self.op == "adasum" and self._active:
+            params = self.model.parameters_flat()
+            start = params.copy()
+            self.optimizer.step()
+            delta = params - start
+            self._reducer.reduce_(delta)
+            np.add(start, delta, out=params)
+        else:
+            self.synchronize()
+            self.optimizer.step()
+            self._reducer.synced = False
         self.steps += 1
 
     def remove_hook(self) -> None:

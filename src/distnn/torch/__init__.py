@@ -1,6 +1,9 @@
-"""PyTorch modules on distnn's distributed API (Horovod's names), and in distnn's trainer.
+"""PyTorch modules on distnn's distributed API (Horovod's PyTorch API, name for name), and
+in distnn's trainer.
 
-Horovod scripts port by changing the import::
+Horovod scripts port by changing the import (README, "Coming from Horovod", lists every
+name: collectives with name/op/pre- and postscale, async handles, grouped forms, alltoall,
+reducescatter, process sets, join, Compression, Adasum)::
 
     import distnn.torch as hvd
     hvd.init()
@@ -30,36 +33,49 @@ or torch.
 """
 from __future__ import annotations
 
-from ..distributed import Communicator, get_comm, init
+from ..distributed import Communicator, get_comm
+from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                     barrier, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                     gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
+                     is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
+                     shutdown, size, start_timeline, stop_timeline)
 from .batchnorm import SyncBatchNorm, convert_sync_batchnorm
-from .collectives import (Average, Max, Min, Sum, allgather, allreduce, allreduce_, broadcast,
-                          broadcast_, broadcast_object, broadcast_optimizer_state,
-                          broadcast_parameters, metric_average)
+from .collectives import (Handle, allreduce, allreduce_, allreduce_async, allreduce_async_,
+                          grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                          grouped_allreduce_async_, poll, sparse_allreduce_async, synchronize)
+from .compression import Compression
 from .data import DistributedSampler, Shard, partition_dataset, shard_indices
+from .exchange import (allgather, allgather_async, alltoall, alltoall_async, broadcast,
+                       broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                       grouped_allgather_async, grouped_reducescatter,
+                       grouped_reducescatter_async, reducescatter, reducescatter_async)
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters, metric_average)
 from .model import TorchModel, TorchUnit
 from .optimizer import DistributedOptimizer
 
+
+class HorovodInternalError(RuntimeError):
+    """Horovod's error type for failed collectives (distnn raises RuntimeError and its
+    subclasses; a failing rank aborts the job under ``abort_on_error``)."""
+
+
 __all__ = [
-    "init", "rank", "size", "local_rank", "local_size", "get_comm", "Communicator",
-    "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "broadcast_object",
-    "broadcast_parameters", "broadcast_optimizer_state", "metric_average",
-    "Average", "Sum", "Max", "Min", "DistributedOptimizer", "SyncBatchNorm",
-    "convert_sync_batchnorm", "partition_dataset", "shard_indices", "DistributedSampler",
-    "Shard", "TorchModel", "TorchUnit",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "get_comm", "Communicator",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "stop_timeline", "Average", "Sum", "Adasum", "Max", "Min", "Product", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set", "join", "barrier",
+    "Handle", "poll", "synchronize", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "sparse_allreduce_async", "allgather", "allgather_async",
+    "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
+    "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "broadcast_object", "allgather_object", "broadcast_parameters",
+    "broadcast_optimizer_state", "metric_average", "Compression", "DistributedOptimizer",
+    "HorovodInternalError", "SyncBatchNorm", "convert_sync_batchnorm", "partition_dataset",
+    "shard_indices", "DistributedSampler", "Shard", "TorchModel", "TorchUnit",
 ]
-
-
-def rank(comm: Communicator | None = None) -> int:
-    return (comm or get_comm()).rank
-
-
-def size(comm: Communicator | None = None) -> int:
-    return (comm or get_comm()).size
-
-
-def local_rank(comm: Communicator | None = None) -> int:
-    return (comm or get_comm()).local_rank
-
-
-def local_size(comm: Communicator | None = None) -> int:
-    return (comm or get_comm()).local_size

@@ -1,32 +1,29 @@
-"""DistributedOptimizer for torch optimizers: gradients summed over ranks through distnn's
-MPI path, in flat buckets whose all-reduce starts during backward.
+"""DistributedOptimizer for torch optimizers (Horovod's ``hvd.DistributedOptimizer``): a thin
+adapter from torch's gradient hooks to distnn's one ``Reducer`` (distributed/reducer.py).
 
 Every parameter's ``.grad`` is made a view into one flat NumPy-backed buffer (parameters in
 registration order), so a bucket is a contiguous slice that ``Iallreduce`` reduces in place,
-with no packing. A post-accumulate-grad hook per parameter counts the parameters of each
-bucket; when the last one of a bucket has its gradient, that bucket's non-blocking
-all-reduce starts. Buckets hold the *last* parameters first (backward order) and start
-strictly in order, so every rank posts the same sequence of collectives.
+with no packing. A post-accumulate-grad hook per parameter tells the reducer that the
+parameter's gradient is ready; the reducer starts each bucket's all-reduce, strictly in
+order, as soon as all of its parameters are ready (the last bucket, ready when backward
+ends, with the blocking all-reduce: no compute is left to overlap).
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Iterable
+import contextlib
+import warnings
+from typing import Iterable
 
 import numpy as np
 import torch
 
-from .. import distributed as dist
-from ..distributed import Communicator
+from ..distributed import Communicator, LocalComm
+from ..distributed.reducer import Reducer
+from .basics import Adasum, Average, channel, global_process_set
+from .compression import Compression
 
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
-
-
-class _Param:
-    """A parameter as ``make_buckets`` sees a layer: a name and a slice of the buffer."""
-
-    def __init__(self, name: str):
-        self.name = name
+_OPS = {Average: "average", "sum": "sum", Adasum: "adasum"}
 
 
 def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
@@ -39,6 +36,11 @@ def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
         if bad or any(not isinstance(n, str) for n, _ in named):
             raise ValueError("DistributedOptimizer: named_parameters must be (name, tensor) "
                              "pairs, e.g. model.named_parameters()")
+        names = [n for n, _ in named]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError("DistributedOptimizer: parameter names in named_parameters must "
+                             f"be unique, found duplicates {dups}")
         known = {id(p) for _, p in named}
         missing = [i for i, p in enumerate(in_optimizer) if id(p) not in known]
         if missing:
@@ -58,54 +60,81 @@ def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
 
 class DistributedOptimizer:
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` uses gradients combined over all
-    ranks (Horovod's ``hvd.DistributedOptimizer``).
+    ranks (Horovod's ``hvd.DistributedOptimizer``, same arguments).
 
     The returned object is an instance of a subclass of the optimizer's class, sharing its
     state and parameter groups, so LR schedulers and ``isinstance`` checks keep working.
 
-    Gradient combination: ``op="average"`` (Horovod/DDP) divides the sum over ranks by the
-    number of ranks: with a loss that is the mean over the local batch, N ranks of batch B
-    make the update of one process with batch N*B. ``op="sum"`` only sums: use it with a
-    loss that is the SUM over the local samples divided by the *global* batch size, which
-    stays exact when the shards of a global batch are uneven or empty (see
-    ``partition_dataset``).
+    Gradient combination (in ``Reducer``): ``op=hvd.Average`` ("average", Horovod's
+    default) divides the sum over ranks by the number of ranks: with a loss that is the
+    mean over the local batch, N ranks of batch B make the update of one process with batch
+    N*B. ``op=hvd.Sum`` only sums: use it with a loss that is the SUM over the local
+    samples divided by the *global* batch size, which stays exact when the shards of a
+    global batch are uneven or empty (see ``partition_dataset``). ``op=hvd.Adasum`` does
+    what Horovod's Adasum optimizer does: each rank steps the wrapped optimizer on its own
+    gradients, the parameter deltas are combined by adaptive summation
+    (``distnn.distributed.adasum``) and every rank applies the combined delta; do not
+    scale the learning rate by the number of ranks.
 
     ``zero_grad()`` zeroes the flat buffer instead of setting gradients to None, so they
     stay views (a gradient replaced by other code is copied back into the buffer by the
     hook). Every rank must call ``step()`` (or ``synchronize()``) once per
-    ``backward_passes_per_step`` backward passes, a rank with an empty shard too.
+    ``backward_passes_per_step`` backward passes, a rank with an empty shard too; a rank
+    out of data calls ``hvd.join()`` instead.
 
     Args:
         optimizer: a torch optimizer over CPU parameters of one floating dtype.
         named_parameters: ``model.named_parameters()`` (names appear in errors); default:
             the optimizer's parameters.
-        op: "average" or "sum".
+        compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (buckets travel
+            as float16).
+        backward_passes_per_step: backward passes accumulated locally before the
+            all-reduce (gradient accumulation: gradients are summed over the passes).
+        op: ``hvd.Average``, ``hvd.Sum`` or ``hvd.Adasum``.
+        gradient_predivide_factor: with Average, scale by 1/f before the sum and f/size
+            after it.
+        num_groups, groups: accepted for Horovod's signature; distnn fuses gradients into
+            buckets of ``bucket_size_mb`` instead of explicit groups.
+        sparse_as_dense: accepted; gradients are always reduced densely here.
+        process_set: reduce over this ``hvd.ProcessSet`` only (a rank outside it steps on
+            its own gradients).
         bucket_size_mb: target bucket size in MiB (0: one bucket per parameter).
         non_blocking: start each bucket's all-reduce during backward; False does one
             blocking all-reduce per bucket in ``synchronize()``.
-        backward_passes_per_step: backward passes accumulated locally before the
-            all-reduce (gradient accumulation).
-        comm: communicator (default ``distnn.distributed.get_comm()``).
+        comm: communicator (default: the process set's).
 
     Example:
-        opt = dtorch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                          named_parameters=model.named_parameters())
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters())
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
     """
 
     def __new__(cls, optimizer: torch.optim.Optimizer, named_parameters: Iterable | None = None,
-                *, op: str = "average", bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                backward_passes_per_step: int = 1, comm: Communicator | None = None):
+                compression=Compression.none, backward_passes_per_step: int = 1,
+                op: str = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                groups=None, sparse_as_dense: bool = False, process_set=global_process_set, *,
+                bucket_size_mb: float = 4.0, non_blocking: bool = True,
+                comm: Communicator | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}; for distnn optimizers use "
                             "distnn.distributed.DistributedOptimizer")
+        key = str(op).lower()
+        if key not in _OPS:
+            raise ValueError(f"DistributedOptimizer: op must be hvd.Average, hvd.Sum or "
+                             f"hvd.Adasum ('average', 'sum', 'adasum'), got {op!r}")
         base = type(optimizer)
         wrapped = type(f"Distributed{base.__name__}", (_Mixin, base), {})
         obj = object.__new__(wrapped)
         obj.__dict__.update(optimizer.__dict__)
-        obj._distnn_setup(optimizer, named_parameters, op, bucket_size_mb, non_blocking,
-                          backward_passes_per_step, comm)
+        if comm is None:
+            included = process_set is None or process_set.included()
+            comm = channel(process_set=process_set) if included else LocalComm()
+        else:
+            comm = channel(comm)  # the default communicator: join-safe
+        obj._distnn_setup(optimizer, named_parameters, _OPS[key], bucket_size_mb,
+                          non_blocking, backward_passes_per_step, comm, compression,
+                          gradient_predivide_factor)
         return obj
 
 
@@ -113,17 +142,12 @@ class _Mixin:
     """The distributed behaviour mixed into the wrapped optimizer's class."""
 
     def _distnn_setup(self, optimizer, named_parameters, op, bucket_size_mb, non_blocking,
-                      passes, comm) -> None:
-        if op not in ("average", "sum"):
-            raise ValueError(f"DistributedOptimizer: op must be 'average' or 'sum', got {op!r}")
-        if isinstance(passes, bool) or int(passes) != passes or passes < 1:
-            raise ValueError("DistributedOptimizer: backward_passes_per_step must be an "
-                             f"integer >= 1, got {passes!r}")
+                      passes, comm, compression, predivide) -> None:
         self._distnn_base = optimizer
-        self.comm = comm if comm is not None else dist.get_comm()
+        self.comm = comm
         self.op = op
         self.non_blocking = bool(non_blocking)
-        self.backward_passes_per_step = int(passes)
+        self.compression = compression
         named = _named(optimizer, named_parameters)
         dtypes = {p.dtype for _, p in named}
         if len(dtypes) > 1 or any(d not in _NP_DTYPES for d in dtypes):
@@ -131,13 +155,14 @@ class _Mixin:
                              f"{sorted(map(str, dtypes))}; use one of float32/float64/"
                              "float16 for all (model.float() or model.double())")
         if any(p.device.type != "cpu" for _, p in named):
-            raise ValueError("DistributedOptimizer: distnn.torch reduces CPU tensors; move the "
-                             "model to the CPU")
+            raise ValueError("DistributedOptimizer: distnn.torch reduces CPU tensors "
+                             "(cuda_built() is False); move the model to the CPU")
         self._params = [p for _, p in named]
         self._names = [n for n, _ in named]
         np_dtype = _NP_DTYPES[next(iter(dtypes))] if dtypes else np.float32
         sizes = [p.numel() for p in self._params]
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self._offsets = offsets
         self._flat = np.zeros(int(offsets[-1]), dtype=np_dtype)
         flat_t = torch.from_numpy(self._flat)
         self._views = [flat_t[offsets[i]:offsets[i + 1]].view_as(p)
@@ -147,15 +172,17 @@ class _Mixin:
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
-        ranges = [(_Param(n), int(offsets[i]), int(offsets[i + 1]))
-                  for i, n in enumerate(self._names)]
-        self.buckets = dist.make_buckets(ranges, self._flat.itemsize, bucket_size_mb)
-        bucket_by_name = {n: b for b, (_, _, names) in enumerate(self.buckets) for n in names}
-        self._bucket_of = [bucket_by_name[n] for n in self._names]
-        self._sizes = [len(names) for _, _, names in self.buckets]
-        self._active = self.comm.size > 1
+        segments = [(n, int(offsets[i]), int(offsets[i + 1]))
+                    for i, n in enumerate(self._names)]
+        self._reducer = Reducer(self._flat, segments, comm, op=op,
+                                bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
+                                compression=compression, backward_passes_per_step=passes,
+                                gradient_predivide_factor=predivide, blocking_last=True,
+                                what="parameter")
+        self.buckets = self._reducer.buckets
+        self._active = comm.size > 1
         if self._active:
-            layouts = self.comm.allgather_obj(
+            layouts = comm.allgather_obj(
                 (str(self._flat.dtype), [(n, tuple(p.shape)) for n, p in named]))
             if any(lay != layouts[0] for lay in layouts):
                 bad = next(r for r, lay in enumerate(layouts) if lay != layouts[0])
@@ -163,22 +190,27 @@ class _Mixin:
                     f"DistributedOptimizer: rank {bad} has {len(layouts[bad][1])} parameters "
                     f"({layouts[bad][0]}), rank 0 has {len(layouts[0][1])} "
                     f"({layouts[0][0]}); build the same model on every rank")
-        self.comm_wait_time = 0.0
-        self.allreduce_calls = 0
-        self.bytes_reduced = 0
-        self._reset()
+        self._should_synchronize = True
         self._hooks = []
-        if self._active and self.non_blocking:
+        if self._active and self.non_blocking and op != "adasum":
             for i, p in enumerate(self._params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     lambda param, i=i: self._on_grad(i, param)))
 
-    # -- communication ------------------------------------------------------------------
-    def _reset(self) -> None:
-        self._pending = [n * self.backward_passes_per_step for n in self._sizes]
-        self._handles: list[Any] = [None] * len(self.buckets)
-        self._next = 0
-        self._synced = False
+    # -- counters live in the reducer ---------------------------------------------------
+    allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
+    bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
+    comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
+    backward_passes_per_step = property(lambda self: self._reducer.passes)
+    gradient_predivide_factor = property(lambda self: self._reducer.predivide)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change the number of backward passes per step (between steps)."""
+        if isinstance(passes, bool) or int(passes) != passes or passes < 1:
+            raise ValueError("backward_passes_per_step must be an integer >= 1, got "
+                             f"{passes!r}")
+        self._reducer.passes = int(passes)
+        self._reducer.reset()
 
     def _claim(self, i: int, p: torch.Tensor) -> None:
         """Make p.grad the buffer view again if other code replaced it."""
@@ -193,79 +225,84 @@ class _Mixin:
             return
         p.grad = view
 
-    def _start(self, b: int) -> None:
-        lo, hi, _ = self.buckets[b]
-        if b == len(self.buckets) - 1:
-            # The last bucket (the first layers) is ready when backward ends: there is no
-            # compute left to overlap, and MPI's blocking all-reduce is its fastest path.
-            t0 = time.perf_counter()
-            self.comm.allreduce_(self._flat[lo:hi], "sum")
-            self.comm_wait_time += time.perf_counter() - t0
-        else:
-            self._handles[b] = self.comm.iallreduce_(self._flat[lo:hi], "sum")
-        self.allreduce_calls += 1
-        self.bytes_reduced += (hi - lo) * self._flat.itemsize
-
     def _on_grad(self, i: int, p: torch.Tensor) -> None:
         self._claim(i, p)
-        b = self._bucket_of[i]
-        if self._pending[b] <= 0 or self._synced:
-            raise RuntimeError(
-                f"DistributedOptimizer: parameter {self._names[i]!r} got more gradients than "
-                f"backward_passes_per_step={self.backward_passes_per_step} before step(); "
-                "call step() (or synchronize()) after every backward pass, or raise "
-                "backward_passes_per_step")
-        self._pending[b] -= 1
-        while self._next < len(self.buckets) and self._pending[self._next] == 0:
-            self._start(self._next)
-            self._next += 1
-        for h in self._handles[:self._next]:
-            if h is not None and hasattr(h, "test"):
-                h.test()
+        self._reducer.ready(i)
 
     def synchronize(self) -> None:
         """Finish the all-reduce of every bucket; the parameters' ``.grad`` then hold the
-        combined gradients (``step()`` calls it; a second call before ``step()`` does
-        nothing)."""
-        if not self._active or self._synced:
+        combined gradients (``step()`` calls it unless inside ``skip_synchronize()``). With
+        Adasum there is nothing to do before the step, as in Horovod."""
+        if not self._active or self._reducer.synced or self.op == "adasum":
             return
-        t0 = time.perf_counter()
-        started = self._next if self.non_blocking else 0
-        for i, b in enumerate(self._bucket_of):
+        started = self._reducer.next if self.non_blocking else 0
+        for i, b in enumerate(self._reducer.bucket_of):
             if b >= started:  # gradients no hook has seen (unused parameters, or blocking)
                 self._claim(i, self._params[i])
-        if self.non_blocking:
-            while self._next < len(self.buckets):
-                self._start(self._next)
-                self._next += 1
-            for h in self._handles:
-                if h is not None:
-                    h.wait()
-        else:
-            for lo, hi, _ in self.buckets:
-                self.comm.allreduce_(self._flat[lo:hi], "sum")
-                self.allreduce_calls += 1
-                self.bytes_reduced += (hi - lo) * self._flat.itemsize
-        self.comm_wait_time += time.perf_counter() - t0
-        if self.op == "average":
-            self._flat /= self.comm.size
-        self._reset()
-        self._synced = True
+        self._reducer.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside this context does not synchronize: call ``synchronize()``
+        first, then edit the gradients (unscale, clip), then step."""
+        if self.op == "adasum" and self._active:
+            raise AssertionError("Skipping synchronization is not supported when using "
+                                 "Adasum optimizer (Horovod's rule): call step() directly")
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
     def step(self, closure=None):
         """Wait for the gradient all-reduce, combine (see the class doc), update."""
-        self.synchronize()
-        out = type(self._distnn_base).step(self, closure)
-        self._synced = False
+        base_step = type(self._distnn_base).step
+        if self.op == "adasum" and self._active:
+            return self._adasum_step(base_step, closure)
+        if self._should_synchronize:
+            if self._reducer.synced:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(); wrap step() in "
+                              "`with optimizer.skip_synchronize():`", stacklevel=2)
+            self.synchronize()
+        out = base_step(self, closure)
+        self._reducer.reset()
+        return out
+
+    def _params_flat(self) -> np.ndarray:
+        if not self._params:
+            return np.zeros(0, self._flat.dtype)
+        return np.concatenate([p.detach().reshape(-1).numpy() for p in self._params])
+
+    def _adasum_step(self, base_step, closure):
+        """Step on the local gradients, combine the parameter deltas with Adasum, apply."""
+        start = self._params_flat()
+        out = base_step(self, closure)
+        delta = self._params_flat() - start
+        self._reducer.reduce_(delta)
+        combined = torch.from_numpy(start + delta)
+        with torch.no_grad():
+            for p, lo, hi in zip(self._params, self._offsets[:-1], self._offsets[1:]):
+                p.copy_(combined[lo:hi].view_as(p))
+        self._reducer.reset()
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer (gradients stay views into it; ``set_to_none`` is
         accepted for compatibility and ignored)."""
+        if self._reducer.next > 0 and not self._reducer.synced:
+            raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but "
+                               "before optimizer.step() or optimizer.synchronize(); the "
+                               "all-reduce is still reading the gradients: step first")
         self._flat[...] = 0
         for i, p in enumerate(self._params):
             if p.grad is None or p.grad.data_ptr() != self._views[i].data_ptr():
                 p.grad = self._views[i]
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load the wrapped optimizer's state; pending reductions are forgotten."""
+        self._reducer.reset()
+        type(self._distnn_base).load_state_dict(self, state_dict)
 
     def gradients_flat(self) -> np.ndarray:
         """The flat gradient buffer (every parameter's ``.grad`` is a view into it)."""

@@ -1,0 +1,285 @@
+"""The one gradient reducer behind both DistributedOptimizers (NumPy and torch), as DDP's
+Reducer: a flat buffer cut into buckets, readiness counts, buckets started strictly in
+order during backward, one synchronize that completes and scales them, and counters.
+
+The framework adapters only translate their hooks (a distnn layer's gradients ready, a
+torch parameter's gradient accumulated) into ``ready(segment)`` calls. What gradients
+become, in the one documented place (DESIGN rule 7):
+
+- ``op="average"``: the sum over ranks divided by the number of ranks (Horovod/DDP);
+  with ``gradient_predivide_factor`` f the buffer is multiplied by 1/f before the sum and
+  by f/size after it (Horovod's split of the average).
+- ``op="sum"``: the sum over ranks.
+- ``op="adasum"``: the adaptive sum of ``adasum.py``, segment by segment (blocking, in
+  ``synchronize``; the optimizers apply it to parameter deltas, as Horovod does).
+
+With ``backward_passes_per_step`` k a bucket starts after k backward passes (the
+framework accumulates the gradients in between); ``compression`` decides the wire dtype.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .adasum import adasum_
+from .comm import Communicator
+
+REDUCE_OPS = ("average", "sum", "adasum")
+Bucket = tuple[int, int, list[str]]
+
+
+def make_buckets(layer_ranges, itemsize: int, bucket_size_mb: float) -> list[Bucket]:
+    """Group top-level layers into contiguous buckets in *backward* order.
+
+    Args:
+        layer_ranges: ``model.layer_ranges()``: (layer, start, stop) in forward order.
+        itemsize: bytes per gradient element.
+        bucket_size_mb: target bucket size in MiB; a layer larger than that is a bucket
+            of its own; 0 makes every layer its own bucket.
+
+    Returns:
+        [(start, stop, [layer names])], the first bucket holding the last layers.
+    """
+    if bucket_size_mb < 0:
+        raise ValueError(f"bucket_size_mb must be >= 0, got {bucket_size_mb}")
+    cap = bucket_size_mb * (1 << 20)
+    buckets: list[Bucket] = []
+    names: list[str] = []
+    start = stop = 0
+    for layer, lo, hi in reversed(list(layer_ranges)):
+        nbytes = (hi - lo) * itemsize
+        if names and ((stop - start) * itemsize + nbytes > cap or hi != start):
+            buckets.append((start, stop, names))
+            names = []
+        if not names:
+            start, stop = lo, hi
+        start = lo
+        names.append(layer.name)
+        if (stop - start) * itemsize >= cap:
+            buckets.append((start, stop, names))
+            names = []
+    if names:
+        buckets.append((start, stop, names))
+    return buckets
+
+
+
+
+class _Named:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class NoneCompressor:
+    """No compression: arrays travel in their own dtype."""
+
+    wire_dtype = None
+
+    @staticmethod
+    def compress(x: np.ndarray):
+        return x, None
+
+    @staticmethod
+    def decompress(x: np.ndarray, ctx) -> np.ndarray:
+        return x
+
+
+class FP16Compressor:
+    """Floating arrays travel as float16 and come back in their dtype."""
+
+    wire_dtype = np.float16
+
+    @staticmethod
+    def compress(x: np.ndarray):
+        if np.issubdtype(x.dtype, np.floating) and x.dtype != np.float16:
+            return x.astype(np.float16), x.dtype
+        return x, None
+
+    @staticmethod
+    def decompress(x: np.ndarray, ctx) -> np.ndarray:
+        return x.astype(ctx) if ctx is not None else x
+
+
+class Compression:
+    """``Compression.none`` and ``Compression.fp16`` (Horovod's objects, for NumPy arrays;
+    ``distnn.torch.Compression`` is the same for tensors)."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def wire_dtype(compression) -> Any:
+    """The dtype a bucket travels in: None (the buffer's own) or np.float16.
+
+    ``compression`` is None, "none", "fp16", or an object with a ``wire_dtype`` attribute
+    (``distnn.distributed.Compression.fp16``, ``distnn.torch.Compression.fp16``)."""
+    if compression is None or compression == "none":
+        return None
+    if compression == "fp16":
+        return np.float16
+    if hasattr(compression, "wire_dtype"):
+        return compression.wire_dtype
+    raise ValueError(f"compression must be None, 'fp16' or a Compression object "
+                     f"(Compression.none / Compression.fp16), got {compression!r}")
+
+
+class Reducer:
+    """Reduce a flat gradient buffer over ranks in buckets of whole segments.
+
+    Args:
+        flat: the 1-D gradient buffer (reduced in place).
+        segments: [(name, start, stop)] in forward order (layers or parameters).
+        comm: communicator (or ``JoinableComm``) to reduce over.
+        op: "average", "sum" or "adasum" (see the module doc).
+        bucket_size_mb: target bucket size (0: one segment per bucket).
+        non_blocking: start buckets from ``ready()``; False reduces them in
+            ``synchronize()`` with blocking calls.
+        compression: see ``wire_dtype``.
+        backward_passes_per_step: backward passes per reduction.
+        gradient_predivide_factor: Horovod's split of the average (op "average" only).
+        blocking_last: reduce the last bucket (ready when backward ends) with the blocking
+            all-reduce, MPI's fastest path, instead of a non-blocking one.
+        what: the word for a segment in errors ("layer", "parameter").
+    """
+
+    def __init__(self, flat: np.ndarray, segments, comm: Communicator, *, op: str = "average",
+                 bucket_size_mb: float = 4.0, non_blocking: bool = True, compression=None,
+                 backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0,
+                 blocking_last: bool = False, what: str = "layer"):
+        if op not in REDUCE_OPS:
+            raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+        passes = backward_passes_per_step
+        if isinstance(passes, bool) or int(passes) != passes or passes < 1:
+            raise ValueError("backward_passes_per_step must be an integer >= 1, got "
+                             f"{passes!r}")
+        factor = float(gradient_predivide_factor)
+        if not factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {factor}")
+        if factor != 1.0 and op != "average":
+            raise ValueError(f"gradient_predivide_factor={factor} needs op='average' "
+                             f"(Horovod's rule), got op={op!r}")
+        self.flat, self.comm, self.op, self.what = flat, comm, op, what
+        self.non_blocking = bool(non_blocking)
+        self.wire = wire_dtype(compression)
+        self.compression = compression
+        self.passes = int(passes)
+        self.predivide = factor
+        self.blocking_last = bool(blocking_last)
+        self.names = [name for name, _, _ in segments]
+        ranges = [(_Named(name), int(lo), int(hi)) for name, lo, hi in segments]
+        self.buckets = make_buckets(ranges, flat.itemsize, bucket_size_mb)
+        # make_buckets emits the segments in reverse order: the k-th name is segment n-1-k
+        order = [b for b, (_, _, names) in enumerate(self.buckets) for _ in names]
+        self.bucket_of = order[::-1]
+        self.counts = [[hi - lo for i, (_, lo, hi) in enumerate(ranges) if self.bucket_of[i] == b]
+                       for b in range(len(self.buckets))]
+        self._sizes = [len(names) for _, _, names in self.buckets]
+        self._wire_bufs = ([np.empty(hi - lo, self.wire) for lo, hi, _ in self.buckets]
+                           if self.wire is not None and self.wire != flat.dtype else None)
+        self.active = comm.size > 1
+        self.allreduce_calls = 0
+        self.bytes_reduced = 0
+        self.comm_wait_time = 0.0
+        self.reset()
+
+    # -- state ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.pending = [n * self.passes for n in self._sizes]
+        self.handles: list[Any] = [None] * len(self.buckets)
+        self.next = 0  # buckets start strictly in order: every rank posts the same sequence
+        self.synced = False
+
+    def ready(self, i: int) -> None:
+        """Segment i has its gradient for one more backward pass."""
+        b = self.bucket_of[i]
+        if self.pending[b] <= 0 or self.synced:
+            raise RuntimeError(
+                f"DistributedOptimizer: {self.what} {self.names[i]!r} produced gradients more "
+                f"than backward_passes_per_step={self.passes} times before step(); call "
+                "step() (or synchronize()) after every backward pass, or raise "
+                "backward_passes_per_step")
+        self.pending[b] -= 1
+        if not self.non_blocking or self.op == "adasum":  # Adasum runs in synchronize()
+            return
+        while self.next < len(self.buckets) and self.pending[self.next] == 0:
+            self._start(self.next, self.flat)
+            self.next += 1
+        for h in self.handles[:self.next]:  # let MPI progress the earlier buckets
+            if h is not None and hasattr(h, "test"):
+                h.test()
+
+    # -- communication ------------------------------------------------------------------
+    def _send_buffer(self, b: int, buf: np.ndarray) -> np.ndarray:
+        lo, hi, _ = self.buckets[b]
+        g = buf[lo:hi]
+        if self.predivide != 1.0:
+            g *= g.dtype.type(1.0 / self.predivide)
+        if self._wire_bufs is None:
+            return g
+        np.copyto(self._wire_bufs[b], g, casting="unsafe")
+        return self._wire_bufs[b]
+
+    def _start(self, b: int, buf: np.ndarray, blocking: bool = False) -> None:
+        wire = self._send_buffer(b, buf)
+        self.allreduce_calls += 1
+        self.bytes_reduced += wire.nbytes
+        if self.op == "adasum":
+            if hasattr(self.comm, "adasum_"):
+                self.comm.adasum_(wire, self.counts[b])
+            else:
+                adasum_(wire, self.counts[b], self.comm)
+        elif blocking:  # inside synchronize()/reduce_(), which time themselves
+            self.comm.allreduce_(wire, "sum")
+        elif self.blocking_last and b == len(self.buckets) - 1:
+            t0 = time.perf_counter()
+            self.comm.allreduce_(wire, "sum")
+            self.comm_wait_time += time.perf_counter() - t0
+        else:
+            self.handles[b] = self.comm.iallreduce_(wire, "sum")
+            return
+        self._finish(b, buf)
+
+    def _finish(self, b: int, buf: np.ndarray) -> None:
+        lo, hi, _ = self.buckets[b]
+        g = buf[lo:hi]
+        if self._wire_bufs is not None:
+            np.copyto(g, self._wire_bufs[b], casting="unsafe")
+        if self.op == "average" and self.comm.size > 1:
+            if self.predivide != 1.0:
+                g *= g.dtype.type(self.predivide / self.comm.size)
+            else:
+                g /= self.comm.size
+
+    def synchronize(self) -> bool:
+        """Complete every bucket and scale the buffer; False when there was nothing to do
+        (one process, or already synchronized since the last ``reset``)."""
+        if not self.active or self.synced:
+            return False
+        t0 = time.perf_counter()
+        if self.non_blocking and self.op != "adasum":
+            while self.next < len(self.buckets):  # buckets backward did not start
+                self._start(self.next, self.flat)
+                self.next += 1
+            for b, h in enumerate(self.handles):
+                if h is not None:
+                    h.wait()
+                    self._finish(b, self.flat)
+        else:
+            for b in range(len(self.buckets)):
+                self._start(b, self.flat, blocking=True)
+        self.comm_wait_time += time.perf_counter() - t0
+        self.reset()
+        self.synced = True
+        return True
+
+    def reduce_(self, buf: np.ndarray) -> np.ndarray:
+        """Reduce another buffer of the same layout (e.g. parameter deltas) now, bucket by
+        bucket, with this reducer's op and compression; returns buf."""
+        if self.active:
+            t0 = time.perf_counter()
+            for b in range(len(self.buckets)):
+                self._start(b, buf, blocking=True)
+            self.comm_wait_time += time.perf_counter() - t0
+        return buf
