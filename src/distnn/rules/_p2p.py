@@ -70,6 +70,7 @@ class MasterWorker(Rule):
     """
 
     default_sync_every = 1
+    min_ranks = 2
 
     def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
                  max_sleep: float = 2e-3):
@@ -91,7 +92,7 @@ class MasterWorker(Rule):
 
     def data_shard(self, trainer):
         comm = trainer.comm
-        need_ranks(self.name, comm, 2)
+        need_ranks(self.name, comm, self.min_ranks)
         return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
 
     def loss_denominator(self, batch) -> int:

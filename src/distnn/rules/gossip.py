@@ -42,6 +42,8 @@ class Gossip(Rule):
 
     name = "gossip"
 
+    options = {"probability": "gossip_probability", "alpha": "gossip_alpha"}
+
     def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
                  synchronous: bool = False):
         if not 0 < probability <= 1:
