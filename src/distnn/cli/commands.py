@@ -97,7 +97,7 @@ def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:
 def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> int:
     """``distnn train``. ``explicit``: the options the user gave (command line or config
     file), which a resumed run applies or refuses instead of taking the checkpoint's."""
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet, cfg.output.verbose)
     # Cheap checks first: a bad path or file ends the run before any data is read.
     state = None
@@ -184,7 +184,7 @@ def _fit(run, **options) -> None:
 
 
 def run_evaluate(cfg: RunConfig, comm) -> int:
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet)
     preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
@@ -198,7 +198,7 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
 
 
 def run_predict(cfg: RunConfig, comm) -> int:
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet)
     if not cfg.predict.output.lower().endswith((".npy", ".npz", ".csv")):
         raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "

@@ -1,4 +1,4 @@
-"""Checks a ``distnn`` command makes before its first training step, so that a bad path,
+"""Checks a run makes before its first training step, so that a bad path,
 a misspelt metric or a checkpoint that does not fit is one clear line (exit status 2) on
 every rank, not a traceback after hours of training:
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fileio import check_writable, npz_kind
-from ..run import RunConfig, RunError, agreed
-from ..run.options import PRED, TRAIN
+from .build import RunError, agreed
+from .config import PRED, TRAIN, RunConfig
 
 __all__ = ["check_outputs", "check_weights_file", "check_monitors", "plan_resume",
            "ResumePlan"]
