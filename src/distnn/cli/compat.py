@@ -130,63 +130,63 @@ WIDE_KINDS: dict[str, Kind] = {
 }
 
 # -- their options with no option of the same meaning here ------------------------------------
-SEEDS = "seeds"
-GROUPS = {SEEDS: "PyDTNN / NNLO options with no counterpart here (accepted; a note says what "
+FOREIGN = "foreign"
+GROUPS = {FOREIGN: "PyDTNN / NNLO options with no counterpart here (accepted; a note says what "
                  "happens instead)"}
 _O = Option
 FOREIGN_OPTIONS: list[Option] = [
     _O("trial_name", Maybe(Str(lower=False, metavar="NAME")), None, "NNLO: name of the run; "
        "the history goes to MODEL_NAME_history.json unless --history_file is given.",
-       "train", SEEDS, (TRAIN,)),
+       "train", FOREIGN, (TRAIN,)),
     _O("use_blocking_mpi", Maybe(Bool()), None, "PyDTNN: true = --non_blocking_mpi false "
-       "(and the reverse).", "parallel", SEEDS, (TRAIN,), aliases=("blocking_mpi",)),
+       "(and the reverse).", "parallel", FOREIGN, (TRAIN,), aliases=("blocking_mpi",)),
     _O("enable_gpu", Bool(), False, "PyDTNN: this build has no GPU backend; true is an "
-       "error.", "parallel", SEEDS),
+       "error.", "parallel", FOREIGN),
     _O("enable_gpudirect", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
-       "parallel", SEEDS),
+       "parallel", FOREIGN),
     _O("enable_nccl", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
-       "parallel", SEEDS),
+       "parallel", FOREIGN),
     _O("tracing", Bool(), False, "PyDTNN: write the Chrome trace (to distnn-trace.json "
-       "unless --trace FILE).", "output", SEEDS, (TRAIN,)),
+       "unless --trace FILE).", "output", FOREIGN, (TRAIN,)),
     _O("shared_storage", Bool(), True, "PyDTNN: false = --every_rank_writes (every rank "
        "writes its own copy of the history and weights files); true = rank 0 writes them.",
-       "output", SEEDS, (TRAIN,)),
+       "output", FOREIGN, (TRAIN,)),
     _O("timeline", Bool(), False, "NNLO: the Chrome trace, to MODEL_TRIAL_timeline.json "
-       "unless --trace FILE.", SEEDS, SEEDS, (TRAIN,)),
+       "unless --trace FILE.", FOREIGN, FOREIGN, (TRAIN,)),
     _O("n_processes", Maybe(Int(1)), None, "NNLO: processes per worker; here each rank is "
-       "one worker.", SEEDS, SEEDS, (TRAIN,)),
+       "one worker.", FOREIGN, FOREIGN, (TRAIN,)),
     _O("n_masters", Maybe(Int(1)), None, "NNLO: number of masters; here rank 0 is the one "
-       "master of the parameter-server rules.", SEEDS, SEEDS, (TRAIN,)),
-    _O("max_gpus", Maybe(Int(0)), None, "NNLO: no GPU backend here.", SEEDS, SEEDS),
-    _O("master_gpu", Bool(), False, "NNLO: no GPU backend here.", SEEDS, SEEDS),
+       "master of the parameter-server rules.", FOREIGN, FOREIGN, (TRAIN,)),
+    _O("max_gpus", Maybe(Int(0)), None, "NNLO: no GPU backend here.", FOREIGN, FOREIGN),
+    _O("master_gpu", Bool(), False, "NNLO: no GPU backend here.", FOREIGN, FOREIGN),
     _O("tf", Bool(), False, "NNLO: TensorFlow models; here distnn or torch models (--model "
-       "FILE.py).", SEEDS, SEEDS),
+       "FILE.py).", FOREIGN, FOREIGN),
     _O("backend", Maybe(Str(("keras", "torch", "tf"))), None, "NNLO: here distnn or torch "
-       "models (--model FILE.py).", SEEDS, SEEDS),
-    _O("monitor", Bool(), False, "NNLO: CPU/GPU monitoring; here --profile.", "seeds",
-       "output", (TRAIN,)),
+       "models (--model FILE.py).", FOREIGN, FOREIGN),
+    _O("monitor", Bool(), False, "NNLO: CPU/GPU monitoring; here --profile.", FOREIGN,
+       FOREIGN, (TRAIN,)),
     _O("tensor_format", Maybe(Str(("nhwc", "nchw", "auto"))), None, "PyDTNN: distnn "
-       "computes in NCHW.", SEEDS, SEEDS),
+       "computes in NCHW.", FOREIGN, FOREIGN),
     _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
-       SEEDS, SEEDS, (TRAIN,)),
+       FOREIGN, FOREIGN, (TRAIN,)),
     # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
     _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
-       "--parallel data, easgd, gosgd = gossip).", SEEDS, SEEDS, (TRAIN,),
+       "--parallel data, easgd, gosgd = gossip).", FOREIGN, FOREIGN, (TRAIN,),
        short=("r",)),
     _O("modelfile", Maybe(Str(lower=False, metavar="MODULE")), None, "Theano-MPI: "
-       "MODELFILE, with --modelclass: --model MODELFILE:MODELCLASS.", SEEDS, SEEDS,
+       "MODELFILE, with --modelclass: --model MODELFILE:MODELCLASS.", FOREIGN, FOREIGN,
        short=("file",)),
     _O("modelclass", Maybe(Str(lower=False, metavar="NAME")), None, "Theano-MPI: "
-       "MODELCLASS.", SEEDS, SEEDS, short=("class",)),
+       "MODELCLASS.", FOREIGN, FOREIGN, short=("class",)),
     _O("size", Maybe(Int(1)), None, "Theano-MPI: SIZE; the ranks are mpiexec -n's.",
-       SEEDS, SEEDS, (TRAIN,), short=("s",)),
+       FOREIGN, FOREIGN, (TRAIN,), short=("s",)),
     _O("bsp_sync_type", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_SYNC_TYPE (a note).",
-       SEEDS, SEEDS, (TRAIN,), short=("bsp_sync_type",)),
+       FOREIGN, FOREIGN, (TRAIN,), short=("bsp_sync_type",)),
     _O("bsp_exch_strategy", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_EXCH_STRATEGY "
-       "(*16: --gradient_compression fp16).", SEEDS, SEEDS, (TRAIN,),
+       "(*16: --gradient_compression fp16).", FOREIGN, FOREIGN, (TRAIN,),
        short=("bsp_exch_strategy",)),
     _O("bind", Bool(), False, "Theano-MPI: bind ranks to cores (a note: use mpiexec's "
-       "binding).", SEEDS, SEEDS, (TRAIN,), short=("b",)),
+       "binding).", FOREIGN, FOREIGN, (TRAIN,), short=("b",)),
 ]
 FOREIGN_BY_NAME = {o.name: o for o in FOREIGN_OPTIONS}
 _FOREIGN_ALIAS = {a: o.name for o in FOREIGN_OPTIONS for a in o.aliases}
