@@ -61,7 +61,8 @@ class Trainer:
     """Trains, evaluates and runs a model on sharded datasets, over a communicator.
 
     Args:
-        model: a built ``distnn.nn.Sequential`` (outputs logits).
+        model: a built ``distnn.nn.Model`` (outputs logits): a ``Sequential`` or a
+            ``distnn.torch.TorchModel``.
         optimizer: a distnn optimizer over ``model`` (the rule may wrap it: the default
             ``DataParallel`` wraps it in a ``DistributedOptimizer``, op="sum"), or a
             ``distributed.DistributedOptimizer``.
