@@ -2,7 +2,8 @@
 turned into distnn's own options before the configuration is built (``translate``), so
 ``distnn.run``'s configuration holds only distnn's names and meanings.
 
-* ``ALIASES``: their names of distnn's options (``--epochs`` is ``--num_epochs``);
+* ``ALIASES``, ``SEARCH_ALIASES``: their names of distnn's options (``--epochs`` is
+  ``--num_epochs``);
 * ``FOREIGN_OPTIONS``: their options with no option of the same meaning here, accepted by
   the parser and translated (``--use_blocking_mpi``, ``--shared_storage``) or answered with
   a note saying what distnn does instead (``NOTES``);
@@ -14,10 +15,11 @@ A note is printed once, on rank 0, to stderr: nothing is silently ignored.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..run.kinds import Bool, Int, Kind, Maybe, Str
 from ..run.options import OPTION_BY_NAME, TRAIN, ModelSpec, Option, canonical
@@ -37,6 +39,7 @@ ALIASES = {
     "epochs": "num_epochs", "restore": "resume", "checkpoint_int": "checkpoint_freq",
     "loss": "loss_func", "early": "early_stopping", "mode": "parallel",
 }
+SEARCH_ALIASES = {"opt_restore": "resume"}  # NNLO's names of distnn search's options
 
 # -- their values of distnn's options -------------------------------------------------------
 LOSS_SPELLINGS = {"categorical_crossentropy": "categorical_cross_entropy",
@@ -58,11 +61,6 @@ def _model_names():
     return [*MODELS, *SEED_MODELS, *PYDTNN_MODELS]
 
 
-def _losses():
-    from ..nn.losses import LOSSES
-    return LOSSES
-
-
 def _is_metric(name: str) -> bool:
     from ..nn.metrics import get_metric
     try:
@@ -74,50 +72,37 @@ def _is_metric(name: str) -> bool:
 
 class LossList(Kind):
     """``--loss_func``: a loss name, or PyDTNN's comma list of metrics and one loss
-    ('categorical_accuracy,categorical_cross_entropy'). Keras/PyDTNN spellings are
-    translated (``categorical_crossentropy``, ``regression_mse``). The value is the
-    normalized list with the loss LAST; ``translate`` moves the metrics to
-    ``--metrics``.
-
-    Args:
-        losses: () -> names of the losses (``nn.losses.LOSSES``).
-        is_metric: name -> whether it names a metric.
-        spellings: other systems' names -> distnn's.
-    """
+    ('categorical_accuracy,categorical_cross_entropy'), Keras/PyDTNN spellings translated
+    (``categorical_crossentropy``, ``regression_mse``). The value is the normalized list
+    with the loss LAST; ``translate`` moves the metrics to ``--metrics``."""
 
     metavar = "LOSS"
 
-    def __init__(self, losses: Callable[[], Sequence[str]], is_metric: Callable[[str], bool],
-                 spellings: dict[str, str]):
-        self._losses, self.is_metric, self.spellings = losses, is_metric, spellings
-
     def check(self, value):
+        from ..nn.losses import LOSSES
         if isinstance(value, (list, tuple)):
             value = ",".join(map(str, value))
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"must name a loss, got {value!r}")
         items = [v.strip().lower().replace("-", "_") for v in value.split(",") if v.strip()]
-        items = [self.spellings.get(v, v) for v in items]
-        losses = set(self._losses())
-        unknown = [v for v in items if v not in losses and not self.is_metric(v)]
+        items = [LOSS_SPELLINGS.get(v, v) for v in items]
+        losses = set(LOSSES)
+        unknown = [v for v in items if v not in losses and not _is_metric(v)]
         if unknown:
             raise ValueError(f"must be a loss ({', '.join(sorted(losses))}) optionally with "
                              f"metrics in a comma list; got unknown name(s) "
                              f"{', '.join(unknown)!r}")
         # A name that is only a loss is THE loss; mse/mae (also metrics) are the loss only
         # when nothing else is.
-        pure = [v for v in items if v in losses and not self.is_metric(v)]
+        pure = [v for v in items if v in losses and not _is_metric(v)]
         if len(pure) > 1:
             raise ValueError(f"lists {len(pure)} losses ({', '.join(pure)}); give one loss "
                              f"(the other names may be metrics), got {value!r}")
-        if pure:
-            loss = pure[0]
-        else:
-            dual = [v for v in items if v in losses]
-            if not dual:
-                raise ValueError(f"lists only metrics; add a loss such as "
-                                 f"categorical_cross_entropy, got {value!r}")
-            loss = dual[0]
+        dual = [v for v in items if v in losses]
+        if not pure and not dual:
+            raise ValueError(f"lists only metrics; add a loss such as "
+                             f"categorical_cross_entropy, got {value!r}")
+        loss = (pure or dual)[0]
         rest = [v for v in dict.fromkeys(items) if v != loss]
         return ",".join([*rest, loss])
 
@@ -126,7 +111,7 @@ class LossList(Kind):
 # gives distnn's value, which distnn's own kind checks.
 WIDE_KINDS: dict[str, Kind] = {
     "model": ModelSpec(_model_names),
-    "loss_func": LossList(_losses, _is_metric, LOSS_SPELLINGS),
+    "loss_func": LossList(),
 }
 
 # -- their options with no option of the same meaning here ------------------------------------
@@ -204,19 +189,8 @@ def option_of(key: str) -> Option | None:
     name = name_of(key)
     option = OPTION_BY_NAME.get(name) or FOREIGN_BY_NAME.get(name)
     if option is not None and name in WIDE_KINDS:
-        option = Option(**{**option.__dict__, "kind": WIDE_KINDS[name]})
+        option = dataclasses.replace(option, kind=WIDE_KINDS[name])
     return option
-
-
-def aliases_of(name: str) -> tuple[str, ...]:
-    """The foreign names of distnn's option ``name`` (extra command-line flags)."""
-    return tuple(a for a, n in ALIASES.items() if n == name)
-
-
-def options(command: str) -> list[Option]:
-    """Every option ``command``'s parser takes: distnn's (widened) and the foreign ones."""
-    from ..run.options import OPTIONS
-    return [option_of(o.name) for o in [*OPTIONS, *FOREIGN_OPTIONS] if command in o.commands]
 
 
 # -- Theano-MPI session files (tmlauncher -cfg=session.cfg) ---------------------------------

@@ -9,8 +9,19 @@ from typing import Any, Callable, Sequence
 
 from ..run import ConfigError
 from ..run.kinds import Bool, Maybe
-from ..run.options import GROUPS, OPTIONS
+from ..run.options import GROUPS, OPTIONS, Option
 from . import compat
+
+
+def aliases_of(name: str) -> tuple[str, ...]:
+    """The foreign names of distnn's option ``name`` (extra command-line flags)."""
+    return tuple(a for a, n in compat.ALIASES.items() if n == name)
+
+
+def options(command: str) -> list[Option]:
+    """Every option ``command``'s parser takes: distnn's (widened) and the foreign ones."""
+    return [compat.option_of(o.name) for o in [*OPTIONS, *compat.FOREIGN_OPTIONS]
+            if command in o.commands]
 
 
 def _argtype(option) -> Callable[[str], Any]:
@@ -41,7 +52,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
                              "MODELCLASS, DEVICES...); command-line options override it.")
     titles = {**GROUPS, **compat.GROUPS}
     groups = {}
-    for option in compat.options(command):
+    for option in options(command):
         if option.group not in groups:
             groups[option.group] = parser.add_argument_group(titles[option.group])
         extra: dict[str, Any] = {}
@@ -53,7 +64,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         if choices is not None and option.name not in ("model",):
             choice_text = f" Choices: {', '.join(choices)}."
         groups[option.group].add_argument(
-            *option.flags(compat.aliases_of(option.name)), dest=option.name,
+            *option.flags(aliases_of(option.name)), dest=option.name,
             type=_argtype(option), metavar=option.kind.metavar,
             help=f"{option.help}{choice_text} Default: {_default_text(option.default)}.",
             **extra)
@@ -105,7 +116,7 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
 def given_options(args: argparse.Namespace, command: str,
                   excluded: Sequence[str] = ()) -> dict[str, Any]:
     """The option values on the command line (distnn's names)."""
-    return {o.name: getattr(args, o.name) for o in compat.options(command)
+    return {o.name: getattr(args, o.name) for o in options(command)
             if o.name not in excluded and hasattr(args, o.name)}
 
 

@@ -25,7 +25,8 @@ from ..run.kinds import Bool, Int, Maybe, Str
 from ..run.options import TRAIN
 from . import compat
 from .builders import make_comm, threads
-from .options import _argtype, _default_text, add_options, given_options, resolve_values
+from .options import (_argtype, _default_text, add_options, aliases_of, given_options,
+                      resolve_values)
 
 SEARCH = "search"
 
@@ -64,8 +65,7 @@ SEARCH_OPTIONS: list[Option] = [
     _S("checkpoint_interval", Int(1), 1, "Save the study after every N finished trials (and "
        "at the end).", SEARCH, SEARCH, (SEARCH,)),
     _S("resume", Bool(), False, "Continue the study saved in --checkpoint DIR (same trial "
-       "numbers; finished trials are not run again).", SEARCH, SEARCH, (SEARCH,),
-       aliases=("opt_restore",)),
+       "numbers; finished trials are not run again).", SEARCH, SEARCH, (SEARCH,)),
     _S("output_dir", Maybe(Str(lower=False, metavar="DIR")), None, "Folder of best.toml, "
        "trials.json and objective.png (default: the --checkpoint DIR, else search_results).",
        SEARCH, SEARCH, (SEARCH,)),
@@ -73,7 +73,8 @@ SEARCH_OPTIONS: list[Option] = [
        "study.", SEARCH, SEARCH, (SEARCH,)),
 ]
 SEARCH_BY_NAME = {o.name: o for o in SEARCH_OPTIONS}
-_SEARCH_ALIAS = {a: o.name for o in SEARCH_OPTIONS for a in o.aliases}
+_SEARCH_ALIAS = {**{a: o.name for o in SEARCH_OPTIONS for a in o.aliases},
+                 **compat.SEARCH_ALIASES}
 
 
 def _search_name(key: str) -> str | None:
@@ -100,6 +101,10 @@ class _Rejected(argparse.Action):
         parser.error(f"{option_string} is an option of distnn train; here {instead}")
 
 
+def _flags(option: Option) -> list[str]:
+    return option.flags(tuple(a for a, n in compat.SEARCH_ALIASES.items() if n == option.name))
+
+
 def add_search_parser(sub) -> argparse.ArgumentParser:
     """Add the ``search`` subcommand to the ``distnn`` subparsers."""
     text = "hyper-parameter search over blocks of MPI ranks (optuna)"
@@ -114,17 +119,17 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
             else {}
         choices = getattr(option.kind, "choices", None)
         text = f" Choices: {', '.join(choices)}." if choices else ""
-        group.add_argument(*option.flags(), dest=f"search_{option.name}", type=_argtype(option),
+        group.add_argument(*_flags(option), dest=f"search_{option.name}", type=_argtype(option),
                            metavar=option.kind.metavar, help=f"{option.help}{text} Default: "
                            f"{_default_text(option.default)}.", **extra)
     # conflict_handler="resolve": the flags above took over train's --checkpoint and
     # --resume; the other flags of the excluded train options now say they do not apply.
-    taken = {f for o in SEARCH_OPTIONS for f in o.flags()}
+    taken = {f for o in SEARCH_OPTIONS for f in _flags(o)}
     for name in EXCLUDED:
         option = compat.option_of(name)
         if option is None or TRAIN not in option.commands:
             continue
-        flags = [f for f in option.flags(compat.aliases_of(name)) if f not in taken]
+        flags = [f for f in option.flags(aliases_of(name)) if f not in taken]
         if flags:
             p.add_argument(*flags, dest=name, nargs="?", action=_Rejected,
                            help=argparse.SUPPRESS)
