@@ -55,3 +55,21 @@ def test_every_rank_raises_the_first_failing_ranks_error(n):
         assert r["result"] == (10 if r["rank"] == 0 else None)
         assert r["fine"] == r["rank"]
         assert r["waits"] == [True, True]
+
+
+def test_a_write_error_travels_whole():
+    # on_ranks sends rank 0's exception to the others: WriteError must arrive as itself.
+    import pickle
+
+    from distnn.fileio import WriteError, guarded_write
+
+    def fail():
+        raise PermissionError(13, "Permission denied", "/ro/ck.npz")
+
+    with pytest.raises(WriteError) as exc:
+        on_ranks(LocalComm(), lambda: guarded_write("/ro/ck.npz", fail, "checkpoint"), root=0,
+                 catch=WriteError)
+    copy = pickle.loads(pickle.dumps(exc.value))
+    assert type(copy) is WriteError and str(copy) == str(exc.value)
+    assert (copy.path, copy.what) == ("/ro/ck.npz", "checkpoint")
+    assert "could not write checkpoint '/ro/ck.npz': Permission denied" in str(copy)
