@@ -114,6 +114,11 @@ WIDE_KINDS: dict[str, Kind] = {
     "loss_func": LossList(),
 }
 
+# What --help adds to distnn's help of an option about the values accepted here.
+HELP = {"loss_func": " Keras spellings (categorical_crossentropy) and PyDTNN's comma list of "
+                     "metrics and one loss are accepted too: the metrics join --metrics.",
+        "metrics": " PyDTNN's regression_mse and regression_mae are mse and mae."}
+
 # -- their options with no option of the same meaning here ------------------------------------
 FOREIGN = "foreign"
 GROUPS = {FOREIGN: "PyDTNN / NNLO options with no counterpart here (accepted; a note says what "

@@ -66,7 +66,8 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         groups[option.group].add_argument(
             *option.flags(aliases_of(option.name)), dest=option.name,
             type=_argtype(option), metavar=option.kind.metavar,
-            help=f"{option.help}{choice_text} Default: {_default_text(option.default)}.",
+            help=f"{option.help}{compat.HELP.get(option.name, '')}{choice_text} Default: "
+                 f"{_default_text(option.default)}.",
             **extra)
 
 

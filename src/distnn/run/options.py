@@ -216,13 +216,12 @@ OPTIONS: list[Option] = [
     _O("rho", Maybe(Float(0.0, 1.0, high_open=True)), None, "rho (rmsprop's alpha, "
        "adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,)),
     _O("loss_func", Str(_losses), "categorical_cross_entropy",
-       "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae (Keras spellings "
-       "such as categorical_crossentropy too). PyDTNN's comma list of metrics and one loss "
-       "is accepted: the metrics join --metrics. mse, mae and bce train on one-hot labels.",
+       "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae. mse, mae and bce "
+       "train on one-hot labels.",
        "optim", "optim"),
     _O("metrics", List(), ("categorical_accuracy",), "Comma-separated metrics: "
        "categorical_accuracy (acc), top5, categorical_hinge, categorical_mse, categorical_mae, "
-       "mse (regression_mse), mae (regression_mae).", "optim", "optim"),
+       "mse, mae.", "optim", "optim"),
     # Schedulers and callbacks
     _O("lr_schedulers", List(_schedulers), (), "Comma-separated: warm_up, early_stopping, "
        "reduce_lr_on_plateau, reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.",
