@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import IO, Callable, Iterator
 
 __all__ = ["atomic_open", "check_writable", "npz_kind", "describe_os_error", "WriteError",
-           "write_on_root"]
+           "guarded_write", "describe_write_failure"]
 
 _STALE_AGE_S = 24 * 3600.0  # a .part file of another host is removed after a day
 
@@ -124,6 +124,9 @@ class WriteError(OSError):
         super().__init__(f"could not write {what + ' ' if what else ''}{path!r}: {reason}")
         self.path, self.reason, self.what = path, reason, what
 
+    def __reduce__(self):  # travels to the other ranks whole
+        return (type(self), (self.path, self.reason, self.what))
+
     @classmethod
     def from_exception(cls, path: str, exc: BaseException, what: str = "") -> "WriteError":
         if isinstance(exc, WriteError):
@@ -133,20 +136,13 @@ class WriteError(OSError):
         return cls(path, reason, what)
 
 
-def write_on_root(comm, path: str, write: Callable[[], None], what: str = "") -> None:
-    """Rank 0 of ``comm`` calls ``write()``; if it fails, ``WriteError`` is raised on every
-    rank (one broadcast), so no rank is left waiting in a collective."""
-    error = None
-    if comm.rank == 0:
-        try:
-            write()
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
-            error = WriteError.from_exception(os.fspath(path), exc, what)
-            error = (error.path, error.reason, error.what)
-    if comm.size > 1:
-        error = comm.bcast_obj(error, 0)
-    if error is not None:
-        raise WriteError(*error)
+def guarded_write(path: str, write: Callable[[], None], what: str = "") -> None:
+    """Call ``write()``; any failure becomes a ``WriteError`` naming ``path`` (run it on
+    rank 0 with ``distributed.coordination.on_ranks`` and every rank raises it)."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - every failure is a WriteError for the caller
+        raise WriteError.from_exception(os.fspath(path), exc, what) from exc
 
 
 def describe_os_error(exc: OSError) -> str:
@@ -157,6 +153,15 @@ def describe_os_error(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"{reason}; choose a folder you can write to"
     return reason
+
+
+def describe_write_failure(exc: BaseException) -> str:
+    """One line for an error met while writing an output: "could not write 'f': reason and
+    what to do" for an OSError, else the error's text."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    where = f" {exc.filename!r}" if exc.filename else ""
+    return f"could not write{where}: {describe_os_error(exc)}"
 
 
 def check_writable(path: str | os.PathLike) -> str | None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distnn.cli.config import (OPTIONS, ConfigError, DataConfig, OptimizerConfig, RunConfig,
-                               build_config, load_toml, resolve_values)
 from distnn.cli.main import build_parser, config_from_args, main
+from distnn.cli.options import resolve_values
+from distnn.run.config import (OPTIONS, ConfigError, DataConfig, OptimizerConfig, RunConfig,
+                               build_config, load_toml)
 
 BIN = Path(sys.executable).parent / "distnn"
 COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
@@ -387,7 +388,8 @@ def test_threads_option_sets_blas_and_compiled_kernel_threads():
 
     from distnn import kernels
     from distnn.cli.builders import threads
-    from distnn.cli.config import build_config, resolve_values
+    from distnn.cli.options import resolve_values
+    from distnn.run.config import build_config
 
     kernels.set_num_threads(2)
     start = kernels.get_num_threads()  # 2, or fewer on a 1-core machine / NumPy backend

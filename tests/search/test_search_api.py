@@ -174,7 +174,7 @@ def test_loading_refuses_files_that_are_not_a_search(tmp_path):
 
 
 def test_best_toml_is_read_back_by_the_train_config_loader(tmp_path):
-    from distnn.cli.config import load_toml
+    from distnn.run.config import load_toml
     tables = {"model": {"model": "simplecnn", "random_seed": 3},
               "optim": {"optimizer": "adam", "learning_rate": 0.0012345678901234567,
                         "metrics": ["categorical_accuracy"]},

@@ -1,5 +1,5 @@
-"""The ``distnn`` command line (``distnn.cli.main:main``) and its configuration."""
-from .config import ConfigError, RunConfig, build_config, load_toml
+"""The ``distnn`` command line (``distnn.cli.main:main``); the run it builds is
+``distnn.run``'s."""
 from .main import build_parser, main
 
-__all__ = ["main", "build_parser", "build_config", "load_toml", "ConfigError", "RunConfig"]
+__all__ = ["main", "build_parser"]

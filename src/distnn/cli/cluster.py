@@ -6,7 +6,7 @@ import argparse
 import subprocess
 import sys
 
-from .builders import UserError
+from ..run import RunError as UserError
 
 
 def add_cluster_parser(sub) -> None:

@@ -1,5 +1,6 @@
-"""The ``distnn`` subcommands (train, evaluate, predict, info, convert-imagenet) and
-their rank-0 output.
+"""The ``distnn`` subcommands (train, evaluate, predict, info, convert-imagenet): each
+checks what the command adds (outputs, resume), builds its run with ``distnn.run.build_run``
+and formats the results on rank 0.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .builders import (UserError, _collective, build_augment, build_callbacks, build_model,
-                       build_optimizer, load_data, load_splits, make_comm)  # noqa: F401
-from .config import RunConfig
+from ..fileio import describe_write_failure
+from ..run import RunConfig, RunError, agreed, build_run, load_data
+from .builders import make_comm
 
 
 def _version() -> str:
@@ -81,19 +82,6 @@ def _metrics_line(title: str, logs: dict, samples: int, seconds: float) -> str:
 
 
 # -- commands ------------------------------------------------------------------------------
-def _trainer(cfg: RunConfig, comm, model, optimizer, callbacks=(), profiler=None):
-    from ..training import Trainer
-    from .builders import build_rule
-    p = cfg.parallel
-    return Trainer(model, optimizer, loss=cfg.optim.loss_func, metrics=cfg.optim.metrics,
-                   comm=comm, callbacks=callbacks, progress=not cfg.output.quiet,
-                   verbose=not cfg.output.quiet, seed=cfg.model.random_seed,
-                   bucket_size_mb=p.bucket_size_mb, non_blocking=p.non_blocking_mpi,
-                   compression=None if p.gradient_compression == "none"
-                   else p.gradient_compression, profiler=profiler,
-                   rule=build_rule(cfg, comm) if cfg.command == "train" else None)
-
-
 def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:
     if test is None:
         console.result(f"{title}: the dataset has no test split")
@@ -109,36 +97,18 @@ def _evaluate_test(cfg, console, trainer, test, title="Test") -> dict:
 def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> int:
     """``distnn train``. ``explicit``: the options the user gave (command line or config
     file), which a resumed run applies or refuses instead of taking the checkpoint's."""
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet, cfg.output.verbose)
     # Cheap checks first: a bad path or file ends the run before any data is read.
     state = None
     if cfg.train.resume:
         from ..training.checkpoint import load_checkpoint
-        state = _collective(comm, "--resume", lambda: load_checkpoint(cfg.train.resume))
+        state = agreed(comm, "--resume", lambda: load_checkpoint(cfg.train.resume))
     preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
     preflight.check_weights_file(cfg, comm)
-    model = _collective(comm, "model", lambda: build_model(cfg, splits.train))
-    if cfg.parallel.sync_batchnorm:
-        from .. import distributed as dist
-        dist.sync_batchnorm(model, comm)
-    optimizer = _collective(comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size))
-    callbacks = build_callbacks(cfg, comm.size)
-    profiler = None
-    if cfg.output.profile or cfg.output.trace:
-        from ..training.profiler import Profiler
-        profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
-    trainer = _trainer(cfg, comm, model, optimizer, callbacks, profiler)
-    trainer.ignore_nan = cfg.train.ignore_nan
-    if cfg.train.validate_every:  # NNLO: a callback, so a --resume expects it too
-        if splits.val is None:
-            raise UserError("--validate_every needs validation data: --validation_split, "
-                            "--test_as_validation or --val_list")
-        from .seeds import make_validate_every
-        trainer.callbacks.insert(0, make_validate_every(
-            cfg.train.validate_every, splits.val, max(cfg.train.batch_size, 256) * comm.size,
-            cfg.train.steps_per_epoch))
+    run = build_run(cfg, comm, splits=splits)
+    trainer, callbacks = run.trainer, run.callbacks
     names = list(trainer.metrics.names)
     preflight.check_monitors(cfg, names + [f"val_{k}" for k in names if splits.val is not None]
                              + ["lr", "time", "samples_per_s"])
@@ -158,7 +128,7 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
                       "ranks": comm.size, "batch_size": local_bs, "global_batch_size": gbs,
                       "random_seed": header_cfg.model.random_seed}
     from ..distributed import default_threads
-    print_header(console, header_cfg, comm, model, splits, {
+    print_header(console, header_cfg, comm, run.model, splits, {
         "ranks": comm.size, "threads per rank": cfg.parallel.threads or default_threads(comm),
         "batch size per rank": local_bs, "global batch size": gbs,
         "learning rate": f"{lr:.6g}",
@@ -168,31 +138,16 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
     if t.evaluate_only:
         _evaluate_test(cfg, console, trainer, splits.test)
         return 0
-    if t.evaluate:  # PyDTNN's --evaluate true: before and after training
+    if t.evaluate:  # true: before and after training
         _evaluate_test(cfg, console, trainer, splits.test, "Test (before training)")
-    # --shared_storage false: every rank writes its own copy ('{rank}' -> its rank).
-    from .seeds import rank_path
-    history_file = t.history_file and rank_path(t.history_file, comm.rank)
-    _fit(cfg, trainer, splits.train, epochs=t.num_epochs, batch_size=t.batch_size,
-         global_batch_size=gbs if state is not None else t.global_batch_size,
-         validation=splits.val, steps_per_epoch=t.steps_per_epoch,
-         validation_steps=t.steps_per_epoch, shuffle=t.shuffle,
-         augment=build_augment(cfg) or None, prefetch=cfg.data.prefetch,
-         history_file=history_file, resume=state, eval_batch_size=max(t.batch_size, 256))
-    if not cfg.output.shared_storage and history_file:  # rank 0 wrote it in fit
-        _collective(comm, "--history_file", lambda: comm.rank == 0
-                    or trainer.history.save(history_file))
+    _fit(run, resume=state, global_batch_size=gbs if state is not None else None)
     if t.save_weights:
-        weights = rank_path(t.save_weights, comm.rank)
-        if cfg.output.shared_storage:
-            _root_write(comm, "--save_weights", lambda: model.save_weights(weights))
-        else:
-            _collective(comm, "--save_weights", lambda: model.save_weights(weights))
-        console.info(f"Weights written to {weights}")
+        console.info(f"Weights written to {run.save_weights(t.save_weights)}")
     if t.evaluate is not False:
         _evaluate_test(cfg, console, trainer, splits.test)
+    profiler = run.profiler
     if profiler is not None and cfg.output.trace:
-        files = _collective(comm, "--trace", lambda: profiler.write_trace(
+        files = agreed(comm, "--trace", lambda: profiler.write_trace(
             cfg.output.trace, comm, merged=cfg.output.trace_merged))
         if files:
             console.info(f"Trace written to {', '.join(files)}" if comm.size == 1 or
@@ -201,7 +156,7 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
     return 0
 
 
-class TrainingDiverged(UserError):
+class TrainingDiverged(RunError):
     """The loss became NaN/inf (exit status 3, one line)."""
 
     exit_code = 3
@@ -212,33 +167,31 @@ _WRITE_OPTIONS = {"checkpoint": "--checkpoint", "history": "--history_file",
                   "model_checkpoint weights": "--model_checkpoint_file"}
 
 
-def _fit(cfg: RunConfig, trainer, train, **options) -> None:
-    """``trainer.fit`` with the errors a user can cause turned into one-line messages (every
-    rank raises the same one, so every rank ends the same way)."""
+def _fit(run, **options) -> None:
+    """``run.fit`` with the library's errors a user can cause turned into one-line messages
+    naming the command's flags (every rank raises the same one, so every rank ends the same
+    way)."""
     from ..fileio import WriteError
     from ..training.checkpoint import CheckpointError
     from ..training.trainer import NonFiniteLossError
     try:
-        trainer.fit(train, **options)
+        run.fit(**options)
     except CheckpointError as exc:
-        raise UserError(f"--resume: {exc}") from None
+        raise RunError(f"--resume: {exc}") from None
     except WriteError as exc:
-        raise UserError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
+        raise RunError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
     except NonFiniteLossError as exc:
         raise TrainingDiverged(f"training diverged: {exc.where}; lower --learning_rate, or "
                                "pass --ignore_nan to keep training") from None
 
 
 def run_evaluate(cfg: RunConfig, comm) -> int:
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet)
     preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
     preflight.check_weights_file(cfg, comm)
-    model = _collective(comm, "--weights_and_bias_filename",
-                        lambda: build_model(cfg, splits.train))
-    trainer = _trainer(cfg, comm, model, _collective(
-        comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size)))
+    trainer = build_run(cfg, comm, splits=splits).trainer
     console.info(f"Evaluating {cfg.model.model} with weights "
                  f"{cfg.model.weights_and_bias_filename} on {cfg.data.dataset} (test, "
                  f"{comm.size} rank{'s' * (comm.size != 1)})")
@@ -247,25 +200,24 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
 
 
 def run_predict(cfg: RunConfig, comm) -> int:
-    from . import preflight
+    from ..run import preflight
     console = Console(comm, cfg.output.quiet)
     if not cfg.predict.output.lower().endswith((".npy", ".npz", ".csv")):
-        raise UserError(f"--output: the file name must end in .npy, .npz or .csv, got "
+        raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "
                         f"{cfg.predict.output!r}")
     preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
     preflight.check_weights_file(cfg, comm)
     dataset = getattr(splits, cfg.predict.split)
     if dataset is None:
-        raise UserError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
+        raise RunError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
                         "split (a val split needs --validation_split)")
-    model = _collective(comm, "--weights_and_bias_filename",
-                        lambda: build_model(cfg, splits.train))
-    trainer = _trainer(cfg, comm, model, build_optimizer(cfg, model, comm.size))
+    trainer = build_run(cfg, comm, splits=splits).trainer
     t0 = time.perf_counter()
     logits, labels = trainer.predict(dataset, batch_size=max(cfg.train.batch_size, 256),
                                      steps=cfg.train.steps_per_epoch, return_labels=True)
-    _root_write(comm, "--output", lambda: write_predictions(cfg.predict.output, logits, labels))
+    agreed(comm, "--output", lambda: write_predictions(cfg.predict.output, logits, labels),
+           root=0, describe=describe_write_failure)
     predicted = logits.argmax(axis=1)
     true = labels.argmax(axis=1) if labels.ndim == 2 else labels
     acc = float(np.mean(predicted == true)) if len(true) else float("nan")
@@ -273,24 +225,6 @@ def run_predict(cfg: RunConfig, comm) -> int:
                    f"{cfg.predict.output} (accuracy={acc:.4f}, "
                    f"{time.perf_counter() - t0:.2f} s)")
     return 0
-
-
-def _root_write(comm, what: str, write: Callable[[], None]) -> None:
-    """Rank 0 writes; a failure becomes a UserError on every rank (no rank left waiting)."""
-    error = None
-    if comm.rank == 0:
-        try:
-            write()
-        except OSError as exc:
-            from ..fileio import describe_os_error
-            where = f" {exc.filename!r}" if exc.filename else ""
-            error = f"{what}: could not write{where}: {describe_os_error(exc)}"
-        except (ValueError, UserError) as exc:
-            error = f"{what}: {exc}"
-    if comm.size > 1:
-        error = comm.bcast_obj(error, 0)
-    if error is not None:
-        raise UserError(error)
 
 
 def write_predictions(path: str, logits: np.ndarray, labels: np.ndarray) -> None:
@@ -346,7 +280,7 @@ def run_convert(args) -> int:
                                             shard_size=args.shard_size, split=args.split,
                                             compress=args.compress)
     except (ValueError, OSError) as exc:
-        raise UserError(str(exc)) from None
+        raise RunError(str(exc)) from None
     folder = os.path.join(args.out_dir, args.split)
     print(f"Converted {len(args.tfrecord_files)} TFRecord file(s) into {len(shards)} "
           f"shard(s) in {folder}")

@@ -1,10 +1,12 @@
 """The ``distnn`` command: train, evaluate, predict, info, convert-imagenet.
 
 This is the only module that reads ``sys.argv`` and calls ``sys.exit`` (through the
-console script). Options come from ``cli.config.OPTIONS`` (PyDTNN's launcher names, with
-``_`` or ``-``), optionally from ``--config FILE.toml``; they become frozen config
-dataclasses, which ``cli.builders`` and ``cli.commands`` turn into library calls. Under
-``mpiexec -n N`` the same command runs on every rank; a crash on any rank aborts the job.
+console script). Options come from ``distnn.run.OPTIONS`` (with ``_`` or ``-``) and the
+other systems' spellings of ``cli.compat``, optionally from ``--config FILE`` (TOML or a
+Theano-MPI session file); ``compat.translate`` turns them into distnn's options and
+``distnn.run.build_config`` into the frozen configuration that ``cli.commands`` runs.
+Under ``mpiexec -n N`` the same command runs on every rank; a crash on any rank aborts
+the job.
 
 Exit status: 0 on success, 2 for a bad option value or a user error (missing or malformed
 data, weights or checkpoint file, an output that cannot be written...) with a one-line
@@ -16,22 +18,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from typing import Sequence
 
-from .builders import UserError, make_comm, threads
+from ..run import ConfigError, RunConfig, RunError, build_config
+from ..run.options import ALL
+from . import compat
+from .builders import make_comm, threads
 from .cluster import add_cluster_parser, run_cluster
+from .options import (_argtype, add_options, explicit_options, given_options, load_config,
+                      resolve_values)
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
-from .config import ConfigError, RunConfig, build_config, load_config, resolve_values
-from .options import ALL, OPTION_BY_NAME, OPTIONS, _add_options, _argtype, canonical
-
-# distnn.cli.main held the builders and commands before they had modules of their own.
-from .builders import (OPTIMIZER_OPTIONS, READER_OPTIONS, SCHEDULERS,  # noqa: F401
-                       build_augment, build_callbacks, build_model, build_optimizer,
-                       load_splits)
-from .commands import (Console, print_header, run_convert, run_evaluate,  # noqa: F401
-                       run_info, run_predict, run_train, write_predictions)
 
 
 PROG = "distnn"
@@ -59,16 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
         text = helps[command]
         p = sub.add_parser(command, help=text, description=text[0].upper() + text[1:] + ".",
                            argument_default=argparse.SUPPRESS, allow_abbrev=False)
-        _add_options(p, command)
+        add_options(p, command)
     add_search_parser(sub)
     add_cluster_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
-    info.add_argument("--parallel", type=_argtype(OPTION_BY_NAME["parallel"]),
+    info.add_argument("--parallel", type=_argtype(compat.option_of("parallel")),
                       default="auto", metavar="MODE", help="auto, sequential or data.")
-    info.add_argument("--threads", type=_argtype(OPTION_BY_NAME["threads"]), default=0,
-                      metavar="N", help="BLAS threads per rank, as for train (0: 1 per rank "
-                      "with several ranks, else the library default).")
+    info.add_argument("--threads", type=_argtype(compat.option_of("threads")), default=0,
+                      metavar="N", help="BLAS threads per rank, as for train (0: each "
+                      "rank's cores divided among the ranks of its node that share them).")
     conv = sub.add_parser("convert-imagenet", allow_abbrev=False,
                           help="convert ImageNet TFRecord files into NPZ shards")
     conv.add_argument("tfrecord_files", nargs="+", metavar="FILE", help="TFRecord files.")
@@ -80,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="N", help="Images per shard. Default: 1024.")
     conv.add_argument("--split", choices=("train", "val"), default="train",
                       help="Split name of the shards. Default: train.")
-    conv.add_argument("--compress", type=_argtype(OPTION_BY_NAME["normalize"]), nargs="?",
+    conv.add_argument("--compress", type=_argtype(compat.option_of("normalize")), nargs="?",
                       const=True, default=False, metavar="BOOL",
                       help="Write compressed .npz shards. Default: false.")
     return parser
@@ -107,22 +106,10 @@ def _env_rank() -> int:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The validated RunConfig of a parsed train/evaluate/predict command line."""
-    given = {o.name: getattr(args, o.name) for o in OPTIONS if hasattr(args, o.name)}
     notes: list[str] = []
     file_values = load_config(args.config, notes) if getattr(args, "config", None) else {}
-    values = resolve_values(given, file_values, notes)
+    values = resolve_values(given_options(args, args.command), file_values, notes)
     return build_config(args.command, values, notes)
-
-
-def explicit_options(args: argparse.Namespace) -> frozenset[str]:
-    """The option names the user gave, on the command line or in the --config file."""
-    names = {o.name for o in OPTIONS if hasattr(args, o.name)}
-    if getattr(args, "config", None):
-        try:
-            names |= {canonical(k) for k in load_config(args.config)}
-        except ConfigError:
-            pass
-    return frozenset(names)
 
 
 @contextlib.contextmanager
@@ -152,8 +139,8 @@ def _cprofile(path: str | None, comm, show: bool = False):
                 with atomic_open(target) as f:
                     marshal.dump(prof.stats, f)
             except OSError as exc:
-                error = UserError(f"--cprofile: could not write {target!r}: "
-                                  f"{describe_os_error(exc)}")
+                error = RunError(f"--cprofile: could not write {target!r}: "
+                                 f"{describe_os_error(exc)}")
                 error.local = True  # this rank's own file: this rank reports it
         if show and comm.rank == 0:
             import pstats
@@ -164,7 +151,13 @@ def _cprofile(path: str | None, comm, show: bool = False):
             raise error
 
 
+# The library's errors name its Python arguments; the command's, its flags.
+FLAGS = {"path": "--dataset_path"}
+_ARGUMENT = re.compile(r"\b(" + "|".join(FLAGS) + r")=<")
+
+
 def _fail(prog: str, message: str, show: bool, code: int = 2) -> int:
+    message = _ARGUMENT.sub(lambda m: f"{FLAGS[m.group(1)]} <", message)
     if show:
         sys.stderr.write(f"{prog}: error: {message}\n")
         sys.stderr.flush()
@@ -188,12 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "cluster":
         try:
             return run_cluster(args)
-        except UserError as exc:
+        except RunError as exc:
             return _fail(prog, str(exc), True)
     if args.command in PLAIN_COMMANDS:
         try:
             return PLAIN_COMMANDS[args.command](args)
-        except UserError as exc:
+        except RunError as exc:
             return _fail(prog, str(exc), True)
     try:
         cfg = config_from_args(args)
@@ -207,11 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if comm.rank == 0:
                 for note in cfg.notes:
                     sys.stderr.write(f"{prog}: note: {note}\n")
-            with threads(cfg, comm), _cprofile(cfg.output.cprofile, comm,
-                                                    cfg.output.profile):
+            with threads(cfg, comm), _cprofile(cfg.output.cprofile, comm, cfg.output.profile):
                 extra = {"explicit": explicit_options(args)} if args.command == "train" else {}
                 return COMMANDS[args.command](cfg, comm, **extra)
-        except (UserError, ConfigError) as exc:
+        except (RunError, ConfigError) as exc:
             if show_tb:
                 raise
             # Every rank got the same error (collective checks): rank 0 reports it.

@@ -1,439 +1,29 @@
-"""The option table of the ``distnn`` command (``OPTIONS``: name, kind, default, help,
---help group, config section, subcommands) and its translation into argparse groups.
+"""The command's options: the option table (``distnn.run.OPTIONS`` and the foreign ones of
+``cli.compat``) as argparse arguments, and their values from the command line and
+``--config FILE``, resolved (defaults < file < command line) and translated into distnn's.
 """
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from .kinds import Bool, Float, Int, Kind, List, LossList, Maybe, Shape, Str
-
-
-# -- registries the choices come from (imported lazily: --help stays fast) ---------------
-def _models():
-    from ..models import MODELS
-    return MODELS
+from ..run import ConfigError
+from ..run.kinds import Bool, Maybe
+from ..run.options import GROUPS, OPTIONS, Option
+from . import compat
 
 
-def _datasets():
-    from ..data import DATASETS
-    return DATASETS
+def aliases_of(name: str) -> tuple[str, ...]:
+    """The foreign names of distnn's option ``name`` (extra command-line flags)."""
+    return tuple(a for a, n in compat.ALIASES.items() if n == name)
 
 
-def _optimizers():
-    from ..optim import OPTIMIZERS
-    return OPTIMIZERS
+def options(command: str) -> list[Option]:
+    """Every option ``command``'s parser takes: distnn's (widened) and the foreign ones."""
+    return [compat.option_of(o.name) for o in [*OPTIONS, *compat.FOREIGN_OPTIONS]
+            if command in o.commands]
 
 
-def _losses():
-    from ..nn.losses import LOSSES
-    return LOSSES
-
-
-def _parallel_modes():
-    from ..rules import ALIASES, RULES
-    return ("auto", "sequential", *RULES, *ALIASES)
-
-
-def _schedulers():
-    from ..training.callbacks import CALLBACKS
-    return CALLBACKS
-
-
-def _is_metric(name: str) -> bool:
-    from ..nn.metrics import get_metric
-    try:
-        get_metric(METRIC_SPELLINGS.get(name, name))
-    except ValueError:
-        return False
-    return True
-
-
-def _model_names():
-    return [*_models(), *SEED_MODELS, *PYDTNN_MODELS]
-
-
-class ModelSpec(Str):
-    """A zoo name (any case) or a user's model: FILE.py, FILE.py:NAME or MODULE:NAME
-    (``distnn.models.files``; kept as written)."""
-
-    metavar = "NAME|FILE.py[:FN]"
-
-    def check(self, value):
-        from ..models.files import is_model_spec
-        if isinstance(value, str) and is_model_spec(value):
-            return value
-        try:
-            return super().check(value)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (or a model file: FILE.py, FILE.py:NAME, "
-                             "MODULE:NAME)") from None
-
-
-# Other systems' names of losses, metrics and models -> distnn's (PyDTNN, NNLO/Keras).
-LOSS_SPELLINGS = {"categorical_crossentropy": "categorical_cross_entropy",
-                  "binary_crossentropy": "binary_cross_entropy", "regression_mse": "mse",
-                  "regression_mae": "mae", "mean_squared_error": "mse",
-                  "mean_absolute_error": "mae"}
-METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
-# NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
-# model of the same kind, applied (with a note) by cli.seeds.
-SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}
-# PyDTNN's names of the CIFAR-10 models of the zoo (the same architectures).
-PYDTNN_MODELS = {"alexnet_cifar10": "alexnet_cifar",
-                 **{f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
-                    for bn in ("", "bn")}}
-
-
-# -- the option table -----------------------------------------------------------------------
-TRAIN, EVAL, PRED = "train", "evaluate", "predict"
-ALL = (TRAIN, EVAL, PRED)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option: ``--name`` (also ``--name-with-dashes`` and ``aliases``) and config key."""
-
-    name: str
-    kind: Kind
-    default: Any
-    help: str
-    group: str
-    section: str
-    commands: tuple[str, ...] = ALL
-    aliases: tuple[str, ...] = ()
-    short: tuple[str, ...] = ()  # single-dash flags of other systems (tmlauncher's -r=)
-
-    def flags(self) -> list[str]:
-        names = [self.name, *self.aliases]
-        out = []
-        for n in names:
-            for spelling in (n, n.replace("_", "-")):
-                if f"--{spelling}" not in out:
-                    out.append(f"--{spelling}")
-        return out + [f"-{s}" for s in self.short]
-
-
-GROUPS = {
-    "model": "Model", "data": "Dataset", "train": "Training", "optim": "Optimizer",
-    "sched": "Learning-rate schedulers and callbacks", "parallel": "Parallel execution",
-    "output": "Output, profiling and tracing", "predict": "Prediction",
-    "seeds": "PyDTNN / NNLO options with no counterpart here (accepted; a note says what "
-             "happens instead)",
-}
-
-_O = Option
-OPTIONS: list[Option] = [
-    # Model
-    _O("model", ModelSpec(_model_names), "simplecnn", "Model of the zoo (simplecnn, simplemlp, "
-       "lenet, alexnet, vgg16, resnet20, ...), or your own: FILE.py (calls its build_model() "
-       "or get_model()), FILE.py:NAME or MODULE:NAME, returning a distnn Sequential or a "
-       "torch.nn.Module.", "model", "model"),
-    _O("dtype", Str(("float32", "float64")), "float32", "Floating-point type of weights and "
-       "data.", "model", "model"),
-    _O("weights_and_bias_filename", Maybe(Str(metavar="FILE")), None, "Load weights and "
-       "biases from this .npz before training/evaluating (required by evaluate and predict).",
-       "model", "model", aliases=("weights",)),
-    _O("random_seed", Int(0), 0, "Seed of the initial weights, shuffles and augmentation.",
-       "model", "model", aliases=("seed",)),
-    # Dataset
-    _O("dataset", Str(_datasets), "fashion_mnist", "Dataset: fashion_mnist, mnist, cifar10, "
-       "imagenet, hdf5, digits, synthetic.", "data", "data"),
-    _O("dataset_path", Maybe(Str(metavar="PATH")), None, "Folder (or file) of the "
-       "dataset; default: the usual places (/usr/share/datasets, $DISTNN_DATA, the cache).",
-       "data", "data", aliases=("dataset_train_path",)),
-    _O("dataset_test_path", Maybe(Str(metavar="PATH")), None, "Read the test split "
-       "from this folder instead of --dataset_path.", "data", "data"),
-    _O("test_as_validation", Bool(), False, "Validate on the test split after every epoch "
-       "(instead of a part of the training set).", "data", "data"),
-    _O("validation_split", Maybe(Float(0.0, 1.0, high_open=True)), None, "Fraction of the "
-       "training set (from its end) held out for validation after every epoch (ignored with "
-       "--test_as_validation); none: 0.2, or 0 when the dataset has its own validation "
-       "files (hdf5 --val_list).", "data", "data", (TRAIN, PRED)),
-    _O("flip_images", Bool(), False, "Randomly flip training images horizontally.", "data",
-       "data", (TRAIN,), aliases=("augment_flip",)),
-    _O("flip_images_prob", Float(0.0, 1.0), 0.5, "Probability of a flip.", "data", "data",
-       (TRAIN,), aliases=("augment_flip_prob",)),
-    _O("crop_images", Bool(), False, "Randomly shift training images (pad and crop back).",
-       "data", "data", (TRAIN,)),
-    _O("crop_images_padding", Int(1), 4, "Zero pixels padded on each side before the "
-       "random crop.", "data", "data", (TRAIN,), aliases=("crop_images_size",)),
-    _O("crop_images_prob", Float(0.0, 1.0), 0.5, "Probability of a crop.", "data", "data",
-       (TRAIN,), aliases=("augment_crop_prob",)),
-    _O("download", Bool(), True, "Download the dataset when it is not found (mnist, "
-       "fashion_mnist, cifar10).", "data", "data"),
-    _O("normalize", Bool(), True, "Scale stored pixel values to [0, 1].", "data", "data"),
-    _O("prefetch", Bool(), True, "Prepare the next batch in a background thread.", "data",
-       "data"),
-    _O("train_list", Maybe(Str(metavar="FILE")), None, "hdf5: text file listing the "
-       "training HDF5 files (implies --dataset hdf5). With several ranks each rank reads "
-       "only its part: whole files when there are at least as many files as ranks, else "
-       "its rows of each file.", "data", "data", aliases=("train_data",)),
-    _O("val_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of validation files.",
-       "data", "data", aliases=("val_data",)),
-    _O("test_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of test files.",
-       "data", "data"),
-    _O("features_name", Str(lower=False), "features", "hdf5: dataset name of the features.",
-       "data", "data"),
-    _O("labels_name", Str(lower=False), "labels", "hdf5: dataset name of the labels.",
-       "data", "data"),
-    _O("input_shape", Maybe(Shape()), None, "synthetic: per-sample shape C,H,W (default "
-       "1,28,28).", "data", "data", aliases=("synthetic_input_shape",)),
-    _O("num_classes", Maybe(Int(1)), None, "synthetic/hdf5: number of classes.", "data",
-       "data"),
-    _O("num_samples", Maybe(Int(1)), None, "synthetic: number of training samples.",
-       "data", "data", aliases=("synthetic_train_samples",)),
-    # Training
-    _O("batch_size", Int(1), 64, "Batch size PER RANK (global = batch_size x ranks).",
-       "train", "train", aliases=("batch",)),
-    _O("global_batch_size", Maybe(Int(1)), None, "Global batch size over all ranks "
-       "(overrides --batch_size).", "train", "train"),
-    _O("num_epochs", Int(0), 3, "Number of epochs (in total, when resuming).", "train",
-       "train", (TRAIN,), aliases=("epochs",)),
-    _O("steps_per_epoch", Int(0), 0, "Use at most this many batches per epoch (0: all); "
-       "evaluation is trimmed alike.", "train", "train"),
-    _O("evaluate", Maybe(Bool()), None, "true: evaluate on the test split before and after "
-       "training (PyDTNN); false: never; none: after training only.", "train", "train",
-       (TRAIN,)),
-    _O("evaluate_only", Bool(), False, "Only evaluate the model (with "
-       "--weights_and_bias_filename) on the test split.", "train", "train", (TRAIN,)),
-    _O("history_file", Maybe(Str(metavar="FILE")), None, "Write the per-epoch history "
-       "here (JSON, or CSV for a .csv name).", "train", "train", (TRAIN,)),
-    _O("trial_name", Maybe(Str(lower=False, metavar="NAME")), None, "NNLO: name of the run; "
-       "the history goes to MODEL_NAME_history.json unless --history_file is given.",
-       "train", "train", (TRAIN,)),
-    _O("validate_every", Int(0), 0, "NNLO: also validate every N updates (0: only after "
-       "each epoch); the results are printed on rank 0.", "train", "train", (TRAIN,)),
-    _O("save_weights", Maybe(Str(metavar="FILE")), None, "Write the final weights "
-       "(.npz) here (rank 0).", "train", "train", (TRAIN,)),
-    _O("checkpoint", Maybe(Str(metavar="FILE")), None, "Write the full training state "
-       "here every --checkpoint_freq epochs (atomic; for --resume).", "train", "train",
-       (TRAIN,)),
-    _O("checkpoint_freq", Int(1), 1, "Epochs between full-state checkpoints.", "train",
-       "train", (TRAIN,), aliases=("checkpoint_interval", "checkpoint_int")),
-    _O("resume", Maybe(Str(metavar="FILE")), None, "Continue the run saved in this "
-       "checkpoint (same model, optimizer and schedulers; keeps its global batch) and keep "
-       "checkpointing to it (unless --checkpoint names another file).", "train", "train",
-       (TRAIN,), aliases=("restore",)),
-    _O("overwrite", Bool(), False, "Replace an existing --checkpoint file (without it, a "
-       "run refuses to start over a checkpoint it does not --resume).", "train", "train",
-       (TRAIN,)),
-    _O("ignore_nan", Bool(), False, "Keep training when the loss becomes NaN or infinite "
-       "(default: stop at the first such step, exit status 3).", "train", "train", (TRAIN,)),
-    _O("shuffle", Bool(), True, "Shuffle the training set every epoch.", "train", "train",
-       (TRAIN,)),
-    # Optimizer
-    _O("optimizer", Str(_optimizers), "sgd", "Optimizer: sgd, rmsprop, adam, adamw, nadam, "
-       "adadelta.", "optim", "optim", (TRAIN,)),
-    _O("learning_rate", Float(0.0), 0.01, "Learning rate.", "optim", "optim", (TRAIN,),
-       aliases=("lr",)),
-    _O("learning_rate_scaling", Bool(), False, "Multiply the learning rate by the number of "
-       "ranks (use with warm-up).", "optim", "optim", (TRAIN,)),
-    _O("momentum", Float(0.0), 0.9, "Momentum (sgd, rmsprop).", "optim", "optim", (TRAIN,),
-       aliases=("optimizer_momentum",)),
-    _O("nesterov", Bool(), False, "Nesterov momentum (sgd).", "optim", "optim", (TRAIN,),
-       aliases=("optimizer_nesterov",)),
-    _O("decay", Maybe(Float(0.0)), None, "Weight decay (default: the optimizer's own).",
-       "optim", "optim", (TRAIN,), aliases=("weight_decay",)),
-    _O("beta1", Maybe(Float(0.0, 1.0, high_open=True)), None, "beta1 (adam, adamw, "
-       "nadam; default 0.9).", "optim", "optim", (TRAIN,), aliases=("optimizer_beta1",)),
-    _O("beta2", Maybe(Float(0.0, 1.0, high_open=True)), None, "beta2 (adam, adamw, "
-       "nadam; default 0.999).", "optim", "optim", (TRAIN,), aliases=("optimizer_beta2",)),
-    _O("epsilon", Maybe(Float(0.0, low_open=True)), None, "epsilon (rmsprop, adam*, "
-       "nadam, adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,),
-       aliases=("optimizer_epsilon",)),
-    _O("rho", Maybe(Float(0.0, 1.0, high_open=True)), None, "rho (rmsprop's alpha, "
-       "adadelta; default: the optimizer's own).", "optim", "optim", (TRAIN,),
-       aliases=("optimizer_rho",)),
-    _O("loss_func", LossList(_losses, _is_metric, LOSS_SPELLINGS), "categorical_cross_entropy",
-       "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae (Keras spellings "
-       "such as categorical_crossentropy too). PyDTNN's comma list of metrics and one loss "
-       "is accepted: the metrics join --metrics. mse, mae and bce train on one-hot labels.",
-       "optim", "optim", aliases=("loss",)),
-    _O("metrics", List(), ("categorical_accuracy",), "Comma-separated metrics: "
-       "categorical_accuracy (acc), top5, categorical_hinge, categorical_mse, categorical_mae, "
-       "mse (regression_mse), mae (regression_mae).", "optim", "optim"),
-    # Schedulers and callbacks
-    _O("lr_schedulers", List(_schedulers), (), "Comma-separated: warm_up, early_stopping, "
-       "reduce_lr_on_plateau, reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.",
-       "sched", "sched", (TRAIN,), aliases=("schedulers",)),
-    _O("warm_up_epochs", Float(0.0), 5.0, "warm_up: epochs of linear warm-up.", "sched",
-       "sched", (TRAIN,)),
-    _O("warm_up_batches", Int(0), 0, "warm_up: batches of linear warm-up (overrides "
-       "--warm_up_epochs).", "sched", "sched", (TRAIN,)),
-    _O("early_stopping", Maybe(Str(lower=False, metavar="SPEC")), None, "NNLO syntax "
-       "'metric,op,patience', e.g. 'val_loss,~<,4' ('~' compares the mean of the last "
-       "patience epochs with the patience before; '<'/'>' compare with the best).", "sched",
-       "sched", (TRAIN,), aliases=("early",)),
-    _O("early_stopping_metric", Str(lower=False), "val_loss", "early_stopping: metric.",
-       "sched", "sched", (TRAIN,)),
-    _O("early_stopping_patience", Int(1), 10, "early_stopping: epochs without improvement.",
-       "sched", "sched", (TRAIN,)),
-    _O("early_stopping_min_delta", Float(0.0), 0.0, "early_stopping: minimum improvement.",
-       "sched", "sched", (TRAIN,)),
-    _O("early_stopping_restore_best", Bool(), False, "early_stopping: restore the weights "
-       "of the best epoch at the end.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_on_plateau_metric", Str(lower=False), "val_loss", "reduce_lr_on_plateau: "
-       "metric.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_on_plateau_factor", Float(0.0, 1.0, True, True), 0.1,
-       "reduce_lr_on_plateau: new_lr = lr * factor.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_on_plateau_patience", Int(1), 5, "reduce_lr_on_plateau: epochs without "
-       "improvement.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_on_plateau_min_lr", Float(0.0), 0.0, "reduce_lr_on_plateau: lower bound.",
-       "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_every_nepochs_factor", Float(0.0, 1.0, low_open=True), 0.1,
-       "reduce_lr_every_nepochs: new_lr = lr * factor.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_every_nepochs_nepochs", Int(1), 5, "reduce_lr_every_nepochs: period in "
-       "epochs.", "sched", "sched", (TRAIN,)),
-    _O("reduce_lr_every_nepochs_min_lr", Float(0.0), 0.0, "reduce_lr_every_nepochs: lower "
-       "bound.", "sched", "sched", (TRAIN,)),
-    _O("stop_at_loss_metric", Str(lower=False), "val_accuracy", "stop_at_loss: metric.",
-       "sched", "sched", (TRAIN,)),
-    _O("stop_at_loss_threshold", Maybe(Float(-math.inf)), None, "stop_at_loss: stop once the "
-       "metric reaches this value (>= for accuracies, <= for losses); required by "
-       "stop_at_loss.", "sched", "sched", (TRAIN,)),
-    _O("target_metric", Maybe(Str(lower=False, metavar="SPEC")), None, "NNLO syntax "
-       "'metric,op,value', e.g. 'val_acc,>,0.97': stop when reached.", "sched", "sched",
-       (TRAIN,)),
-    _O("model_checkpoint_metric", Str(lower=False), "val_loss", "model_checkpoint: metric "
-       "for --model_checkpoint_best_only.", "sched", "sched", (TRAIN,)),
-    _O("model_checkpoint_save_freq", Int(1), 2, "model_checkpoint: epochs between saves.",
-       "sched", "sched", (TRAIN,)),
-    _O("model_checkpoint_best_only", Bool(), False, "model_checkpoint: save only when the "
-       "metric improved.", "sched", "sched", (TRAIN,)),
-    _O("model_checkpoint_file", Str(lower=False, metavar="PATTERN"),
-       "checkpoint-{epoch:03d}.npz", "model_checkpoint: weights file name ({epoch} and "
-       "logged keys are filled in).", "sched", "sched", (TRAIN,)),
-    # Parallel execution
-    _O("parallel", Str(_parallel_modes), "auto", "Training rule: data (synchronous "
-       "all-reduce, alias bsp), localsgd (periodic averaging), downpour (asynchronous "
-       "parameter server on rank 0), easgd (elastic averaging), gossip (GoSGD, alias gosgd), "
-       "gem (gradient energy matching); sequential (one process) or auto (data).",
-       "parallel", "parallel", aliases=("mode",)),
-    _O("sync_every", Maybe(Int(1)), None, "Batches between two exchanges: downpour/gem "
-       "pushes, easgd's tau, localsgd's averaging period (default: 1, 1, 4, 8).",
-       "parallel", "parallel", (TRAIN,), aliases=("localsgd_period",)),
-    _O("synchronous", Bool(), False, "downpour/gem: the master waits for every worker each "
-       "round; easgd: all-reduce EASGD without a master; gossip: shared, deterministic push "
-       "schedule.", "parallel", "parallel", (TRAIN,)),
-    _O("elastic_force", Float(0.0, 1.0), 0.9, "easgd: rho; the moving rate is "
-       "elastic_force x elastic_lr (0: independent workers).", "parallel", "parallel",
-       (TRAIN,)),
-    _O("elastic_lr", Maybe(Float(0.0, 1.0, low_open=True)), None, "easgd: eta (default "
-       "1 / number of workers).", "parallel", "parallel", (TRAIN,)),
-    _O("elastic_momentum", Float(0.0, 1.0, high_open=True), 0.0, "easgd: momentum of the "
-       "centre's moves.", "parallel", "parallel", (TRAIN,)),
-    _O("worker_optimizer", Maybe(Str(_optimizers)), None, "easgd: optimizer of the workers' "
-       "local steps (default: --optimizer).", "parallel", "parallel", (TRAIN,)),
-    _O("gem_lr", Maybe(Float(0.0, low_open=True)), None, "gem: learning rate eta (default: "
-       "--learning_rate and its schedule).", "parallel", "parallel", (TRAIN,)),
-    _O("gem_momentum", Float(0.0, 1.0, high_open=True), 0.9, "gem: momentum of the energy "
-       "proxy.", "parallel", "parallel", (TRAIN,)),
-    _O("gem_kappa", Float(0.0, low_open=True), 1.0, "gem: proxy amplification kappa.",
-       "parallel", "parallel", (TRAIN,)),
-    _O("gossip_probability", Float(0.0, 1.0, low_open=True), 0.25, "gossip: probability "
-       "that a rank pushes its weights to a random peer after a step.", "parallel",
-       "parallel", (TRAIN,), aliases=("gossip_p",)),
-    _O("gossip_alpha", Maybe(Float(0.0, 1.0, low_open=True)), None, "gossip: initial mixing "
-       "weight of each rank (default 1 / ranks).", "parallel", "parallel", (TRAIN,)),
-    _O("non_blocking_mpi", Bool(), True, "Overlap the gradient all-reduce with backward.",
-       "parallel", "parallel", (TRAIN,)),
-    _O("use_blocking_mpi", Maybe(Bool()), None, "PyDTNN: true = --non_blocking_mpi false "
-       "(and the reverse).", "parallel", "parallel", (TRAIN,), aliases=("blocking_mpi",)),
-    _O("enable_gpu", Bool(), False, "PyDTNN: this build has no GPU backend; true is an "
-       "error.", "parallel", "parallel"),
-    _O("enable_gpudirect", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
-       "parallel", "parallel"),
-    _O("enable_nccl", Bool(), False, "PyDTNN: no GPU backend; true is an error.",
-       "parallel", "parallel"),
-    _O("bucket_size_mb", Float(0.0), 4.0, "Gradient all-reduce bucket size in MiB.",
-       "parallel", "parallel", (TRAIN,)),
-    _O("sync_batchnorm", Bool(), False, "Batch-norm statistics over the global batch.",
-       "parallel", "parallel", (TRAIN,)),
-    _O("gradient_compression", Str(("none", "fp16")), "none", "Gradients travel as: none "
-       "(own dtype) or fp16.", "parallel", "parallel", (TRAIN,)),
-    _O("threads", Int(0), 0, "Threads per rank, for BLAS and the compiled kernels (0: 1 per "
-       "rank with several ranks, else the libraries' defaults).", "parallel", "parallel"),
-    # Output
-    _O("quiet", Bool(), False, "No progress bars, parameters or summary; only results.",
-       "output", "output"),
-    _O("verbose", Bool(), False, "Print every option's value and the model summary (by "
-       "default: one summary line).", "output", "output"),
-    _O("profile", Bool(), False, "Per-layer forward/backward time and all-reduce wait per "
-       "epoch, and (PyDTNN's meaning) the cProfile functions with the most cumulative time "
-       "at the end (rank 0); --cprofile FILE keeps the full statistics.", "output",
-       "output", (TRAIN,)),
-    _O("trace", Maybe(Str(metavar="FILE")), None, "Write a Chrome-trace JSON of layer "
-       "forward/backward and communication (rank r writes FILE.rank{r}).", "output",
-       "output", (TRAIN,), aliases=("tracer_output",)),
-    _O("tracing", Bool(), False, "PyDTNN: write the Chrome trace (to distnn-trace.json "
-       "unless --trace FILE).", "output", "output", (TRAIN,)),
-    _O("shared_storage", Bool(), True, "PyDTNN: false = every rank writes its own copy of "
-       "the history and weights files (on its node's disk; '{rank}' in a name is replaced "
-       "by the rank); true = rank 0 writes them.", "output", "output", (TRAIN,)),
-    _O("trace_merged", Bool(), False, "Gather the traces of all ranks into the one --trace "
-       "FILE.", "output", "output", (TRAIN,)),
-    _O("cprofile", Maybe(Str(metavar="FILE")), None, "Dump cProfile statistics here "
-       "(FILE.rank{r} with several ranks).", "output", "output"),
-    _O("traceback", Bool(), False, "Show Python tracebacks for user errors too.", "output",
-       "output"),
-    # Accepted with a note (cli.seeds.NOTES says what distnn does instead)
-    _O("timeline", Bool(), False, "NNLO: the Chrome trace, to MODEL_TRIAL_timeline.json "
-       "unless --trace FILE.", "seeds", "output", (TRAIN,)),
-    _O("n_processes", Maybe(Int(1)), None, "NNLO: processes per worker; here each rank is "
-       "one worker.", "seeds", "output", (TRAIN,)),
-    _O("n_masters", Maybe(Int(1)), None, "NNLO: number of masters; here rank 0 is the one "
-       "master of the parameter-server rules.", "seeds", "output", (TRAIN,)),
-    _O("max_gpus", Maybe(Int(0)), None, "NNLO: no GPU backend here.", "seeds", "output"),
-    _O("master_gpu", Bool(), False, "NNLO: no GPU backend here.", "seeds", "output"),
-    _O("tf", Bool(), False, "NNLO: TensorFlow models; here distnn or torch models (--model "
-       "FILE.py).", "seeds", "output"),
-    _O("backend", Maybe(Str(("keras", "torch", "tf"))), None, "NNLO: here distnn or torch "
-       "models (--model FILE.py).", "seeds", "output"),
-    _O("monitor", Bool(), False, "NNLO: CPU/GPU monitoring; here --profile.", "seeds",
-       "output", (TRAIN,)),
-    _O("tensor_format", Maybe(Str(("nhwc", "nchw", "auto"))), None, "PyDTNN: distnn "
-       "computes in NCHW.", "seeds", "output"),
-    _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
-       "seeds", "output", (TRAIN,)),
-    # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
-    _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
-       "--parallel data, easgd, gosgd = gossip).", "seeds", "output", (TRAIN,),
-       short=("r",)),
-    _O("modelfile", Maybe(Str(lower=False, metavar="MODULE")), None, "Theano-MPI: "
-       "MODELFILE, with --modelclass: --model MODELFILE:MODELCLASS.", "seeds", "output",
-       short=("file",)),
-    _O("modelclass", Maybe(Str(lower=False, metavar="NAME")), None, "Theano-MPI: "
-       "MODELCLASS.", "seeds", "output", short=("class",)),
-    _O("size", Maybe(Int(1)), None, "Theano-MPI: SIZE; the ranks are mpiexec -n's.",
-       "seeds", "output", (TRAIN,), short=("s",)),
-    _O("bsp_sync_type", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_SYNC_TYPE (a note).",
-       "seeds", "output", (TRAIN,), short=("bsp_sync_type",)),
-    _O("bsp_exch_strategy", Maybe(Str(lower=False)), None, "Theano-MPI: BSP_EXCH_STRATEGY "
-       "(*16: --gradient_compression fp16).", "seeds", "output", (TRAIN,),
-       short=("bsp_exch_strategy",)),
-    _O("bind", Bool(), False, "Theano-MPI: bind ranks to cores (a note: use mpiexec's "
-       "binding).", "seeds", "output", (TRAIN,), short=("b",)),
-    # Prediction
-    _O("split", Str(("train", "val", "test")), "test", "Split to predict.", "predict",
-       "predict", (PRED,)),
-    _O("output", Maybe(Str(metavar="FILE")), None, "Predictions file: .npy (logits), "
-       ".npz (logits, predicted, labels) or .csv (index, predicted, label).", "predict",
-       "predict", (PRED,)),
-]
-OPTION_BY_NAME = {o.name: o for o in OPTIONS}
-_ALIAS = {a: o.name for o in OPTIONS for a in o.aliases}
-
-
-def canonical(key: str) -> str:
-    """Option name of a command-line or TOML key (dashes, aliases accepted)."""
-    k = key.strip().lstrip("-").replace("-", "_")
-    return _ALIAS.get(k, k)
-
-
-# -- the table as argparse options ------------------------------------------------------
 def _argtype(option) -> Callable[[str], Any]:
     def convert(text: str):
         try:
@@ -454,17 +44,17 @@ def _default_text(value) -> str:
     return str(value)
 
 
-def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--config`` and the options of ``command`` (distnn's and the foreign ones), grouped."""
     parser.add_argument("--config", "-cfg", metavar="FILE", default=argparse.SUPPRESS,
                         help="TOML file of option values (keys are the option names below), "
                              "or a Theano-MPI session file (KEY=VALUE lines: RULE, MODELFILE, "
                              "MODELCLASS, DEVICES...); command-line options override it.")
+    titles = {**GROUPS, **compat.GROUPS}
     groups = {}
-    for option in OPTIONS:
-        if command not in option.commands:
-            continue
+    for option in options(command):
         if option.group not in groups:
-            groups[option.group] = parser.add_argument_group(GROUPS[option.group])
+            groups[option.group] = parser.add_argument_group(titles[option.group])
         extra: dict[str, Any] = {}
         if isinstance(option.kind, Bool) or (isinstance(option.kind, Maybe)
                                              and isinstance(option.kind.inner, Bool)):
@@ -474,6 +64,69 @@ def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
         if choices is not None and option.name not in ("model",):
             choice_text = f" Choices: {', '.join(choices)}."
         groups[option.group].add_argument(
-            *option.flags(), dest=option.name, type=_argtype(option), metavar=option.kind.metavar,
-            help=f"{option.help}{choice_text} Default: {_default_text(option.default)}.",
+            *option.flags(aliases_of(option.name)), dest=option.name,
+            type=_argtype(option), metavar=option.kind.metavar,
+            help=f"{option.help}{compat.HELP.get(option.name, '')}{choice_text} Default: "
+                 f"{_default_text(option.default)}.",
             **extra)
+
+
+def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """Option values from ``--config FILE``: a Theano-MPI session file (``KEY=VALUE``
+    lines with RULE, MODELFILE, MODELCLASS, DEVICES...; its notes are appended to
+    ``notes``) or TOML (keys: option names, the other systems' too)."""
+    from ..run import load_toml
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path!r}: {exc}") from None
+    if not compat.is_session_file(text):
+        return load_toml(path, compat.option_of)
+    try:
+        values, session_notes = compat.session_options(text, path)
+    except ValueError as exc:
+        raise ConfigError(f"--config: {path!r}: {exc}") from None
+    if notes is not None:
+        notes += session_notes
+    return values
+
+
+def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
+                   notes: list[str] | None = None) -> dict[str, Any]:
+    """Defaults < config file < command line, for every option; then ``compat.translate``
+    turns the other systems' options and values into distnn's (its notes are appended to
+    ``notes``)."""
+    values = {o.name: o.default for o in [*OPTIONS, *compat.FOREIGN_OPTIONS]}
+    explicit = set()
+    for source in (file_values or {}, given):
+        for key, value in source.items():
+            values[compat.name_of(key)] = value
+            explicit.add(compat.name_of(key))
+    try:
+        said = compat.translate(values, explicit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if notes is not None:
+        notes += said
+    return values
+
+
+def given_options(args: argparse.Namespace, command: str,
+                  excluded: Sequence[str] = ()) -> dict[str, Any]:
+    """The option values on the command line (distnn's names)."""
+    return {o.name: getattr(args, o.name) for o in options(command)
+            if o.name not in excluded and hasattr(args, o.name)}
+
+
+def explicit_options(args: argparse.Namespace) -> frozenset[str]:
+    """The option names the user gave, on the command line or in the --config file."""
+    names = set(given_options(args, args.command))
+    if getattr(args, "config", None):
+        try:
+            names |= {compat.name_of(k) for k in load_config(args.config)}
+        except ConfigError:
+            pass
+    return frozenset(names)

@@ -17,14 +17,16 @@ import sys
 import time
 import tomllib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from .builders import (UserError, _collective, build_augment, build_callbacks, build_model,
-                       build_optimizer, load_data, make_comm, threads)
-from .config import ConfigError, RunConfig, build_config, resolve_values
-from .kinds import Bool, Int, Maybe, Str
-from .options import (OPTION_BY_NAME, OPTIONS, TRAIN, Option, _add_options, _argtype,
-                      _default_text, canonical)
+from ..run import (OPTION_BY_NAME, OPTIONS, ConfigError, Option, RunConfig, RunError, agreed,
+                   build_config, build_run, load_data, load_toml)
+from ..run.kinds import Bool, Int, Maybe, Str
+from ..run.options import TRAIN
+from . import compat
+from .builders import make_comm, threads
+from .options import (_argtype, _default_text, add_options, aliases_of, given_options,
+                      resolve_values)
 
 SEARCH = "search"
 
@@ -63,8 +65,7 @@ SEARCH_OPTIONS: list[Option] = [
     _S("checkpoint_interval", Int(1), 1, "Save the study after every N finished trials (and "
        "at the end).", SEARCH, SEARCH, (SEARCH,)),
     _S("resume", Bool(), False, "Continue the study saved in --checkpoint DIR (same trial "
-       "numbers; finished trials are not run again).", SEARCH, SEARCH, (SEARCH,),
-       aliases=("opt_restore",)),
+       "numbers; finished trials are not run again).", SEARCH, SEARCH, (SEARCH,)),
     _S("output_dir", Maybe(Str(lower=False, metavar="DIR")), None, "Folder of best.toml, "
        "trials.json and objective.png (default: the --checkpoint DIR, else search_results).",
        SEARCH, SEARCH, (SEARCH,)),
@@ -72,7 +73,8 @@ SEARCH_OPTIONS: list[Option] = [
        "study.", SEARCH, SEARCH, (SEARCH,)),
 ]
 SEARCH_BY_NAME = {o.name: o for o in SEARCH_OPTIONS}
-_SEARCH_ALIAS = {a: o.name for o in SEARCH_OPTIONS for a in o.aliases}
+_SEARCH_ALIAS = {**{a: o.name for o in SEARCH_OPTIONS for a in o.aliases},
+                 **compat.SEARCH_ALIASES}
 
 
 def _search_name(key: str) -> str | None:
@@ -99,6 +101,10 @@ class _Rejected(argparse.Action):
         parser.error(f"{option_string} is an option of distnn train; here {instead}")
 
 
+def _flags(option: Option) -> list[str]:
+    return option.flags(tuple(a for a, n in compat.SEARCH_ALIASES.items() if n == option.name))
+
+
 def add_search_parser(sub) -> argparse.ArgumentParser:
     """Add the ``search`` subcommand to the ``distnn`` subparsers."""
     text = "hyper-parameter search over blocks of MPI ranks (optuna)"
@@ -106,24 +112,24 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
                        "Takes the options of distnn train as the base configuration of every "
                        "candidate.", argument_default=argparse.SUPPRESS, allow_abbrev=False,
                        conflict_handler="resolve")
-    _add_options(p, TRAIN)
+    add_options(p, TRAIN)
     group = p.add_argument_group("Search")
     for option in SEARCH_OPTIONS:
         extra: dict[str, Any] = {"nargs": "?", "const": True} if isinstance(option.kind, Bool) \
             else {}
         choices = getattr(option.kind, "choices", None)
         text = f" Choices: {', '.join(choices)}." if choices else ""
-        group.add_argument(*option.flags(), dest=f"search_{option.name}", type=_argtype(option),
+        group.add_argument(*_flags(option), dest=f"search_{option.name}", type=_argtype(option),
                            metavar=option.kind.metavar, help=f"{option.help}{text} Default: "
                            f"{_default_text(option.default)}.", **extra)
     # conflict_handler="resolve": the flags above took over train's --checkpoint and
     # --resume; the other flags of the excluded train options now say they do not apply.
-    taken = {f for o in SEARCH_OPTIONS for f in o.flags()}
+    taken = {f for o in SEARCH_OPTIONS for f in _flags(o)}
     for name in EXCLUDED:
-        option = OPTION_BY_NAME.get(name)
+        option = compat.option_of(name)
         if option is None or TRAIN not in option.commands:
             continue
-        flags = [f for f in option.flags() if f not in taken]
+        flags = [f for f in option.flags(aliases_of(name)) if f not in taken]
         if flags:
             p.add_argument(*flags, dest=name, nargs="?", action=_Rejected,
                            help=argparse.SUPPRESS)
@@ -160,36 +166,26 @@ def _read_toml(path: str, what: str) -> dict:
         raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
 
 
+def _search_or_train_option(key: str) -> Option | None:
+    name = _search_name(key)
+    if name:
+        return SEARCH_BY_NAME[name]
+    option = compat.option_of(key)
+    return None if option is None or option.name in EXCLUDED else option
+
+
 def load_search_toml(path: str) -> tuple[dict, dict, dict | None]:
     """(train option values, search option values, [space] table or None) of a ``--config``
     file: keys are option names (one level of tables for grouping), plus ``[space]``."""
-    raw = _read_toml(path, "--config")
-    space = raw.pop("space", None)
-    train: dict[str, Any] = {}
-    search: dict[str, Any] = {}
-    for key, value in raw.items():
-        items = value.items() if isinstance(value, dict) else [(key, value)]
-        for k, v in items:
-            if isinstance(v, dict):
-                raise ConfigError(f"--config: {path!r}: table [{key}.{k}] is nested too deep; "
-                                  "use top-level keys, one level of tables, and [space]")
-            name = _search_name(k)
-            target, table = (search, SEARCH_BY_NAME) if name else (train, OPTION_BY_NAME)
-            name = name or canonical(k)
-            if name not in table or (table is OPTION_BY_NAME and name in EXCLUDED):
-                raise ConfigError(f"--config: {path!r}: unknown option {k!r}; keys are the "
-                                  "option names of distnn search --help, and [space]")
-            if name in target:
-                raise ConfigError(f"--config: {path!r}: option {name!r} is set twice")
-            try:
-                target[name] = table[name].kind.check(v)
-            except ValueError as exc:
-                raise ConfigError(f"--config: {path!r}: {name}: {exc}") from None
-    return train, search, space
+    flat = load_toml(path, _search_or_train_option, keep=("space",),
+                     keys="the option names of distnn search --help, and [space]")
+    space = flat.pop("space", None)
+    search = {k: v for k, v in flat.items() if k in SEARCH_BY_NAME}
+    return {k: v for k, v in flat.items() if k not in search}, search, space
 
 
 def _check_param(name: str, value: Any) -> Any:
-    return OPTION_BY_NAME[name].kind.check(value)
+    return OPTION_BY_NAME[compat.name_of(name)].kind.check(value)
 
 
 def _space_table(table: Any, where: str) -> dict:
@@ -198,7 +194,7 @@ def _space_table(table: Any, where: str) -> dict:
                           f"[1e-4, 1e-1]}}, got {table!r}")
     out = {}
     for key, value in table.items():
-        name = canonical(key)
+        name = compat.name_of(key)
         option = OPTION_BY_NAME.get(name)
         if option is None or TRAIN not in option.commands:
             raise ConfigError(f"{where}: {key!r} is not an option of distnn train; the keys "
@@ -217,8 +213,7 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     """The validated ``SearchConfig`` of a parsed ``distnn search`` command line."""
     from ..search import DEFAULT_SPACE, SearchSettings, SearchSpace, parse_objective
     from ..training.evaluation import metric_key
-    given = {o.name: getattr(args, o.name) for o in OPTIONS
-             if o.name not in EXCLUDED and hasattr(args, o.name)}
+    given = given_options(args, TRAIN, EXCLUDED)
     file_train, file_search, file_space = {}, {}, None
     config_file = getattr(args, "config", None)
     if config_file:
@@ -277,9 +272,9 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 
 # -- training one candidate ------------------------------------------------------------------
 class CandidateTrainer:
-    """Trains one candidate on a block's communicator the way ``distnn train`` does (same
-    builders, same ``Trainer.fit`` arguments), quietly. The dataset is read once per block
-    and reused while the candidates do not change how it is read."""
+    """Trains one candidate on a block's communicator as ``distnn train`` does (the same
+    ``distnn.run.build_run``), quietly. The dataset is read once per block and reused while
+    the candidates do not change how it is read."""
 
     def __init__(self, cfg: SearchConfig):
         self.values = dict(cfg.values)
@@ -303,47 +298,17 @@ class CandidateTrainer:
 
     def __call__(self, params: dict[str, Any], comm, fold: int | None, callbacks: list):
         from ..search import kfold_split
-        from .commands import _trainer
         cfg = self.config(params, fold)
         splits = self._splits(cfg, comm)
         train, val = splits.train, splits.val
         if fold is not None:
-            train, val = _collective(comm, "--n_fold", lambda: kfold_split(
+            train, val = agreed(comm, "--n_fold", lambda: kfold_split(
                 splits.train, self.n_fold, fold, cfg.model.random_seed))
-        model = _collective(comm, "model", lambda: build_model(cfg, train))
-        if cfg.parallel.sync_batchnorm:
-            from .. import distributed as dist
-            dist.sync_batchnorm(model, comm)
-        optimizer = _collective(comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size))
-        trainer = _trainer(cfg, comm, model, optimizer, build_callbacks(cfg, comm.size)
-                           + list(callbacks))
-        t = cfg.train
-        return trainer.fit(train, epochs=t.num_epochs, batch_size=t.batch_size,
-                           global_batch_size=t.global_batch_size, validation=val,
-                           steps_per_epoch=t.steps_per_epoch, validation_steps=t.steps_per_epoch,
-                           shuffle=t.shuffle, augment=build_augment(cfg) or None,
-                           prefetch=cfg.data.prefetch, eval_batch_size=max(t.batch_size, 256))
+        return build_run(cfg, comm, splits=splits, train=train, val=val,
+                         callbacks=callbacks).fit()
 
 
 # -- the command -----------------------------------------------------------------------------
-def _on_coordinator(comm, what: str, fn: Callable[[], Any]) -> Any:
-    """``fn()`` on world rank 0; its ValueError/OSError becomes a UserError on every rank.
-    The other ranks wait without spinning."""
-    from ..search import lazy_barrier
-    error, result = None, None
-    if comm.rank == 0:
-        try:
-            result = fn()
-        except (ValueError, OSError) as exc:
-            error = f"{what}: {exc}" if not str(exc).startswith("--") else str(exc)
-    if comm.size > 1:
-        lazy_barrier(comm)
-        error = comm.bcast_obj(error, 0)
-    if error is not None:
-        raise UserError(error)
-    return result
-
-
 def _check_folder(option: str, folder: str) -> None:
     """Create ``folder`` if needed and make sure a file can be written in it."""
     import tempfile
@@ -503,9 +468,9 @@ def run_search_command(cfg: SearchConfig, comm) -> int:
     try:
         block_count(comm.size, cfg.settings.block_size)
     except LayoutError as exc:
-        raise UserError(str(exc)) from None
+        raise RunError(str(exc)) from None
     started = time.time()
-    study = _on_coordinator(comm, "--checkpoint", lambda: _prepare_study(cfg))
+    study = agreed(comm, "--checkpoint", lambda: _prepare_study(cfg), root=0, lazy=True)
     if comm.rank == 0 and not cfg.base.output.quiet:
         print(_header(cfg, comm.size, study.study), flush=True)
     run_search(comm, cfg.settings, cfg.space, CandidateTrainer(cfg), study=study,
@@ -531,7 +496,7 @@ def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -
                     sys.stderr.write(f"{prog}: note: {note}\n")
             with threads(cfg.base, comm):
                 return run_search_command(cfg, comm)
-        except (UserError, ConfigError) as exc:
+        except (RunError, ConfigError) as exc:
             if cfg.base.output.traceback:
                 raise
             if comm.rank == 0:

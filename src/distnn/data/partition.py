@@ -3,7 +3,7 @@ among the workers), so that the whole set never has to fit in one process.
 
 A reader builds ``PartDataset`` from this rank's rows before the sizes of the other parts
 are known; the caller that has the communicator then all-gathers ``part_info()`` and calls
-``set_parts`` (``cli.builders.load_data`` does). Nothing here communicates.
+``set_parts`` (``distnn.run.load_data`` does). Nothing here communicates.
 
 Batches: in step k of an epoch rank r contributes the next ``min(s_r, left_r)`` samples of
 its part, ``s_r`` being its ``np.array_split`` share of the global batch, so every sample is

@@ -5,12 +5,14 @@ from .base import Layer
 from .containers import Add, Concat, Sequential
 from .conv import Conv2D
 from .core import Dense, Dropout, Flatten
+from .model import Model, ModelMethods
 from .normalization import BatchNormalization
 from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 
 reuse_freed_memory()
 
-__all__ = ["reuse_freed_memory", "Layer", "Sequential", "Add", "Concat", "Dense", "Flatten",
+__all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential", "Add",
+           "Concat", "Dense", "Flatten",
            "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
            "BatchNormalization", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS"]

@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from .base import Layer, check_input
+from .model import ModelMethods
 
 GradHook = Callable[[Layer], None]
 
@@ -137,7 +138,7 @@ class Concat(_Block):
                            for b, part in zip(self.branches, np.split(dy, self._splits, axis=1))])
 
 
-class Sequential(_Chain):
+class Sequential(ModelMethods, _Chain):
     """A model: layers applied in order, with all parameters in one flat buffer.
 
     Args:
@@ -251,30 +252,7 @@ class Sequential(_Chain):
                     hook(layer)
         return dy
 
-    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        outs = [self.forward(x[i:i + batch_size], training=False)
-                for i in range(0, len(x), batch_size)]
-        return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, self.dtype)
-
     # -- state --------------------------------------------------------------------------
-    def named_arrays(self) -> dict[str, np.ndarray]:
-        """Parameters and buffers by ``"<layer>/<name>"`` key (what save/load uses)."""
-        out = {}
-        for layer in self.walk():
-            for key, value in layer.params.items():
-                out[f"{layer.name}/{key}"] = value
-            for key, value in layer.buffers.items():
-                out[f"{layer.name}/{key}"] = value
-        return out
-
     def summary(self) -> str:
         from .serialization import summary
         return summary(self)
-
-    def save_weights(self, path) -> None:
-        from .serialization import save_weights
-        save_weights(self, path)
-
-    def load_weights(self, path) -> None:
-        from .serialization import load_weights
-        load_weights(self, path)

@@ -1,9 +1,8 @@
 """Shared machinery of the point-to-point rules: message tags, traffic counters, waiting
 without burning a core, and the master/worker base class (Downpour, async EASGD, GEM).
 
-MPICH's blocking ``Recv``/``Wait`` spin on a core while they wait. On a machine where ranks
-share cores that steals time from the ranks that compute, so every wait here polls with
-``test``/``iprobe`` and sleeps between polls (0.1 ms doubling up to ``max_sleep``).
+Every wait here sleeps between polls (``distributed.coordination``: ``Backoff``,
+``wait_all``, ``lazy_barrier``) instead of spinning in MPICH's blocking calls.
 """
 from __future__ import annotations
 
@@ -13,10 +12,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..distributed.coordination import Backoff, lazy_barrier, wait_all
 from .base import Rule
 
 TAG_GRAD, TAG_DONE, TAG_REPLY, TAG_GOSSIP = 71, 72, 73, 74
-MIN_SLEEP = 1e-4
 
 
 class Traffic:
@@ -37,6 +36,10 @@ class Traffic:
         self.messages += 1
         self.bytes += arr.nbytes
 
+    def wait(self, handles, max_sleep: float = 1e-3) -> None:
+        """Complete ``handles`` without spinning, counting the seconds waited."""
+        self.wait_s += wait_all(handles, max_sleep)
+
     def as_dict(self) -> dict[str, float]:
         out = {"messages": float(self.messages), "bytes": float(self.bytes),
                "received": float(self.received), "wait_s": self.wait_s}
@@ -44,27 +47,6 @@ class Traffic:
             out.update(idle_s=self.idle_s, busy_s=self.busy_s, serve_s=self.serve_wall_s,
                        serve_cpu_s=self.serve_cpu_s)
         return out
-
-
-def wait_all(handles, traffic: Traffic | None = None, max_sleep: float = 1e-3) -> None:
-    """Complete every handle (``test()``), sleeping between polls instead of spinning."""
-    t0 = time.perf_counter()
-    delay = MIN_SLEEP
-    pending = [h for h in handles if h is not None]
-    while pending:
-        pending = [h for h in pending if not h.test()]
-        if pending:
-            time.sleep(delay)
-            delay = min(delay * 2, max_sleep)
-    if traffic is not None:
-        traffic.wait_s += time.perf_counter() - t0
-
-
-def gentle_barrier(comm, traffic: Traffic | None = None) -> None:
-    """A barrier that sleeps while it waits, so that ranks which finished their epoch do
-    not spin in the next collective while a slow rank still computes."""
-    if comm.size > 1:
-        wait_all([comm.ibarrier()], traffic, max_sleep=2e-3)
 
 
 def need_ranks(rule: str, comm, least: int) -> None:
@@ -88,6 +70,7 @@ class MasterWorker(Rule):
     """
 
     default_sync_every = 1
+    min_ranks = 2
 
     def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
                  max_sleep: float = 2e-3):
@@ -109,7 +92,7 @@ class MasterWorker(Rule):
 
     def data_shard(self, trainer):
         comm = trainer.comm
-        need_ranks(self.name, comm, 2)
+        need_ranks(self.name, comm, self.min_ranks)
         return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
 
     def loss_denominator(self, batch) -> int:
@@ -173,7 +156,7 @@ class MasterWorker(Rule):
         send = comm.isend_(self._out, 0, TAG_GRAD)
         self.traffic.sent(self._out)
         self.pushes += 1
-        wait_all([send, recv], self.traffic, self.max_sleep)
+        self.traffic.wait([send, recv], self.max_sleep)
         self.traffic.received += 1
         self.worker_apply_reply(trainer, reply_buf)
         self._acc[...] = 0
@@ -186,7 +169,7 @@ class MasterWorker(Rule):
         done = np.zeros(1, trainer.model.dtype)
         handle = trainer.comm.isend_(done, 0, TAG_DONE)
         self.traffic.sent(done)
-        wait_all([handle], self.traffic, self.max_sleep)
+        self.traffic.wait([handle], self.max_sleep)
 
     # -- master side ---------------------------------------------------------------------
     def serve(self, trainer, epoch: int, progress: Callable[[int], Any] | None = None) -> None:
@@ -203,16 +186,15 @@ class MasterWorker(Rule):
         done_buf = np.zeros(1, dtype)
         t = self.traffic
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        delay = MIN_SLEEP
+        backoff = Backoff(self.max_sleep)
         while active:
             t_poll = time.perf_counter()
             msg = comm.iprobe(-1, -1)
             if msg is None:
-                time.sleep(delay)
-                delay = min(delay * 2, self.max_sleep)
+                backoff.pause()
                 t.idle_s += time.perf_counter() - t_poll
                 continue
-            delay = MIN_SLEEP
+            backoff.reset()
             source, tag, _ = msg
             if tag == TAG_DONE:
                 comm.recv_(done_buf, source, TAG_DONE)
@@ -236,7 +218,7 @@ class MasterWorker(Rule):
             t.busy_s += time.perf_counter() - t_poll
         if waiting:
             self._answer(trainer, waiting)
-        wait_all(list(self._reply_handles.values()), t, self.max_sleep)
+        t.wait(list(self._reply_handles.values()), self.max_sleep)
         self._reply_handles = {}
         t.serve_wall_s += time.perf_counter() - wall0
         t.serve_cpu_s += time.process_time() - cpu0
@@ -250,7 +232,7 @@ class MasterWorker(Rule):
         for w, reply in replies.items():
             old = self._reply_handles.pop(w, None)
             if old is not None:  # the worker got it before it sent again: already complete
-                wait_all([old], self.traffic, self.max_sleep)
+                self.traffic.wait([old], self.max_sleep)
             buf = self._replies[w]
             buf[...] = reply
             self._reply_handles[w] = comm.isend_(buf, w, TAG_REPLY)
@@ -260,7 +242,7 @@ class MasterWorker(Rule):
     def end_epoch(self, trainer, epoch: int) -> None:
         if not self.is_master(trainer):
             self._finish_epoch(trainer)
-        gentle_barrier(trainer.comm, self.traffic)
+        self.traffic.wait_s += lazy_barrier(trainer.comm, 2e-3)
         average_buffers(trainer)
 
     def stats(self) -> dict[str, float]:

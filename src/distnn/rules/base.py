@@ -34,9 +34,15 @@ class Rule:
 
     Attributes:
         name: the word that picks the rule (``--parallel NAME``).
+        options: constructor argument -> the run option that sets it, for the arguments
+            whose option has another name (``rules.build_rule`` reads the rest by their
+            own names from the constructor's signature).
+        min_ranks: the fewest ranks the rule runs on (2 with a master).
     """
 
     name = ""
+    options: dict[str, str] = {}
+    min_ranks = 1
     # True when all ranks take every step together (a collective in each step), so the
     # trainer may add a small per-step collective of its own (the NaN check).
     lockstep = False

@@ -16,7 +16,7 @@ class DataParallel(Rule):
     Args:
         bucket_size_mb: gradient bucket size of the all-reduce (MiB).
         non_blocking: start each bucket's all-reduce during backward (``Iallreduce``).
-        compression: None or "fp16".
+        compression: None (or "none") or "fp16".
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=DataParallel())
@@ -24,12 +24,13 @@ class DataParallel(Rule):
 
     name = "data"
     lockstep = True
+    options = {"non_blocking": "non_blocking_mpi", "compression": "gradient_compression"}
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression: str | None = None):
         self.bucket_size_mb = bucket_size_mb
         self.non_blocking = non_blocking
-        self.compression = compression
+        self.compression = None if compression == "none" else compression
 
     def bind(self, trainer, optimizer):
         if not isinstance(optimizer, dist.DistributedOptimizer):

@@ -69,6 +69,10 @@ class EASGD(MasterWorker):
         self._resume = None
 
     # -- roles ---------------------------------------------------------------------------
+    @property
+    def min_ranks(self) -> int:
+        return 1 if self.synchronous else 2
+
     def data_shard(self, trainer):
         if self.synchronous:
             return trainer.comm.rank, trainer.comm.size

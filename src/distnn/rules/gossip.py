@@ -19,13 +19,12 @@ model use.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .. import distributed as dist
-from ._p2p import (MIN_SLEEP, TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
-                   restore_local_state, wait_all)
+from ..distributed.coordination import Backoff
+from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
+                   restore_local_state)
 from .base import Rule
 
 
@@ -42,6 +41,8 @@ class Gossip(Rule):
     """
 
     name = "gossip"
+
+    options = {"probability": "gossip_probability", "alpha": "gossip_alpha"}
 
     def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
                  synchronous: bool = False):
@@ -107,7 +108,7 @@ class Gossip(Rule):
     def _receive(self, trainer, source: int) -> None:
         comm = trainer.comm
         handle = comm.irecv_(self._inbox, source, TAG_GOSSIP)
-        wait_all([handle], self.traffic)
+        self.traffic.wait([handle])
         self._received += 1
         self.traffic.received += 1
         x = trainer.model.parameters_flat()
@@ -154,15 +155,14 @@ class Gossip(Rule):
         counts = self._sent_to.copy()
         comm.allreduce_(counts, "sum")
         expected = int(counts[comm.rank])
-        delay = MIN_SLEEP
+        backoff = Backoff(2e-3)
         while self._received < expected:
             msg = comm.iprobe(-1, TAG_GOSSIP)
             if msg is None:
-                time.sleep(delay)
-                delay = min(2 * delay, 2e-3)
+                backoff.pause()
                 continue
             self._receive(trainer, msg[0])
-        wait_all([h for h, _ in self._sending], self.traffic)
+        self.traffic.wait([h for h, _ in self._sending])
         self._reap()
         x = trainer.model.parameters_flat()
         buf = np.empty(self._n + 1, self._inbox.dtype)

@@ -18,7 +18,7 @@ Example (every rank; rank 0 holds the study):
                                make_pruner("none"), {}) if comm.rank == 0 else None
     run_search(comm, settings, space, train_fn, study=study)
 """
-from .blocks import BlockLayout, Channel, LayoutError, block_count, lazy_barrier, wait_lazily
+from .blocks import BlockLayout, Channel, LayoutError, block_count
 from .driver import (Coordinator, SearchSettings, TrainFn, TrialWatch, execute_trial,
                      parse_objective, run_search)
 from .folds import kfold_split
@@ -29,7 +29,7 @@ from .study import (PRUNERS, SAMPLERS, SETTINGS_KEY, STUDY_FILE, SearchStudy, ma
                     make_sampler, save_study, storage_url)
 
 __all__ = [
-    "BlockLayout", "Channel", "LayoutError", "block_count", "lazy_barrier", "wait_lazily",
+    "BlockLayout", "Channel", "LayoutError", "block_count",
     "Coordinator", "SearchSettings", "TrainFn", "TrialWatch", "execute_trial",
     "parse_objective", "run_search", "kfold_split", "TrialRecord", "live_line",
     "plot_objective", "ranked", "ranked_table", "records_from_study", "toml_value",

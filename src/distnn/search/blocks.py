@@ -8,35 +8,20 @@ communicator with the coordinator, a ``Channel`` for request/reply messages.
 Nobody spins while waiting: MPICH's blocking calls busy-poll a core, which on a machine
 with fewer cores than ranks would steal it from the blocks that train. A rank that may
 wait long posts a non-blocking all-reduce of one number as a signal and tests it between
-short sleeps (``wait_lazily``); the blocking object broadcast that follows only runs once
-the other side is known to be there.
+short sleeps (``distributed.coordination.lazy_barrier``); the blocking object broadcast
+that follows only runs once the other side is known to be there.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LayoutError", "BlockLayout", "Channel", "block_count", "wait_lazily",
-           "lazy_barrier"]
+from ..distributed.coordination import lazy_barrier
+
+__all__ = ["LayoutError", "BlockLayout", "Channel", "block_count"]
 
 POLL_S = 0.005
-
-
-def wait_lazily(handle, poll: float = POLL_S) -> None:
-    """Complete a non-blocking collective, sleeping ``poll`` seconds between tests."""
-    test = getattr(handle, "test", None)
-    if test is not None:
-        while not test():
-            time.sleep(poll)
-    handle.wait()
-
-
-def lazy_barrier(comm, poll: float = POLL_S) -> None:
-    """A barrier whose waiting ranks sleep instead of spinning."""
-    if comm.size > 1:
-        wait_lazily(comm.iallreduce_(np.zeros(1)), poll)
 
 
 class LayoutError(ValueError):
@@ -84,9 +69,9 @@ class Channel:
     # -- the leader's side ------------------------------------------------------------
     def request(self, message: Any) -> Any:
         """Send ``message`` to the coordinator and return its reply (leader only)."""
-        wait_lazily(self.comm.iallreduce_(np.zeros(1)))
+        lazy_barrier(self.comm, POLL_S)
         self.comm.bcast_obj(message, root=1)
-        wait_lazily(self.comm.iallreduce_(np.zeros(1)))
+        lazy_barrier(self.comm, POLL_S)
         return self.comm.bcast_obj(None, root=0)
 
     # -- the coordinator's side -------------------------------------------------------

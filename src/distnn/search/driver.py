@@ -22,7 +22,8 @@ import numpy as np
 
 from ..training.callback_base import Callback, metric_mode
 from ..training.evaluation import metric_key
-from .blocks import POLL_S, BlockLayout, block_count, lazy_barrier
+from ..distributed.coordination import Backoff, lazy_barrier
+from .blocks import POLL_S, BlockLayout, block_count
 from .report import TrialRecord, live_line
 from .study import SearchStudy
 
@@ -284,6 +285,7 @@ def _coordinate(layout: BlockLayout, coordinator: Coordinator) -> None:
     for channel in layout.channels:
         channel.listen()
     active = set(range(layout.n_blocks))
+    backoff = Backoff(POLL_S, min_sleep=POLL_S)
     while active:
         served = False
         for block in sorted(active):
@@ -306,7 +308,7 @@ def _coordinate(layout: BlockLayout, coordinator: Coordinator) -> None:
                 channel.listen()
             coordinator.checkpoint()
         if not served:
-            time.sleep(POLL_S)
+            backoff.pause()
 
 
 def _run_sequential(coordinator: Coordinator, comm, settings: SearchSettings,

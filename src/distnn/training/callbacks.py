@@ -27,7 +27,7 @@ from .stopping import (EarlyStopping, ModelCheckpoint, TargetMetric, TrainingChe
 
 __all__ = [
     "Callback", "WarmUp", "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs",
-    "ModelCheckpoint", "TargetMetric", "TrainingCheckpoint", "CALLBACKS",
+    "ModelCheckpoint", "TargetMetric", "TrainingCheckpoint", "ValidateEvery", "CALLBACKS",
     "parse_early_stopping", "parse_target_metric", "resolve_key", "metric_mode",
 ]
 
@@ -142,6 +142,30 @@ class ReduceLREveryNEpochs(Callback):
     def on_epoch_end(self, trainer, epoch, logs):
         if (epoch + 1) % self.nepochs == 0:
             trainer.lr = max(trainer.lr * self.factor, self.min_lr)
+
+
+class ValidateEvery(Callback):
+    """Evaluate ``validation`` after every ``every`` optimizer updates (NNLO's
+    --validate-every; collective: every rank calls it at the same step) and print the
+    result on rank 0; ``records`` keeps them.
+
+    Example:
+        ValidateEvery(100, val, batch_size=256 * comm.size, steps=0)
+    """
+
+    def __init__(self, every: int, validation, batch_size: int, steps: int = 0):
+        self.every, self.validation = int(every), validation
+        self.batch_size, self.steps = int(batch_size), int(steps)
+        self.records: list[dict[str, float]] = []
+
+    def on_batch_end(self, trainer, step, logs):
+        if (step + 1) % self.every:
+            return
+        result = trainer.evaluate(self.validation, global_batch_size=self.batch_size,
+                                  steps=self.steps, prefix="val_")
+        self.records.append({"step": step + 1, **result})
+        text = " ".join(f"{k}={v:.4f}" for k, v in result.items())
+        trainer.print(f"Validation after {step + 1} updates: {text}", force=True)
 
 
 CALLBACKS: dict[str, type[Callback]] = {

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import atomic_open, npz_kind, write_on_root
+from ..distributed.coordination import on_ranks
+from ..fileio import WriteError, atomic_open, guarded_write, npz_kind
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
            "unpack"]
@@ -112,7 +113,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
     done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)
-    write_on_root(comm, path, lambda: _write(path, trainer, all_rng, done, run), "checkpoint")
+    on_ranks(comm, lambda: guarded_write(path, lambda: _write(path, trainer, all_rng, done, run),
+                                         "checkpoint"), root=0, catch=WriteError)
 
 
 def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:

@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
-from ..fileio import atomic_open, write_on_root
+from ..distributed.coordination import on_ranks
+from ..fileio import WriteError, atomic_open, guarded_write
 
 
 class History:
@@ -59,7 +60,8 @@ class History:
     def save_on_root(self, path: str | os.PathLike, comm) -> None:
         """``save`` on rank 0 of ``comm``; a failure raises ``fileio.WriteError`` on every
         rank (collective)."""
-        write_on_root(comm, os.fspath(path), lambda: self.save(path), "history")
+        on_ranks(comm, lambda: guarded_write(os.fspath(path), lambda: self.save(path), "history"),
+                 root=0, catch=WriteError)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "History":

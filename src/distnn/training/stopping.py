@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 
-from ..fileio import write_on_root
+from ..distributed.coordination import on_ranks
+from ..fileio import WriteError, guarded_write
 from .callback_base import Callback, _Monitor, resolve_key
 
 
@@ -203,8 +204,9 @@ class ModelCheckpoint(_Monitor):
                 return
             self.best, self.best_epoch = value, epoch
         path = self.file_for(epoch, logs)
-        write_on_root(trainer.comm, path, lambda: trainer.model.save_weights(path),
-                      "model_checkpoint weights")
+        on_ranks(trainer.comm, lambda: guarded_write(
+            path, lambda: trainer.model.save_weights(path), "model_checkpoint weights"),
+            root=0, catch=WriteError)
         self.saved.append(path)
 
     def state_dict(self):

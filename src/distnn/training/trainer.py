@@ -61,7 +61,8 @@ class Trainer:
     """Trains, evaluates and runs a model on sharded datasets, over a communicator.
 
     Args:
-        model: a built ``distnn.nn.Sequential`` (outputs logits).
+        model: a built ``distnn.nn.Model`` (outputs logits): a ``Sequential`` or a
+            ``distnn.torch.TorchModel``.
         optimizer: a distnn optimizer over ``model`` (the rule may wrap it: the default
             ``DataParallel`` wraps it in a ``DistributedOptimizer``, op="sum"), or a
             ``distributed.DistributedOptimizer``.
@@ -71,13 +72,12 @@ class Trainer:
             ``__name__``); each returns the SUM over a batch.
         comm: communicator (default ``distributed.get_comm()``; size 1 without mpiexec).
         rule: a ``distnn.rules.Rule``: how the replicas cooperate (default
-            ``DataParallel`` with ``bucket_size_mb``, ``non_blocking``, ``compression``).
+            ``DataParallel()``; pass ``DataParallel(bucket_size_mb=...)`` for its options).
         callbacks: ``distnn.callbacks.Callback`` objects, called in order (a
             ``TrainingCheckpoint`` is always called last).
         progress: draw a tqdm bar per epoch on rank 0 (stderr).
         verbose: print per-epoch and final summary lines on rank 0 (stdout).
         seed: base seed of the epoch shuffles and augmentations.
-        bucket_size_mb, non_blocking, compression: options of the default rule.
         profiler: a ``distnn.training.Profiler`` (None: no timing at all).
         ignore_nan: keep training when the loss becomes NaN/inf (default: stop at the first
             such step on every rank with ``NonFiniteLossError``).
@@ -103,8 +103,7 @@ class Trainer:
                  metrics: Sequence[str | Callable] = ("accuracy",), comm=None,
                  callbacks: Sequence[Callback] = (), progress: bool = True,
                  verbose: bool = True, seed: int = 0, rule: Rule | None = None,
-                 bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                 compression: str | None = None, profiler=None, out: TextIO | None = None,
+                 profiler=None, out: TextIO | None = None,
                  ignore_nan: bool = False):
         self.comm = comm if comm is not None else dist.get_comm()
         self.model = model
@@ -121,8 +120,7 @@ class Trainer:
                                  out=out)
         self.profiler = profiler
         if rule is None:
-            rule = DataParallel(bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
-                                compression=compression)
+            rule = DataParallel()
         if not isinstance(rule, Rule):
             raise TypeError(f"rule must be a distnn.rules.Rule, got {type(rule).__name__}")
         self.rule = rule

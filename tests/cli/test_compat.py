@@ -128,7 +128,7 @@ def test_pydtnn_model_names(given, model):
 
 
 def test_nnlo_train_data_needs_the_hdf5_dataset():
-    from distnn.cli.config import ConfigError
+    from distnn.run.config import ConfigError
     from distnn.cli.main import build_parser, config_from_args
     cfg = config_from_args(build_parser().parse_args(["train", "--train_data", "t.list"]))
     assert cfg.data.dataset == "hdf5" and cfg.data.train_list == "t.list"

@@ -1,4 +1,4 @@
-"""Checks a ``distnn`` command makes before its first training step, so that a bad path,
+"""Checks a run makes before its first training step, so that a bad path,
 a misspelt metric or a checkpoint that does not fit is one clear line (exit status 2) on
 every rank, not a traceback after hours of training:
 
@@ -14,29 +14,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..fileio import check_writable, npz_kind
-from .builders import UserError, _collective
+from .build import RunError, agreed
 from .config import PRED, TRAIN, RunConfig
 
 __all__ = ["check_outputs", "check_weights_file", "check_monitors", "plan_resume",
-           "ResumePlan", "on_root"]
-
-
-def on_root(comm, what: Callable[[], str | None]) -> None:
-    """Rank 0 runs ``what()`` (an error message or None); a message becomes a
-    ``UserError`` on every rank (one broadcast)."""
-    error = None
-    if comm.rank == 0:
-        try:
-            error = what()
-        except OSError as exc:
-            error = f"{exc}"
-    if comm.size > 1:
-        error = comm.bcast_obj(error, 0)
-    if error is not None:
-        raise UserError(error)
+           "ResumePlan"]
 
 
 class _AnyKey(dict):
@@ -66,7 +51,7 @@ def output_paths(cfg: RunConfig, comm) -> list[tuple[str, str]]:
             try:
                 sample = cfg.sched.model_checkpoint_file.format_map(_AnyKey(epoch=1))
             except (ValueError, IndexError, KeyError, AttributeError) as exc:
-                raise UserError(f"--model_checkpoint_file: {cfg.sched.model_checkpoint_file!r} "
+                raise RunError(f"--model_checkpoint_file: {cfg.sched.model_checkpoint_file!r} "
                                 f"is not a valid pattern ({exc}); write e.g. "
                                 "'weights-{epoch:03d}.npz'") from None
             out.append(("--model_checkpoint_file", sample))
@@ -94,27 +79,26 @@ def _existing_checkpoint(cfg: RunConfig) -> str | None:
 
 def check_outputs(cfg: RunConfig, comm) -> None:
     """Every output file can be written and none is named twice; an existing checkpoint
-    is only replaced with --resume or --overwrite. Rank 0 checks; UserError on all ranks."""
+    is only replaced with --resume or --overwrite. Rank 0 checks; RunError on all ranks."""
     paths = output_paths(cfg, comm)
 
-    def verdict() -> str | None:
+    def verdict() -> None:
         if cfg.command == TRAIN:
             refused = _existing_checkpoint(cfg)
             if refused:
-                return refused
+                raise RunError(refused)
         seen: dict[str, str] = {}
         for option, path in paths:
             full = os.path.abspath(path)
             if full in seen:
-                return (f"{seen[full]} and {option} both write {path!r}; give them different "
-                        "files")
+                raise RunError(f"{seen[full]} and {option} both write {path!r}; give them "
+                               "different files")
             seen[full] = option
             reason = check_writable(path)
             if reason is not None:
-                return f"{option}: cannot write {path!r}: {reason}"
-        return None
+                raise RunError(f"{option}: cannot write {path!r}: {reason}")
 
-    on_root(comm, verdict)
+    agreed(comm, None, verdict, root=0)
 
 
 def check_weights_file(cfg: RunConfig, comm) -> None:
@@ -138,7 +122,7 @@ def check_weights_file(cfg: RunConfig, comm) -> None:
                     " --num_epochs 0 --save_weights w.npz")
             raise ValueError(f"{path!r} is a training checkpoint, not a weights file; {hint}")
 
-    _collective(comm, option, check)
+    agreed(comm, option, check)
 
 
 _MONITORED = (  # (scheduler that uses it, option naming the metric)
@@ -168,13 +152,13 @@ def check_monitors(cfg: RunConfig, keys: list[str]) -> None:
         try:
             resolve_key(name, keys)
         except ValueError as exc:
-            raise UserError(f"{option}: {exc}") from None
+            raise RunError(f"{option}: {exc}") from None
     if "model_checkpoint" in s.lr_schedulers:
         from ..training.stopping import ModelCheckpoint
         try:
             ModelCheckpoint(s.model_checkpoint_file).file_for(0, {k: 0.0 for k in keys})
         except ValueError as exc:
-            raise UserError(f"--model_checkpoint_file: {exc}") from None
+            raise RunError(f"--model_checkpoint_file: {exc}") from None
 
 
 # -- resume -------------------------------------------------------------------------------
@@ -208,7 +192,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     """Compare the run's settings with the checkpoint ``state`` (``Checkpoint``): keep its
     global batch (re-deriving the per-rank batch), optimizer settings and seed; apply an
     explicitly given new --learning_rate (``state.meta`` is updated); refuse explicit
-    changes that cannot be honoured. Raises UserError naming the option and the fix."""
+    changes that cannot be honoured. Raises RunError naming the option and the fix."""
     from ..training.checkpoint import unpack
     from ..training.evaluation import resolve_batch_sizes
     meta, path = state.meta, state.path
@@ -218,13 +202,13 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     stored_model = (meta.get("model") or {}).get("name")
     if stored_model and stored_model != trainer.model.name:
         theirs = run.get("model", stored_model)
-        raise UserError(f"--model {cfg.model.model}: {path} holds a {theirs} model; resume "
+        raise RunError(f"--model {cfg.model.model}: {path} holds a {theirs} model; resume "
                         f"with --model {theirs}")
     base = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     stored_opt = meta["optimizer"]
     if stored_opt.get("optimizer") != getattr(base, "name", None):
         theirs = run.get("optimizer", stored_opt.get("optimizer"))
-        raise UserError(f"--optimizer {cfg.optim.optimizer}: {path} was trained with "
+        raise RunError(f"--optimizer {cfg.optim.optimizer}: {path} was trained with "
                         f"{theirs}; resume with --optimizer {theirs}")
     stored_hp = unpack(stored_opt.get("hyperparameters") or {}, state.arrays)
     mine_hp = base.hyperparameters()
@@ -233,14 +217,14 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
             continue
         option = _HP_OPTION.get(key, key)
         if option in explicit or (key == "betas" and "beta2" in explicit):
-            raise UserError(f"--{option}: {path} was trained with {key}={stored_hp.get(key)}, "
+            raise RunError(f"--{option}: {path} was trained with {key}={stored_hp.get(key)}, "
                             f"this run asks for {mine_hp.get(key)}; a resumed run keeps the "
                             f"optimizer's settings: drop --{option}, or start a new run")
         notes.append(f"{key}={stored_hp.get(key)} kept from {path}")
 
     seed = int(meta.get("seed", cfg.model.random_seed))
     if seed != cfg.model.random_seed and "random_seed" in explicit:
-        raise UserError(f"--random_seed {cfg.model.random_seed}: {path} was trained with seed "
+        raise RunError(f"--random_seed {cfg.model.random_seed}: {path} was trained with seed "
                         f"{seed}, which a resumed run keeps; drop --random_seed")
 
     scale = comm.size if cfg.optim.learning_rate_scaling else 1
@@ -271,12 +255,12 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
         stored_gbs = mine_gbs
         notes.append(f"{path} records no global batch; using {mine_gbs}")
     if t.global_batch_size is not None and t.global_batch_size != stored_gbs:
-        raise UserError(f"--global_batch_size {t.global_batch_size}: {path} was trained with "
+        raise RunError(f"--global_batch_size {t.global_batch_size}: {path} was trained with "
                         f"global batch {stored_gbs}, which a resumed run keeps; drop "
                         "--global_batch_size, or start a new run")
     if ("batch_size" in explicit and t.global_batch_size is None and mine_gbs != stored_gbs
             and stored_ranks == comm.size):
-        raise UserError(f"--batch_size {t.batch_size}: that is global batch {mine_gbs} on "
+        raise RunError(f"--batch_size {t.batch_size}: that is global batch {mine_gbs} on "
                         f"{comm.size} rank(s), but {path} was trained with global batch "
                         f"{stored_gbs}, which a resumed run keeps; drop --batch_size (the "
                         "per-rank batch is derived from the global one), or start a new run")
@@ -302,7 +286,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     mine_cbs = [type(cb).__name__ for cb in trainer.callbacks
                 if type(cb).__name__ != "TrainingCheckpoint"]
     if stored_cbs != mine_cbs:
-        raise UserError(f"--lr_schedulers: {path} holds the state of callbacks "
+        raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
                         f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "
                         "with the same --lr_schedulers, --early_stopping and --target_metric")
 

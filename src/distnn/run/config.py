@@ -1,32 +1,24 @@
-"""The options of the ``distnn`` command: one table, frozen config dataclasses, TOML files.
+"""The configuration of a run: frozen dataclasses, one per section of ``run.options``.
 
-Every option is declared once in ``OPTIONS`` (name, kind, default, help, --help group,
-config section, subcommands). The table builds the argparse parser, reads TOML config
-files (whose keys are the same option names) and validates the dataclasses in their
-``__post_init__``, so a value is checked the same way whether it comes from the command
-line, a file, or Python code. Precedence: defaults < ``--config FILE`` < command line.
+A section's fields are the options of that section (``OPTIONS``), with their defaults,
+validated in ``__post_init__`` by the option's kind, so a value is checked the same way
+whether it comes from the command line, a TOML file or Python code::
 
-The value kinds are in ``cli.kinds`` and the table in ``cli.options``; this module holds
-the config dataclasses, their validation and the TOML reader.
+    cfg = build_config("train", {"model": "lenet", "num_epochs": 2})
 """
 from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
-from .options import (EVAL, GROUPS, METRIC_SPELLINGS, OPTION_BY_NAME, OPTIONS, PRED, TRAIN,
-                      Option, canonical)
-
-# The kinds and the table were defined here before they had modules of their own.
-from .kinds import Bool, Float, Int, Kind, List, Maybe, Shape, Str  # noqa: F401
-from .options import ALL  # noqa: F401
+from .options import EVAL, GROUPS, OPTION_BY_NAME, OPTIONS, PRED, TRAIN, Option, canonical
 
 
 __all__ = [
     "ConfigError", "Option", "OPTIONS", "OPTION_BY_NAME", "GROUPS", "DataConfig", "ModelConfig",
     "OptimizerConfig", "ScheduleConfig", "TrainConfig", "ParallelConfig", "OutputConfig",
-    "PredictConfig", "RunConfig", "load_toml", "load_config", "resolve_values", "build_config",
+    "PredictConfig", "RunConfig", "load_toml", "option_values", "build_config",
 ]
 
 
@@ -77,6 +69,10 @@ class ModelConfig:
 class DataConfig:
     """Dataset, paths, validation, augmentation and reader options."""
 
+    def _check(self):
+        if self.validation_split is None:  # hdf5 --val_list has its own validation files
+            object.__setattr__(self, "validation_split", 0.0 if self.val_list else 0.2)
+
 
 
 @_section("train")
@@ -91,13 +87,10 @@ class OptimizerConfig:
     def _check(self):
         if self.nesterov and self.optimizer == "sgd" and self.momentum <= 0:
             raise ConfigError(f"--nesterov needs --momentum > 0, got momentum={self.momentum}")
-        # PyDTNN's --loss_func lists metrics and the loss (last, after LossList.check).
-        *listed, loss = self.loss_func.split(",")
         from ..nn.metrics import get_metric
         from ..training.evaluation import metric_key
         metrics: dict[str, str] = {}
-        for name in [*self.metrics, *listed]:
-            name = METRIC_SPELLINGS.get(name.lower(), name)
+        for name in self.metrics:
             try:
                 get_metric(name)
             except ValueError as exc:
@@ -105,7 +98,6 @@ class OptimizerConfig:
             metrics.setdefault(metric_key(name), name)
         if not metrics:
             raise ConfigError("--metrics: give at least one metric, got ''")
-        object.__setattr__(self, "loss_func", loss)
         object.__setattr__(self, "metrics", tuple(metrics.values()))
 
 
@@ -126,16 +118,7 @@ class ScheduleConfig:
 
 @_section("parallel")
 class ParallelConfig:
-    """Data parallelism over MPI: mode, all-reduce options, threads."""
-
-    def _check(self):
-        for name in ("enable_gpu", "enable_gpudirect", "enable_nccl"):
-            if getattr(self, name):
-                raise ConfigError(f"--{name}: no GPU backend in this build (distnn computes "
-                                  "on CPUs with NumPy; start more ranks with mpiexec -n N "
-                                  f"instead); drop --{name} or set it to false, got true")
-        if self.use_blocking_mpi is not None:
-            object.__setattr__(self, "non_blocking_mpi", not self.use_blocking_mpi)
+    """Data parallelism over MPI: training rule and its options, all-reduce, threads."""
 
 
 @_section("output")
@@ -191,79 +174,50 @@ SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
             "output": OutputConfig, "predict": PredictConfig}
 
 
-def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
-    """Option values from ``--config FILE``: a Theano-MPI session file (``KEY=VALUE``
-    lines with RULE, MODELFILE, MODELCLASS, DEVICES...) or TOML. Notes on what the
-    Theano-MPI keys do here are appended to ``notes``."""
-    from . import seeds
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"--config: file {path!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path!r}: {exc}") from None
-    text = raw.decode("utf-8", errors="replace")
-    if seeds.is_session_file(text):
-        try:
-            values, session_notes = seeds.session_options(text, path)
-        except ValueError as exc:
-            raise ConfigError(f"--config: {path!r}: {exc}") from None
-        if notes is not None:
-            notes += session_notes
-        return values
-    return load_toml(path)
+def _option(key: str) -> Option | None:
+    return OPTION_BY_NAME.get(canonical(key))
 
 
-def load_toml(path: str) -> dict[str, Any]:
+def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=(),
+              keys: str = "the command-line option names (see distnn train --help)",
+              what: str = "--config") -> dict[str, Any]:
     """Option values from a TOML file: top-level keys, or keys inside one level of tables
-    (e.g. ``[optimizer]``; the table names are only for grouping). Keys are option names
-    (dashes or underscores). Values are checked like command-line values."""
+    (e.g. ``[optimizer]``; the table names are only for grouping). ``lookup`` gives the
+    option of a key (default: distnn's names, dashes or underscores, aliases). Values are
+    checked like command-line values. The tables named in ``keep`` (``[space]``) are
+    returned as they are, under their name."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"--config: file {path!r} does not exist") from None
+        raise ConfigError(f"{what}: file {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config: {path!r} is not valid TOML: {exc}") from None
-    flat: dict[str, Any] = {}
+        raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
+    flat: dict[str, Any] = {name: raw.pop(name) for name in keep if name in raw}
     for key, value in raw.items():
         items = value.items() if isinstance(value, dict) else [(key, value)]
         for k, v in items:
             if isinstance(v, dict):
-                raise ConfigError(f"--config: {path!r}: table [{key}.{k}] is nested too deep; "
+                raise ConfigError(f"{what}: {path!r}: table [{key}.{k}] is nested too deep; "
                                   "use top-level keys or one level of tables")
-            name = canonical(k)
-            if name not in OPTION_BY_NAME:
-                raise ConfigError(f"--config: {path!r}: unknown option {k!r}; keys are the "
-                                  "command-line option names (see distnn train --help)")
-            if name in flat:
-                raise ConfigError(f"--config: {path!r}: option {name!r} is set twice")
+            option = lookup(k)
+            if option is None:
+                raise ConfigError(f"{what}: {path!r}: unknown option {k!r}; keys are {keys}")
+            if option.name in flat:
+                raise ConfigError(f"{what}: {path!r}: option {option.name!r} is set twice")
             try:
-                flat[name] = OPTION_BY_NAME[name].kind.check(v)
+                flat[option.name] = option.kind.check(v)
             except ValueError as exc:
-                raise ConfigError(f"--config: {path!r}: {name}: {exc}") from None
+                raise ConfigError(f"{what}: {path!r}: {option.name}: {exc}") from None
     return flat
 
 
-def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
-                   notes: list[str] | None = None) -> dict[str, Any]:
-    """Defaults < config file < command line, for every option; then the other systems'
-    spellings that depend on several options (``cli.seeds.translate``), whose notes are
-    appended to ``notes``."""
-    from . import seeds
+def option_values(given: dict[str, Any]) -> dict[str, Any]:
+    """Every option's default, replaced by ``given`` (option names or aliases)."""
     values = {o.name: o.default for o in OPTIONS}
-    explicit = set()
-    for source in (file_values or {}, given):
-        for name, value in source.items():
-            values[canonical(name)] = value
-            explicit.add(canonical(name))
-    try:
-        said = seeds.translate(values, explicit)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if notes is not None:
-        notes += said
+    values.update({canonical(k): v for k, v in given.items()})
     return values
 
 

@@ -1,0 +1,75 @@
+"""distributed.coordination: on_ranks agrees on an error across the ranks (every rank
+raises the first failing rank's), and the lazy waits complete."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import mpirun, needs_mpi
+
+from distnn.distributed import LocalComm
+from distnn.distributed.coordination import Backoff, lazy_barrier, on_ranks, wait_all
+
+
+def test_on_ranks_on_one_rank():
+    comm = LocalComm()
+    assert on_ranks(comm, lambda: 5) == 5
+    with pytest.raises(OSError) as exc:
+        on_ranks(comm, lambda: open("/nonexistent/x"))
+    assert exc.value.rank == 0 and exc.value.ranks == [0]
+    with pytest.raises(KeyError):  # not in catch: raised as it is, on this rank only
+        on_ranks(comm, lambda: {}["k"], catch=ValueError)
+    assert lazy_barrier(comm) == 0.0
+
+
+def test_wait_all_and_backoff():
+    class Handle:
+        def __init__(self, polls):
+            self.polls = polls
+
+        def test(self):
+            self.polls -= 1
+            return self.polls <= 0
+
+    assert wait_all([Handle(3), None, Handle(1)], max_sleep=1e-3) >= 0
+    backoff = Backoff(4e-4)
+    for _ in range(5):
+        backoff.pause()
+    assert backoff.delay == 4e-4
+    backoff.reset()
+    assert backoff.delay == backoff.min_sleep
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_rank_raises_the_first_failing_ranks_error(n):
+    proc = mpirun(n, "coordination_prog.py", timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in lines) == list(range(n)), proc.stdout + proc.stderr
+    for r in lines:
+        assert r["one"] == ["bad value on rank 1", 1, [1]]
+        assert r["all"] == ["bad value on rank 0", 0, list(range(n))]
+        assert r["root"] == ["bad value on rank 0", 0, [0]]
+        assert r["result"] == (10 if r["rank"] == 0 else None)
+        assert r["fine"] == r["rank"]
+        assert r["waits"] == [True, True]
+
+
+def test_a_write_error_travels_whole():
+    # on_ranks sends rank 0's exception to the others: WriteError must arrive as itself.
+    import pickle
+
+    from distnn.fileio import WriteError, guarded_write
+
+    def fail():
+        raise PermissionError(13, "Permission denied", "/ro/ck.npz")
+
+    with pytest.raises(WriteError) as exc:
+        on_ranks(LocalComm(), lambda: guarded_write("/ro/ck.npz", fail, "checkpoint"), root=0,
+                 catch=WriteError)
+    copy = pickle.loads(pickle.dumps(exc.value))
+    assert type(copy) is WriteError and str(copy) == str(exc.value)
+    assert (copy.path, copy.what) == ("/ro/ck.npz", "checkpoint")
+    assert "could not write checkpoint '/ro/ck.npz': Permission denied" in str(copy)
