@@ -1,6 +1,7 @@
 """distnn across hosts, on the emulated cluster: the same updates as on one host, each
 rank using its node's cores, and a lost host ending the whole job with its name."""
 import os
+import shutil
 import subprocess
 import time
 
@@ -131,3 +132,37 @@ def test_ranks_pinned_to_their_own_cores_are_not_divided_again():
     for line in pinned.stdout.split("\n")[:-1]:
         own = int(line.split()[1])
         assert line.split()[2:] == ["1", str(own)], line
+
+
+def test_a_host_without_the_dataset_is_named(tmp_path):
+    # The data folder is node-local: h1 has Fashion-MNIST, h2 does not. The job ends on
+    # every rank before training, with one error naming the host that lacks it and where
+    # it looked.
+    data = tmp_path / "data"
+    src = "/usr/share/datasets/fashion-mnist"
+    if not os.path.isdir(src):
+        pytest.skip(f"needs Debian's dataset-fashion-mnist in {src}")
+    with make_cluster(2, rate="10gbit", private_dirs=[str(data)]) as c:
+        for name in os.listdir(src):
+            os.symlink(os.path.join(src, name), os.path.join(c.backing(f"{PREFIX}1",
+                                                                       str(data)), name))
+        t = time.monotonic()
+        proc = run(c, [DISTNN, "train", "--dataset_path", str(data), "--download", "false",
+                       "--num_epochs", "1", "--steps_per_epoch", "2"], timeout=120)
+        seconds = time.monotonic() - t
+        # the same for a model file that only h1 has
+        model = data / "mymodel.py"
+        shutil.copy(ROOT / "examples" / "mnist_distnn.py", c.backing(f"{PREFIX}1", str(data)))
+        os.rename(os.path.join(c.backing(f"{PREFIX}1", str(data)), "mnist_distnn.py"),
+                  os.path.join(c.backing(f"{PREFIX}1", str(data)), "mymodel.py"))
+        nomodel = run(c, [DISTNN, "train", "--model", str(model), "--num_epochs", "1",
+                          "--steps_per_epoch", "2"], timeout=120)
+    assert nomodel.returncode == 2, nomodel.stdout + nomodel.stderr
+    said = [ln for ln in nomodel.stderr.splitlines() if "error:" in ln]
+    assert len(said) == 1 and f"host {PREFIX}2" in said[0] and str(model) in said[0], said
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1, proc.stderr  # said once, by rank 0, not by every rank
+    assert f"[rank 1 on host {PREFIX}2] dataset 'fashion_mnist' not found" in errors[0]
+    assert str(data) in proc.stderr and "Traceback" not in proc.stderr
+    assert seconds < 60

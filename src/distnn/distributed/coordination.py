@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import pickle
+import socket
 import time
 from typing import Any, Callable, Iterable
 
@@ -81,9 +82,11 @@ def on_ranks(comm, fn: Callable[[], Any], *, root: int | None = None,
              lazy: bool = False) -> Any:
     """Run ``fn()`` on every rank (``root=None``) or on rank ``root`` only, and agree on
     its error: if it raises one of ``catch`` on any rank, every rank raises that exception
-    (the first failing rank's; a copy on the others) with ``exc.rank`` (that rank) and
-    ``exc.ranks`` (every rank that failed) set. One all-gather (every rank) or broadcast
-    (root) of the error; ``lazy``: the ranks that do not run ``fn`` wait without spinning.
+    (the first failing rank's; a copy on the others) with ``exc.rank`` (that rank),
+    ``exc.ranks`` (every rank that failed), ``exc.host`` (the first failing rank's host)
+    and ``exc.hosts`` (the hosts of the job, by rank; with ``root``, only its host) set.
+    One all-gather (every rank) or broadcast (root) of the error; ``lazy``: the ranks
+    that do not run ``fn`` wait without spinning.
 
     Returns ``fn()``'s result (None on the ranks that did not run it).
 
@@ -97,19 +100,23 @@ def on_ranks(comm, fn: Callable[[], Any], *, root: int | None = None,
             result = fn()
         except catch as exc:
             error = exc
+    host = socket.gethostname()
     if comm.size == 1:
-        errors = [error]
+        errors, hosts = [error], [host]
     elif root is None:
-        errors = comm.allgather_obj(_portable(error))
+        pairs = comm.allgather_obj((host, _portable(error)))
+        hosts, errors = [h for h, _ in pairs], [e for _, e in pairs]
     else:
         if lazy:
             lazy_barrier(comm)
-        sent = comm.bcast_obj(_portable(error), root)
+        sent, root_host = comm.bcast_obj((_portable(error), host), root)
         errors = [sent if r == root else None for r in range(comm.size)]
+        hosts = [root_host]
     failed = [r for r, e in enumerate(errors) if e is not None]
     if not failed:
         return result
     first = failed[0]
     exc = error if comm.rank == first else errors[first]  # own: with its traceback
     exc.rank, exc.ranks = first, failed
+    exc.host, exc.hosts = hosts[first] if len(hosts) > first else hosts[0], hosts
     raise exc

@@ -40,7 +40,8 @@ def agreed(comm, what: str | None, fn: Callable[[], Any], *, root: int | None = 
     (``ValueError``, ``OSError``, ``KeyError``, ``DatasetError``) agreed on by all ranks
     (``distributed.coordination.on_ranks``) and raised as one ``RunError`` on every rank:
     "what: message" (``describe(exc)`` gives the message), "[rank r] ..." on the ranks
-    that did not fail themselves when not all did."""
+    that did not fail themselves when not all did, "[rank r on host h] ..." on every rank
+    when the job spans several hosts and not all ranks failed."""
     from ..data import DatasetError
     try:
         return on_ranks(comm, fn, root=root, lazy=lazy,
@@ -49,8 +50,11 @@ def agreed(comm, what: str | None, fn: Callable[[], Any], *, root: int | None = 
         text = f"missing entry {exc}" if isinstance(exc, KeyError) else describe(exc)
         message = text if what is None or text.startswith((what, "--")) else f"{what}: {text}"
         ranks = getattr(exc, "ranks", [comm.rank])
-        if root is None and comm.rank not in ranks and len(ranks) < comm.size:
-            message = f"[rank {exc.rank}] {message}"
+        hosts = getattr(exc, "hosts", [])
+        where = (f"on host {exc.host} " if len(set(hosts)) > 1 else "")
+        if root is None and len(ranks) < comm.size and (where or comm.rank not in ranks):
+            # Across hosts a file one host lacks is the usual cause: name the host.
+            message = f"[rank {exc.rank} {where}]".replace(" ]", "]") + f" {message}"
         raise RunError(message) from None
 
 
