@@ -78,8 +78,8 @@ def _weights(path) -> dict[str, np.ndarray]:
 
 def _initial_weights(path) -> dict[str, np.ndarray]:
     """The weights the command starts from (seed 0), built in this process."""
-    from distnn.models.files import load_model_spec
-    model = load_model_spec(str(path), input_shape=(1, 8, 8), num_classes=3,
+    from distnn.run.build import model_from_spec
+    model = model_from_spec(str(path), input_shape=(1, 8, 8), num_classes=3,
                             dtype=np.float64, seed=0)
     return {k: np.array(v) for k, v in model.named_arrays().items()}
 

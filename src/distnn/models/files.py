@@ -9,7 +9,8 @@ The callable gets, by keyword, those of ``input_shape``, ``num_classes``, ``dtyp
 ``seed`` that its signature names (so ``build_model()`` works, and so does
 ``build_model(input_shape, num_classes)``). It returns a distnn ``Sequential`` (built or
 not: an unbuilt one is built for the dataset's input shape) or a ``torch.nn.Module``, which
-is wrapped in ``distnn.torch.TorchModel``. Theano-MPI's ``MODELFILE``/``MODELCLASS`` pair
+the run builder wraps in ``distnn.torch.TorchModel`` (``distnn.run.build.model_from_spec``:
+``models/`` does not import ``torch/``). Theano-MPI's ``MODELFILE``/``MODELCLASS`` pair
 is ``--model MODELFILE:MODELCLASS``.
 
 Every failure is a ``ModelFileError`` whose one-line message names the file and what was
@@ -138,7 +139,7 @@ def _is_torch_module(obj) -> bool:
 
 
 def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
-                    seed: int = 0, num_threads: int = 0):
+                    seed: int = 0):
     """Build the model ``spec`` names (see the module doc) for a dataset.
 
     Args:
@@ -148,10 +149,10 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         dtype: float32 or float64.
         seed: offered to the callable; also seeds torch's generator before the call
             when the file imports torch, and a Sequential's initial weights.
-        num_threads: for a torch module, torch's intra-op threads (0: leave as is).
 
     Returns:
-        a distnn ``Sequential`` or a ``distnn.torch.TorchModel``.
+        a built distnn ``Sequential``, or the ``torch.nn.Module`` the file made (the run
+        builder, ``distnn.run.build.model_from_spec``, wraps it in ``TorchModel``).
     """
     from ..nn import Sequential
     target, name = split_spec(spec)
@@ -177,12 +178,7 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
                                  f"{tuple(input_shape)}")
         return model
     if _is_torch_module(model):
-        from ..torch import TorchModel
-        if num_threads:
-            sys.modules["torch"].set_num_threads(int(num_threads))
-        try:
-            return TorchModel(model, input_shape, dtype=dtype, name=label)
-        except ValueError as exc:
-            raise ModelFileError(f"--model {spec!r}: {exc}") from None
+        model.distnn_label = label  # the name TorchModel reports
+        return model
     raise ModelFileError(f"--model {spec!r}: {name}() returned a {type(model).__name__}; "
                          "expected a distnn.nn.Sequential or a torch.nn.Module")

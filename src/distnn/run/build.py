@@ -132,17 +132,40 @@ def build_augment(cfg: RunConfig) -> list:
 
 
 # -- model and rule ------------------------------------------------------------------------
+def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
+                    seed: int = 0, num_threads: int = 0):
+    """The model a model file makes (``models.files.load_model_spec``), a torch module
+    wrapped in ``distnn.torch.TorchModel`` with ``num_threads`` intra-op threads (0: torch's
+    default), so the Trainer gets a ``distnn.nn.Model`` either way."""
+    from ..models.files import ModelFileError, load_model_spec
+    model = load_model_spec(spec, input_shape=input_shape, num_classes=num_classes,
+                            dtype=dtype, seed=seed)
+    if hasattr(model, "named_arrays"):
+        return model
+    import torch
+
+    from ..torch import TorchModel
+    if num_threads:
+        torch.set_num_threads(int(num_threads))
+    try:
+        return TorchModel(model, input_shape, dtype=dtype,
+                          name=getattr(model, "distnn_label", type(model).__name__))
+    except ValueError as exc:
+        raise ModelFileError(f"--model {spec!r}: {exc}") from None
+
+
 def build_model(cfg: RunConfig, dataset, comm):
     """The zoo model or the user's model file of ``cfg.model`` for ``dataset`` (a torch
     module comes wrapped in ``distnn.torch.TorchModel``), with its weights file loaded."""
+    from ..distributed import default_threads
     from ..models import get_model
-    from ..models.files import is_model_spec, load_model_spec
+    from ..models.files import is_model_spec
     m = cfg.model
     if is_model_spec(m.model):
-        threads = cfg.parallel.threads or (1 if comm.size > 1 else 0)
-        model = load_model_spec(m.model, input_shape=dataset.input_shape,
+        model = model_from_spec(m.model, input_shape=dataset.input_shape,
                                 num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
-                                seed=m.random_seed, num_threads=threads)
+                                seed=m.random_seed,
+                                num_threads=cfg.parallel.threads or default_threads(comm))
     else:
         model = get_model(m.model, input_shape=dataset.input_shape,
                           num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),

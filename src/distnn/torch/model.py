@@ -22,6 +22,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..nn.model import ModelMethods
+
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
 
@@ -96,7 +98,7 @@ def _is_batchnorm(module) -> bool:
     return isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
 
 
-class TorchModel:
+class TorchModel(ModelMethods):
     """A torch module presented as a distnn model (see the module doc).
 
     Args:
@@ -287,21 +289,6 @@ class TorchModel:
     def __call__(self, x, training=False):
         return self.forward(x, training)
 
-    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        outs = [self.forward(x[i:i + batch_size], training=False)
-                for i in range(0, len(x), batch_size)]
-        return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, self.dtype)
-
-    def named_arrays(self) -> dict[str, np.ndarray]:
-        """Parameters and buffers by ``"<module path>/<name>"`` (what save/load uses)."""
-        out = {}
-        for unit in self.layers:
-            for key, value in unit.params.items():
-                out[f"{unit.name}/{key}"] = value
-            for key, value in unit.buffers.items():
-                out[f"{unit.name}/{key}"] = value
-        return out
-
     @property
     def num_params(self) -> int:
         return int(self._params_flat.size)
@@ -324,14 +311,6 @@ class TorchModel:
                          + [line, f"Total parameters: {n:,} ({n * self.dtype.itemsize / 2**20:.2f}"
                             f" MiB, {self.dtype.name}); input shape {self.input_shape}, output "
                             f"shape {self.output_shape}"])
-
-    def save_weights(self, path) -> None:
-        from ..nn.serialization import save_weights
-        save_weights(self, path)
-
-    def load_weights(self, path) -> None:
-        from ..nn.serialization import load_weights
-        load_weights(self, path)
 
     def __repr__(self) -> str:
         return (f"TorchModel({type(self.module).__name__}, input_shape={self.input_shape}, "
