@@ -166,3 +166,35 @@ def test_a_host_without_the_dataset_is_named(tmp_path):
     assert f"[rank 1 on host {PREFIX}2] dataset 'fashion_mnist' not found" in errors[0]
     assert str(data) in proc.stderr and "Traceback" not in proc.stderr
     assert seconds < 60
+
+
+def test_node_local_storage_checkpoints_per_node_and_resume_names_a_host_without_it(
+        tmp_path):
+    out = tmp_path / "out"
+    ck = out / "ck.npz"
+    h1, h2, h3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
+    base = [DISTNN, "train", "--steps_per_epoch", "5", "--validation_split", "0",
+            "--evaluate", "false", "--quiet"]
+    with make_cluster(3, rate="10gbit", private_dirs=[str(out)]) as c:
+        def on(host):
+            return os.path.join(c.backing(host, str(out)), "ck.npz")
+        # shared storage (the default): written once, by rank 0, on its node
+        once = run(c, base + ["--num_epochs", "1", "--checkpoint", str(ck)], hosts=[h1, h2])
+        assert once.returncode == 0, once.stderr
+        assert os.path.exists(on(h1)) and not os.path.exists(on(h2))
+        os.remove(on(h1))
+        # PyDTNN's --shared_storage false: node-local disks, one copy on every node
+        local = run(c, base + ["--num_epochs", "1", "--checkpoint", str(ck),
+                               "--shared_storage", "false"], hosts=[h1, h2])
+        assert local.returncode == 0, local.stderr
+        assert os.path.exists(on(h1)) and os.path.exists(on(h2)) and not os.path.exists(on(h3))
+        # the job comes back on h2 and h3: h3 has no copy, said in one line naming it
+        lost = run(c, base + ["--num_epochs", "2", "--resume", str(ck), "--shared_storage",
+                              "false"], hosts=[h2, h3])
+        # and on h1 and h2, each node reads its own copy
+        back = run(c, base + ["--num_epochs", "2", "--resume", str(ck), "--shared_storage",
+                              "false"], hosts=[h1, h2])
+    assert lost.returncode == 2, lost.stdout + lost.stderr
+    said = [ln for ln in lost.stderr.splitlines() if "error:" in ln]
+    assert len(said) == 1 and f"on host {h3}" in said[0] and "--resume" in said[0], said
+    assert back.returncode == 0, back.stderr

@@ -122,5 +122,6 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
     # resume alone keeps checkpointing to the file it resumed.
     path = cfg.train.checkpoint or cfg.train.resume
     if path:
-        callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq))
+        callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq,
+                                            per_node=cfg.train.every_rank_writes))
     return callbacks

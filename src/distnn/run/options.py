@@ -178,8 +178,9 @@ OPTIONS: list[Option] = [
     _O("save_weights", Maybe(Str(metavar="FILE")), None, "Write the final weights "
        "(.npz) here (rank 0).", "train", "train", (TRAIN,)),
     _O("every_rank_writes", Bool(), False, "Every rank writes its own copy of "
-       "--history_file and --save_weights (for node-local disks; '{rank}' in a name is "
-       "replaced by the rank); default: rank 0 writes them.", "train", "train", (TRAIN,)),
+       "--history_file and --save_weights, and the first rank of every node its node's "
+       "--checkpoint (for node-local disks; '{rank}' in a name is replaced by the rank); "
+       "default: rank 0 writes them.", "train", "train", (TRAIN,)),
     _O("checkpoint", Maybe(Str(metavar="FILE")), None, "Write the full training state "
        "here every --checkpoint_freq epochs (atomic; for --resume).", "train", "train",
        (TRAIN,)),

@@ -94,8 +94,9 @@ def _base_optimizer(optimizer):
 
 
 def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None,
-                    run: dict[str, Any] | None = None) -> None:
-    """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically).
+                    run: dict[str, Any] | None = None, per_node: bool = False) -> None:
+    """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically,
+    or with ``per_node`` the first rank of every node, for node-local disks).
 
     Args:
         path: target file (.npz).
@@ -113,8 +114,14 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
     done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)
-    on_ranks(comm, lambda: guarded_write(path, lambda: _write(path, trainer, all_rng, done, run),
-                                         "checkpoint"), root=0, catch=WriteError)
+    def write():
+        guarded_write(path, lambda: _write(path, trainer, all_rng, done, run), "checkpoint")
+
+    if per_node and comm.size > 1:
+        # every node keeps its own copy: a resume reads the file on its own node
+        on_ranks(comm, lambda: comm.local_rank == 0 and write(), catch=WriteError)
+    else:
+        on_ranks(comm, write, root=0, catch=WriteError)
 
 
 def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:

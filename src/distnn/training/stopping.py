@@ -227,22 +227,26 @@ class TrainingCheckpoint(Callback):
         path: the checkpoint file (replaced atomically at every save).
         every: save every this many epochs (and after the last one).
         run: JSON-able settings of the run, stored in the checkpoint (``meta["run"]``).
+        per_node: the first rank of every node writes its node's copy (node-local disks).
     """
 
-    def __init__(self, path: str, every: int = 1, run: dict | None = None):
+    def __init__(self, path: str, every: int = 1, run: dict | None = None,
+                 per_node: bool = False):
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint_freq must be an integer >= 1, got {every!r}")
         if not path:
             raise ValueError("checkpoint needs a file path, got an empty one")
         self.path, self.every = os.fspath(path), int(every)
         self.run = dict(run or {})
+        self.per_node = bool(per_node)
 
     def on_epoch_end(self, trainer, epoch, logs):
         # The trainer calls this after the other callbacks so their state is current.
         last = trainer.stop_training or epoch + 1 == trainer.num_epochs
         if (epoch + 1) % self.every == 0 or last:
             from .checkpoint import save_checkpoint
-            save_checkpoint(self.path, trainer, epochs_done=epoch + 1, run=self.run)
+            save_checkpoint(self.path, trainer, epochs_done=epoch + 1, run=self.run,
+                            per_node=self.per_node)
 
 
 def _split_spec(spec: str, option: str, example: str) -> tuple[str, str, str]:
