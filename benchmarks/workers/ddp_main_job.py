@@ -81,7 +81,9 @@ def main() -> None:
     stamps = {"start": T_START, "epochs": [], "val_accuracy": []}
     batch = 64
     stamps["train_start"] = time.time()
+    stamps["epoch_start"], stamps["epoch_train_end"] = [], []
     for epoch in range(args.epochs):
+        stamps["epoch_start"].append(time.time())
         perm = torch.randperm(len(x_tr), generator=torch.Generator().manual_seed(epoch))
         shard = perm[rank::size]
         for b in range(0, len(shard), batch):
@@ -95,6 +97,7 @@ def main() -> None:
                     break
         if args.first_step_only:
             break
+        stamps["epoch_train_end"].append(time.time())
         stamps["val_accuracy"].append(accuracy(model, x_val, y_val, rank, size))
         stamps["epochs"].append(time.time())
     if not args.first_step_only:
