@@ -50,18 +50,20 @@ def _short(value: Any) -> str:
 
 def run_labels(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[str]:
     """A legend label per run: the options whose values differ between ``runs`` ("parallel
-    =localsgd ranks=4"); ``names`` (e.g. file names) where that tells nothing apart."""
+    =localsgd ranks=4"); ``names`` (e.g. file names) for runs that record no options (older
+    history files, CSV) or where the options tell nothing apart."""
+    known = [run for run in runs if run]
     keys: list[str] = []
-    for run in runs:
+    for run in known:
         keys += [k for k in run if k not in keys]
-    differ = [k for k in keys if len({repr(run.get(k)) for run in runs}) > 1]
-    labels = [" ".join(f"{k}={_short(run.get(k, '-'))}" for k in differ) for run in runs]
-    if len(runs) == 1:
-        run = runs[0]
-        main = [f"{k}={_short(run[k])}" for k in ("model", "parallel", "ranks") if k in run]
-        labels = [" ".join(main)]
-    if any(not label for label in labels) or len(set(labels)) < len(labels):
-        labels = [f"{name}: {label}" if label else name for name, label in zip(names, labels)]
+    differ = [k for k in keys if len({repr(run.get(k)) for run in known}) > 1]
+    if len(known) < 2 or not differ:
+        differ = [k for k in ("model", "parallel", "ranks") if k in keys]
+    labels = [" ".join(f"{k}={_short(run.get(k, '-'))}" for k in differ) if run else name
+              for run, name in zip(runs, names)]
+    if len(set(labels)) < len(labels):
+        labels = [label if label == name else f"{name}: {label}"
+                  for name, label in zip(names, labels)]
     return labels
 
 

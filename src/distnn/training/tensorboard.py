@@ -182,7 +182,7 @@ class TensorBoard(Callback):
     def _write_comm(self, trainer, step: int) -> None:
         now = trainer.rule.stats()
         steps = max(self._steps, 1)
-        if now:
+        if now and trainer.comm.size > 1:  # one process communicates nothing
             before = self._stats
             self._add("train", "comm/wait_ms", 1e3 * (now.get("wait_s", 0.0)
                                                       - before.get("wait_s", 0.0)) / steps, step)
@@ -215,7 +215,7 @@ class TensorBoard(Callback):
             if self.hparams and key not in ("time", "samples_per_s", "lr"):
                 self._add("root", f"hparams/{key}", value, step)
         for r, counters in enumerate(ranks):
-            if counters:
+            if counters and len(ranks) > 1:
                 self._add("train", f"comm/epoch_wait_s/rank{r}", counters["wait_s"], step)
                 self._add("train", f"comm/epoch_mb/rank{r}", counters["bytes"] / 2**20, step)
         for writer in self._writers.values():
