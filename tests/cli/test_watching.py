@@ -139,26 +139,25 @@ def _not_blank(path: Path, min_size=(500, 250)) -> np.ndarray:
 
 
 def test_plot_and_distnn_plot_draw_the_curves(resumed, tmp_path):
-    folder, first, _ = resumed
+    folder, first, two = resumed
     assert "Curves drawn in curves.png" not in first.stdout  # --quiet
     _not_blank(folder / "curves.png")
     assert os.path.getsize(folder / "curves.png") < 200_000
-    # A second run to compare with: one rank, another learning rate.
-    ok(distnn("train", *RUN[:-6], "--num_epochs", 2, "--learning_rate", 0.05,
-              "--history_file", tmp_path / "h1.json", cwd=tmp_path, ranks=1))
+    # Compare the run after 2 epochs with the same run resumed to 4 (its history file then).
+    (tmp_path / "h2.json").write_text(json.dumps(two))
     # An old history file (no "run" entry) stays readable: labelled by its name.
-    old = json.loads((folder / "h.json").read_text())
+    old = dict(two)
     del old["run"]
     (tmp_path / "old.json").write_text(json.dumps(old))
-    proc = ok(distnn("plot", folder / "h.json", tmp_path / "h1.json", "-o",
+    proc = ok(distnn("plot", tmp_path / "h2.json", folder / "h.json", "-o",
                      tmp_path / "cmp.png", cwd=tmp_path, ranks=1))
     line = proc.stdout.strip().splitlines()[-1]
-    assert "learning_rate=0.01" in line and "learning_rate=0.05" in line, line
-    assert "ranks=2" in line and "ranks=1" in line, line
+    assert line.endswith("drawn in " + str(tmp_path / "cmp.png") + ": num_epochs=2; "
+                         "num_epochs=4"), line
     _not_blank(tmp_path / "cmp.png")
-    proc = ok(distnn("plot", tmp_path / "old.json", tmp_path / "h1.json", "-o",
+    proc = ok(distnn("plot", tmp_path / "old.json", folder / "h.json", "-o",
                      tmp_path / "cmp2.png", cwd=tmp_path, ranks=1))
-    assert "old.json" in proc.stdout
+    assert "old.json; model=simplemlp parallel=auto ranks=2" in proc.stdout, proc.stdout
     _not_blank(tmp_path / "cmp2.png")
     bad = distnn("plot", tmp_path / "missing.json", "-o", tmp_path / "x.png", cwd=tmp_path,
                  ranks=1)
