@@ -11,9 +11,9 @@ a resumed run continues the same curves: its writers start with ``purge_step`` =
 checkpoint's global step + 1, and TensorBoard hides whatever an interrupted run wrote
 after the checkpoint.
 
-Tags (``train/``): ``batch/loss``, ``batch/<metric>`` (rank 0's samples since the last
-point), ``batch/lr``, ``batch/samples_per_s`` every ``every`` steps; ``comm/wait_ms``,
-``comm/bytes``, ``comm/messages`` per step since the last point (the training rule's
+Tags (``train/``): ``batch/loss``, ``batch/<metric>`` (the mean over rank 0's samples since
+the last point or the epoch's start), ``batch/lr``, ``batch/samples_per_s`` every ``every``
+global steps; ``comm/wait_ms``, ``comm/bytes``, ``comm/messages`` per step (the training rule's
 counters on rank 0: all-reduce or point-to-point); ``epoch/<key>`` for every logged key
 of the epoch (``validation/epoch/<key>`` for the ``val_`` ones), ``comm/epoch_wait_s/rank<r>``
 and ``comm/epoch_mb/rank<r>`` for every rank; the text ``options``. With ``hparams``, the
@@ -143,7 +143,6 @@ class TensorBoard(Callback):
         self._steps = 0
         self._samples = 0
         self._local = 0
-        self._sums: dict[str, float] = {}
         self._stats = trainer.rule.stats()
 
     def on_epoch_begin(self, trainer, epoch: int) -> None:
