@@ -177,3 +177,16 @@ def test_without_tensorboardx_every_rank_stops_before_training(tmp_path):
                      "needs tensorboardX: pip install 'distnn[tensorboard]' (or: pip install "
                      "tensorboardX)"], proc.stderr
     assert not (tmp_path / "tb").exists() and not (tmp_path / "h.json").exists()
+
+
+def test_without_matplotlib_plot_stops_before_training(tmp_path):
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    proc = distnn("train", *RUN[:-6], "--plot", "c.png", cwd=tmp_path, ranks=1,
+                  env={"PYTHONPATH": str(tmp_path / "shadow")})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("distnn train: error: --plot: drawing curves needs "
+                                   "matplotlib: pip install 'distnn[tensorboard]' (or "
+                                   "matplotlib)"), proc.stderr
+    assert not (tmp_path / "c.png").exists()
