@@ -217,7 +217,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     global batch (re-deriving the per-rank batch), optimizer settings and seed; apply an
     explicitly given new --learning_rate (``state.meta`` is updated); refuse explicit
     changes that cannot be honoured. Raises RunError naming the option and the fix."""
-    from ..training.checkpoint import stored_callbacks, unpack
+    from ..training.checkpoint import keeps_state, stored_callbacks, unpack
     from ..training.evaluation import resolve_batch_sizes
     meta, path = state.meta, state.path
     run = meta.get("run") or {}
@@ -306,7 +306,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
         notes.append(text)
 
     stored_cbs = [c["type"] for c in stored_callbacks(meta)]
-    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if cb.checkpointed]
+    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if keeps_state(cb)]
     if stored_cbs != mine_cbs:
         raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
                         f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "

@@ -59,8 +59,8 @@ class Callback:
     (callbacks use ``lr``, ``optimizer``, ``model``, ``stop_training``, ``stop_reason``,
     ``log_keys``, ``steps_per_epoch``, ``print``).
 
-    ``checkpointed = False`` on a subclass that keeps no state (a checkpoint writer, an
-    event-file writer): a resumed run may then add or drop it."""
+    ``checkpointed = False`` on a subclass that keeps no state (an event-file writer): a
+    resumed run may then add or drop it, as it may a ``TrainingCheckpoint``."""
 
     checkpointed = True
 

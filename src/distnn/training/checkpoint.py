@@ -122,7 +122,7 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
     for key, value in trainer.model.named_arrays().items():
         arrays[f"model/{key}"] = np.asarray(value)
     optim_state = pack(_base_optimizer(trainer.optimizer).state_dict(), "optim", arrays)
-    callbacks = [{"type": type(cb).__name__, "checkpointed": cb.checkpointed,
+    callbacks = [{"type": type(cb).__name__, "checkpointed": keeps_state(cb),
                   "state": pack(cb.state_dict(), f"callbacks/{i}", arrays)}
                  for i, cb in enumerate(trainer.callbacks)]
     meta = {
@@ -141,6 +141,12 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
     arrays["__meta__"] = np.array(json.dumps(meta))
     with atomic_open(path, fsync=True) as f:
         np.savez(f, **arrays)
+
+
+def keeps_state(callback) -> bool:
+    """Whether a resume needs ``callback``'s state: not for TrainingCheckpoint nor for a
+    callback with ``checkpointed = False`` (TensorBoard), which a resume may add or drop."""
+    return callback.checkpointed and type(callback).__name__ != "TrainingCheckpoint"
 
 
 def stored_callbacks(meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -205,7 +211,7 @@ class Checkpoint:
         # Callbacks that keep no state (TrainingCheckpoint, TensorBoard): a resume may add or
         # drop one (--resume alone keeps checkpointing to the same file).
         stored_cbs = stored_callbacks(meta)
-        mine_cbs = [cb for cb in trainer.callbacks if cb.checkpointed]
+        mine_cbs = [cb for cb in trainer.callbacks if keeps_state(cb)]
         mine = [type(cb).__name__ for cb in mine_cbs]
         theirs = [c["type"] for c in stored_cbs]
         if mine != theirs:

@@ -229,8 +229,6 @@ class TrainingCheckpoint(Callback):
         run: JSON-able settings of the run, stored in the checkpoint (``meta["run"]``).
     """
 
-    checkpointed = False
-
     def __init__(self, path: str, every: int = 1, run: dict | None = None):
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint_freq must be an integer >= 1, got {every!r}")
