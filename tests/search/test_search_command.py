@@ -237,3 +237,27 @@ def test_a_saved_study_is_not_overwritten_without_resume(seven):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "already holds a study (study.db); add --resume" in proc.stderr
     assert (folder / "ck" / "study.db").read_bytes() == before
+
+
+@needs_data
+def test_tensorboard_writes_one_run_per_trial_with_its_parameters(tmp_path):
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator")
+    pytest.importorskip("tensorboardX")
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    proc = distnn("search", "--model", "simplemlp", "--num_epochs", 1, "--steps_per_epoch", 3,
+                  "--num_iterations", 2, "--tensorboard", "tb", "--output_dir", "out",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = {t["number"]: t for t in _trials(tmp_path / "out")["trials"]}
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["trial_0000", "trial_0001"]
+    for number, trial in trials.items():
+        root = event_accumulator.EventAccumulator(str(tmp_path / "tb" / f"trial_{number:04d}"))
+        root.Reload()
+        start = plugin_data_pb2.HParamsPluginData.FromString(root.PluginTagToContent(
+            "hparams")["_hparams_/session_start_info"]).session_start_info
+        assert start.hparams["optimizer"].string_value == trial["params"]["optimizer"]
+        assert start.hparams["learning_rate"].number_value == pytest.approx(
+            trial["params"]["learning_rate"])
+        assert [e.value for e in root.Scalars("hparams/val_loss")] == pytest.approx(
+            [trial["value"]], rel=1e-6)

@@ -1,4 +1,4 @@
-"""The ``distnn`` subcommands (train, evaluate, predict, info, convert-imagenet): each
+"""The ``distnn`` subcommands (train, evaluate, predict, info, convert-imagenet, plot): each
 checks what the command adds (outputs, resume), builds its run with ``distnn.run.build_run``
 and formats the results on rank 0.
 """
@@ -14,6 +14,7 @@ import numpy as np
 from ..fileio import describe_write_failure
 from ..run import RunConfig, RunError, agreed, build_run, load_data
 from .builders import make_comm
+from .plot import run_plot
 
 
 def _version() -> str:
@@ -143,6 +144,15 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
     _fit(run, resume=state, global_batch_size=gbs if state is not None else None)
     if t.save_weights:
         console.info(f"Weights written to {run.save_weights(t.save_weights)}")
+    if cfg.output.plot:
+        from ..training.plots import plot_history
+        history = trainer.history
+        if len(history):
+            agreed(comm, "--plot", lambda: plot_history(cfg.output.plot, history), root=0,
+                   describe=describe_write_failure)
+            console.info(f"Curves drawn in {cfg.output.plot}")
+        else:
+            console.info("--plot: no finished epoch to draw")
     if t.evaluate is not False:
         _evaluate_test(cfg, console, trainer, splits.test)
     profiler = run.profiler
@@ -291,5 +301,5 @@ COMMANDS: dict[str, Callable[[RunConfig, Any], int]] = {
     "train": run_train, "evaluate": run_evaluate, "predict": run_predict,
 }
 PLAIN_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "info": run_info, "convert-imagenet": run_convert,
+    "info": run_info, "convert-imagenet": run_convert, "plot": run_plot,
 }

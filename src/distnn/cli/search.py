@@ -34,7 +34,7 @@ SEARCH = "search"
 # or that search defines its own way (--checkpoint DIR, --resume).
 EXCLUDED = ("checkpoint", "checkpoint_freq", "resume", "overwrite", "save_weights",
             "history_file", "evaluate", "evaluate_only", "profile", "trace", "trace_merged",
-            "tracing", "cprofile", "trial_name", "validate_every")
+            "tracing", "cprofile", "trial_name", "validate_every", "plot")
 # Written to best.toml even when they have their default value.
 ALWAYS_WRITTEN = ("model", "dataset", "num_epochs", "random_seed", "batch_size",
                   "learning_rate", "optimizer")
@@ -282,7 +282,8 @@ class CandidateTrainer:
         self._cached: tuple[Any, Any] | None = None
 
     def config(self, params: dict[str, Any], fold: int | None = None) -> RunConfig:
-        values = {**self.values, **params, "quiet": True}
+        # --tensorboard DIR: each trial is its own run under DIR (see _tensorboard).
+        values = {**self.values, **params, "quiet": True, "tensorboard": None}
         if fold is not None:  # the folds replace the validation split
             values.update(validation_split=0.0, test_as_validation=False)
         return build_config(TRAIN, values)
@@ -305,7 +306,27 @@ class CandidateTrainer:
             train, val = agreed(comm, "--n_fold", lambda: kfold_split(
                 splits.train, self.n_fold, fold, cfg.model.random_seed))
         return build_run(cfg, comm, splits=splits, train=train, val=val,
-                         callbacks=callbacks).fit()
+                         callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
+                                                                  cfg, comm)]).fit()
+
+    def _tensorboard(self, params, fold, callbacks, cfg: RunConfig, comm) -> list:
+        """With --tensorboard DIR, a TensorBoard callback writing DIR/trial_NNNN (or
+        trial_NNNN_foldK) with the trial's parameters as hyper-parameters (HParams view)."""
+        folder = self.values.get("tensorboard")
+        if not folder:
+            return []
+        from ..search.driver import TrialWatch
+        from ..training.tensorboard import TensorBoard
+        number = next((cb.trial for cb in callbacks if isinstance(cb, TrialWatch)), None)
+        name = f"trial_{number:04d}" if number is not None else "trial"
+        if fold is not None:
+            name += f"_fold{fold + 1}"
+        hparams = {k: (",".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+                   for k, v in params.items()}
+        if fold is not None:
+            hparams["fold"] = fold + 1
+        return [TensorBoard(os.path.join(folder, name), self.values["tensorboard_every"],
+                            options=cfg.summary(ranks=comm.size), hparams=hparams)]
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -331,6 +352,12 @@ def _prepare_study(cfg: SearchConfig):
                          "install 'distnn[search]'") from None
     from ..search import SETTINGS_KEY, STUDY_FILE, SearchStudy, make_pruner, make_sampler
     _check_folder("--output_dir", cfg.output_dir)
+    if cfg.base.output.tensorboard:
+        from ..training.tensorboard import tensorboard_missing
+        missing = tensorboard_missing()
+        if missing:
+            raise ValueError(f"--tensorboard: {missing}")
+        _check_folder("--tensorboard", cfg.base.output.tensorboard)
     s = cfg.settings
     wanted = {"space": cfg.space.spec(), "objective": s.objective, "direction": s.direction,
               "n_fold": s.n_fold}

@@ -292,4 +292,5 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
                       seed=cfg.model.random_seed, profiler=profiler,
                       rule=build_rule(cfg, comm) if cfg.command == TRAIN else None,
                       ignore_nan=cfg.train.ignore_nan)
+    trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
     return Run(cfg, comm, splits, model, trainer, train, val, profiler, configured)

@@ -119,6 +119,10 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
             callbacks.append(parse_target_metric(s.target_metric))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.output.tensorboard:
+        from ..training.tensorboard import TensorBoard
+        callbacks.append(TensorBoard(cfg.output.tensorboard, cfg.output.tensorboard_every,
+                                     options=cfg.summary(ranks=size)))
     # resume alone keeps checkpointing to the file it resumed.
     path = cfg.train.checkpoint or cfg.train.resume
     if path:

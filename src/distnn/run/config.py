@@ -159,6 +159,22 @@ class RunConfig:
             raise ConfigError("--resume restores the weights itself; drop "
                               "--weights_and_bias_filename")
 
+    def summary(self, **extra: Any) -> dict[str, Any]:
+        """The options that describe this run (the main ones and those not at their
+        default; not where its outputs go), JSON-able, then ``extra`` (e.g. ranks): what a
+        history file and TensorBoard record, and what ``distnn plot`` labels runs with."""
+        out: dict[str, Any] = {}
+        for o in OPTIONS:
+            if self.command not in o.commands or o.section in ("output", "predict") \
+                    or o.name in NOT_DESCRIBING:
+                continue
+            value = getattr(getattr(self, o.section), o.name)
+            if value == o.default and o.name not in DESCRIBING:
+                continue
+            out[o.name] = list(value) if isinstance(value, tuple) else value
+        out.update(extra)
+        return out
+
     def items(self) -> list[tuple[str, list[tuple[str, Any]]]]:
         """(group title, [(option, value)]) for the options of this command, for printing."""
         out: dict[str, list] = {}
@@ -168,6 +184,13 @@ class RunConfig:
                     (o.name, getattr(getattr(self, o.section), o.name)))
         return list(out.items())
 
+
+# Options in every run's summary, and options that say where outputs go, not what ran.
+DESCRIBING = ("model", "dataset", "parallel", "num_epochs", "batch_size", "optimizer",
+              "learning_rate")
+NOT_DESCRIBING = ("dataset_path", "dataset_test_path", "history_file", "save_weights",
+                  "every_rank_writes", "checkpoint", "checkpoint_freq", "resume", "overwrite",
+                  "weights_and_bias_filename", "model_checkpoint_file", "download", "prefetch")
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
             "optim": OptimizerConfig, "sched": ScheduleConfig, "parallel": ParallelConfig,

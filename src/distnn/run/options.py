@@ -330,6 +330,17 @@ OPTIONS: list[Option] = [
        "output", (TRAIN,)),
     _O("trace_merged", Bool(), False, "Gather the traces of all ranks into the one --trace "
        "FILE.", "output", "output", (TRAIN,)),
+    _O("tensorboard", Maybe(Str(lower=False, metavar="DIR")), None, "Write TensorBoard "
+       "event files in DIR (rank 0): training loss, metrics, learning rate, samples/s and "
+       "communication per step, every logged value per epoch, the options as text (needs "
+       "tensorboardX: pip install 'distnn[tensorboard]'; then tensorboard --logdir DIR).",
+       "output", "output", (TRAIN,)),
+    _O("tensorboard_every", Int(0), 10, "--tensorboard: write the per-step values every N "
+       "steps (0: per epoch only).", "output", "output", (TRAIN,)),
+    _O("plot", Maybe(Str(lower=False, metavar="FILE.png")), None, "At the end, draw the "
+       "loss and every metric per epoch, training and validation, into this PNG (needs "
+       "matplotlib; distnn plot compares the history files of several runs).", "output",
+       "output", (TRAIN,)),
     _O("cprofile", Maybe(Str(metavar="FILE")), None, "Dump cProfile statistics here "
        "(FILE.rank{r} with several ranks).", "output", "output"),
     _O("traceback", Bool(), False, "Show Python tracebacks for user errors too.", "output",

@@ -20,8 +20,8 @@ from ..fileio import check_writable, npz_kind
 from .build import RunError, agreed
 from .config import PRED, TRAIN, RunConfig
 
-__all__ = ["check_outputs", "check_weights_file", "check_monitors", "plan_resume",
-           "ResumePlan"]
+__all__ = ["check_outputs", "missing_packages", "check_weights_file", "check_monitors",
+           "plan_resume", "ResumePlan"]
 
 
 class _AnyKey(dict):
@@ -47,6 +47,11 @@ def output_paths(cfg: RunConfig, comm) -> list[tuple[str, str]]:
         if cfg.output.trace:
             out.append(("--trace", _rank0(cfg.output.trace, comm,
                                           not cfg.output.trace_merged)))
+        if cfg.output.plot:
+            out.append(("--plot", cfg.output.plot))
+        if cfg.output.tensorboard:  # a folder: can its train/ folder get a file?
+            out.append(("--tensorboard", os.path.join(cfg.output.tensorboard, "train",
+                                                      "events.out.tfevents")))
         if "model_checkpoint" in cfg.sched.lr_schedulers:
             try:
                 sample = cfg.sched.model_checkpoint_file.format_map(_AnyKey(epoch=1))
@@ -77,6 +82,22 @@ def _existing_checkpoint(cfg: RunConfig) -> str | None:
             "that run, --overwrite to replace it, or choose another file")
 
 
+def missing_packages(cfg: RunConfig) -> str | None:
+    """What to install for the outputs asked for (--tensorboard: tensorboardX, --plot:
+    matplotlib), as one line naming the option; None when nothing is missing."""
+    if cfg.output.tensorboard:
+        from ..training.tensorboard import tensorboard_missing
+        missing = tensorboard_missing()
+        if missing:
+            return f"--tensorboard: {missing}"
+    if cfg.output.plot:
+        from ..training.plots import matplotlib_missing
+        missing = matplotlib_missing()
+        if missing:
+            return f"--plot: {missing}"
+    return None
+
+
 def check_outputs(cfg: RunConfig, comm) -> None:
     """Every output file can be written and none is named twice; an existing checkpoint
     is only replaced with --resume or --overwrite. Rank 0 checks; RunError on all ranks."""
@@ -87,6 +108,9 @@ def check_outputs(cfg: RunConfig, comm) -> None:
             refused = _existing_checkpoint(cfg)
             if refused:
                 raise RunError(refused)
+            missing = missing_packages(cfg)
+            if missing:
+                raise RunError(missing)
         seen: dict[str, str] = {}
         for option, path in paths:
             full = os.path.abspath(path)
@@ -193,7 +217,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     global batch (re-deriving the per-rank batch), optimizer settings and seed; apply an
     explicitly given new --learning_rate (``state.meta`` is updated); refuse explicit
     changes that cannot be honoured. Raises RunError naming the option and the fix."""
-    from ..training.checkpoint import unpack
+    from ..training.checkpoint import keeps_state, stored_callbacks, unpack
     from ..training.evaluation import resolve_batch_sizes
     meta, path = state.meta, state.path
     run = meta.get("run") or {}
@@ -281,10 +305,8 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
             text += "; " + "; ".join(why)
         notes.append(text)
 
-    stored_cbs = [c["type"] for c in meta.get("callbacks", [])
-                  if c["type"] != "TrainingCheckpoint"]
-    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks
-                if type(cb).__name__ != "TrainingCheckpoint"]
+    stored_cbs = [c["type"] for c in stored_callbacks(meta)]
+    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if keeps_state(cb)]
     if stored_cbs != mine_cbs:
         raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
                         f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "

@@ -101,10 +101,11 @@ class TrialWatch(Callback):
     logs, so every rank decides alike."""
 
     def __init__(self, objective: str, decide: Callable[[int, float], bool],
-                 fold: int | None = None):
+                 fold: int | None = None, trial: int | None = None):
         self.objective = objective
         self.decide = decide
         self.fold = fold
+        self.trial = trial  # the trial's number (a train function may name its outputs)
         self.last: float | None = None
         self.outcome: tuple[str, str] | None = None
         self.logged: list[str] = []
@@ -146,7 +147,8 @@ def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for fold in range(settings.n_fold):
                 fold_or_none = fold if settings.n_fold > 1 else None
-                watch = TrialWatch(settings.objective, decide, fold_or_none)
+                watch = TrialWatch(settings.objective, decide, fold_or_none,
+                                   assignment["number"])
                 train_fn(dict(assignment["params"]), comm, fold_or_none, [watch])
                 if watch.outcome is not None:
                     state, message = watch.outcome

@@ -7,6 +7,8 @@
                    stopping, target metric, weight and training checkpoints
     checkpoint.py  full training state, atomic writes, exact resume
     profiler.py    per-layer timing, communication wait, Chrome traces
+    tensorboard.py TensorBoard: event files of a run's curves (tensorboardX, optional)
+    plots.py       plot_history: training curves of one or several runs as a PNG
 
 The arrows run one way: trainer -> callbacks/evaluation/history -> checkpoint; nothing
 here imports the trainer.
@@ -17,7 +19,9 @@ from .callbacks import (CALLBACKS, Callback, EarlyStopping, ModelCheckpoint, Red
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .evaluation import MetricSet, evaluate, metric_key, predict, resolve_batch_sizes
 from .history import History, Reporter, atomic_write_text
+from .plots import plot_history
 from .profiler import Profiler
+from .tensorboard import TensorBoard
 from .trainer import Trainer, fit
 
 __all__ = [
@@ -26,4 +30,5 @@ __all__ = [
     "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs", "ModelCheckpoint",
     "TargetMetric", "TrainingCheckpoint", "ValidateEvery", "CALLBACKS", "parse_early_stopping",
     "parse_target_metric", "Checkpoint", "load_checkpoint", "save_checkpoint", "Profiler",
+    "TensorBoard", "plot_history",
 ]

@@ -57,7 +57,12 @@ def metric_mode(name: str, mode: str = "auto") -> str:
 class Callback:
     """Base class: override the hooks you need. ``trainer`` is a ``distnn.train.Trainer``
     (callbacks use ``lr``, ``optimizer``, ``model``, ``stop_training``, ``stop_reason``,
-    ``log_keys``, ``steps_per_epoch``, ``print``)."""
+    ``log_keys``, ``steps_per_epoch``, ``print``).
+
+    ``checkpointed = False`` on a subclass that keeps no state (an event-file writer): a
+    resumed run may then add or drop it, as it may a ``TrainingCheckpoint``."""
+
+    checkpointed = True
 
     def on_train_begin(self, trainer) -> None: ...
     def on_epoch_begin(self, trainer, epoch: int) -> None: ...

@@ -129,7 +129,7 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
     for key, value in trainer.model.named_arrays().items():
         arrays[f"model/{key}"] = np.asarray(value)
     optim_state = pack(_base_optimizer(trainer.optimizer).state_dict(), "optim", arrays)
-    callbacks = [{"type": type(cb).__name__,
+    callbacks = [{"type": type(cb).__name__, "checkpointed": keeps_state(cb),
                   "state": pack(cb.state_dict(), f"callbacks/{i}", arrays)}
                  for i, cb in enumerate(trainer.callbacks)]
     meta = {
@@ -148,6 +148,19 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
     arrays["__meta__"] = np.array(json.dumps(meta))
     with atomic_open(path, fsync=True) as f:
         np.savez(f, **arrays)
+
+
+def keeps_state(callback) -> bool:
+    """Whether a resume needs ``callback``'s state: not for TrainingCheckpoint nor for a
+    callback with ``checkpointed = False`` (TensorBoard), which a resume may add or drop."""
+    return callback.checkpointed and type(callback).__name__ != "TrainingCheckpoint"
+
+
+def stored_callbacks(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The callbacks with state a checkpoint's ``meta`` holds (older files have no
+    "checkpointed" entry: every callback but TrainingCheckpoint)."""
+    return [c for c in meta.get("callbacks", [])
+            if c.get("checkpointed", c["type"] != "TrainingCheckpoint")]
 
 
 @dataclass
@@ -202,10 +215,10 @@ class Checkpoint:
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
                              "resume with the same --optimizer as the run that wrote it") from None
-        # TrainingCheckpoint keeps no state: a resume may add or drop one (--resume alone
-        # keeps checkpointing to the same file).
-        stored_cbs = [c for c in meta["callbacks"] if c["type"] != "TrainingCheckpoint"]
-        mine_cbs = [cb for cb in trainer.callbacks if type(cb).__name__ != "TrainingCheckpoint"]
+        # Callbacks that keep no state (TrainingCheckpoint, TensorBoard): a resume may add or
+        # drop one (--resume alone keeps checkpointing to the same file).
+        stored_cbs = stored_callbacks(meta)
+        mine_cbs = [cb for cb in trainer.callbacks if keeps_state(cb)]
         mine = [type(cb).__name__ for cb in mine_cbs]
         theirs = [c["type"] for c in stored_cbs]
         if mine != theirs:

@@ -20,11 +20,14 @@ class History:
         records: one dict per finished epoch: "epoch" (1-based), "loss", metrics,
             "val_*", "lr", "time" (s) and "samples_per_s".
         history: the same as {key: [value per epoch]}.
+        run: the run's settings (option: value, ranks), saved in the JSON file under "run"
+            (``distnn plot`` labels runs with them).
     """
 
-    def __init__(self, records: Iterable[dict[str, Any]] = ()):
+    def __init__(self, records: Iterable[dict[str, Any]] = (), run: dict | None = None):
         self.records: list[dict[str, Any]] = [dict(r) for r in records]
         self.stop_reason: str | None = None
+        self.run: dict[str, Any] = dict(run or {})
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(dict(record))
@@ -41,7 +44,8 @@ class History:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write to ``path``: CSV when it ends in .csv (one row per epoch), else JSON
-        ({key: [values]}). The write is atomic."""
+        ({key: [values]}, and "run": {option: value} when ``run`` is set). The write is
+        atomic."""
         path = os.fspath(path)
 
         def write(f):
@@ -52,7 +56,10 @@ class History:
                 for row in zip(*hist.values()):
                     w.writerow(["" if v is None else v for v in row])
             else:
-                json.dump(self.history, f, indent=1)
+                data = dict(self.history)
+                if self.run:
+                    data["run"] = self.run
+                json.dump(data, f, indent=1)
                 f.write("\n")
 
         atomic_write_text(path, write)
@@ -71,8 +78,13 @@ class History:
                 rows = list(csv.DictReader(f))
                 return cls([{k: _number(v) for k, v in r.items()} for r in rows])
             hist = json.load(f)
+        if not isinstance(hist, dict):
+            raise ValueError(f"{path!r} is not a history file (a JSON object of lists)")
+        run = hist.pop("run", None)
+        hist = {k: v for k, v in hist.items() if isinstance(v, list)}
         n = max((len(v) for v in hist.values()), default=0)
-        return cls([{k: v[i] for k, v in hist.items()} for i in range(n)])
+        return cls([{k: v[i] for k, v in hist.items() if i < len(v)} for i in range(n)],
+                   run=run if isinstance(run, dict) else None)
 
     def __repr__(self) -> str:
         return f"History({len(self)} epochs, keys={list(self.history)})"

@@ -140,6 +140,7 @@ class Trainer:
         self.ignore_nan = bool(ignore_nan)
         self.batch_loss = 0.0
         self.global_batch_size = 0
+        self.run_info: dict = {}  # the run's settings, saved with the history (History.run)
 
     # -- shortcuts to the collaborators ---------------------------------------------------
     @property
@@ -319,6 +320,7 @@ class Trainer:
                 self.reporter.epoch_line(record, self.num_epochs)
                 if self.profiler is not None:
                     self.profiler.epoch_end(epoch)
+                self.history.run = dict(self.run_info)
                 if history_file:
                     self.history.save_on_root(history_file, comm)
                 if self.stop_training:
@@ -374,6 +376,7 @@ class Trainer:
                 self._check_loss(epoch, i + 1, n_batches)
                 self.global_step += 1
                 samples += batch.global_size
+                self.batch_global_size = batch.global_size
                 if callbacks:
                     batch_logs = self.metrics.logs(sums)
                     for cb in callbacks:
