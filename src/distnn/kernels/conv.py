@@ -249,6 +249,20 @@ def _numba_module():
 
 
 # -- convolution --------------------------------------------------------------------------
+def winograd_applies(g: ConvGeometry) -> bool:
+    """Whether Winograd F(2x2, 3x3) computes this convolution: 3x3, stride 1, undilated."""
+    return (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1)
+
+
+def use_winograd(g: ConvGeometry, f: int) -> bool:
+    """The compiled path's choice for a 3x3 stride-1 convolution: Winograd or im2col."""
+    return winograd_applies(g) and g.c >= WINOGRAD_MIN_CHANNELS and g.oh * g.ow >= 16
+
+
+# Winograd runs when C is at least this (measured: see benchmarks/RESULTS.md, issue 20)
+WINOGRAD_MIN_CHANNELS = 8
+
+
 class ConvCache(NamedTuple):
     """What ``conv2d_backward`` needs from the forward pass: the column matrix, or (flat
     layout without kept columns) the padded channel-major input it was made from."""
@@ -257,6 +271,7 @@ class ConvCache(NamedTuple):
     flat: bool
     xf: np.ndarray | None = None
     compiled: bool = False
+    winograd: bool = False
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -362,7 +377,16 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
-    fast = compiled() if method is None else None
+    fast = compiled() if method in (None, "winograd") else None
+    if method == "winograd" or (fast is not None and use_winograd(g, f)):
+        if not winograd_applies(g):
+            raise ValueError(f"method='winograd' needs a 3x3 kernel, stride 1 and dilation 1, "
+                             f"got {g.kh}x{g.kw}, stride {(g.sh, g.sw)}, dilation "
+                             f"{(g.dh, g.dw)}")
+        from . import winograd
+        x = np.ascontiguousarray(x)
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
+        return y, ConvCache(g, None, False, x, True, True)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -419,6 +443,14 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     accumulated). The cached columns are overwritten when dx is computed, so call this
     once per forward.
     """
+    if cache.winograd:
+        from . import winograd
+        if dw_out is None:
+            dw_out = np.empty(w.shape, dy.dtype)
+        if need_db and db_out is None:
+            db_out = np.empty(w.shape[0], dy.dtype)
+        return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
+                                 dw_out, db_out if need_db else None, need_dx)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
