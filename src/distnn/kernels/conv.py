@@ -316,7 +316,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
 
 
 def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
-    g, kept, _, x, _ = cache
+    g, kept, _, x = cache[:4]
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     dy = np.ascontiguousarray(dy)
@@ -454,7 +454,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
-    g, col, flat, xf, _ = cache
+    g, col, flat, xf = cache[:4]
     f = w.shape[0]
     ckk = g.c * g.kh * g.kw
     if flat:

@@ -61,59 +61,76 @@ def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 @_jit
 def input_transform(x, n0, n1, pt, pl, th, tw, v):
-    """v (16, C, (n1-n0)*th*tw) = B^T d B of every 4x4 tile d of samples n0..n1-1 of x
-    (N, C, H, W), tile (ty, tx) at input row 2*ty - pt, column 2*tx - pl, zeros outside."""
+    """v (16, >= C*(n1-n0)*th*tw), row k = (C, tiles) = B^T d B of every 4x4 tile d of samples n0..n1-1 of x
+    (N, C, H, W), tile (ty, tx) at input row 2*ty - pt, column 2*tx - pl, zeros outside.
+    Each (sample, channel) plane is first copied into a zero-padded buffer so that the tile
+    loop has no branches (LLVM vectorizes it over tiles)."""
     _, c_, h_, w_ = x.shape
-    nt = (n1 - n0) * th * tw
-    cs = c_ * nt
+    k_ = n1 - n0
+    nt = k_ * th * tw
+    cs = v.shape[1]
+    hp, wp = 2 * th + 2, 2 * tw + 2
     xf = x.ravel()
     vf = v.ravel()
-    for cn in nb.prange(c_ * (n1 - n0)):
-        c = cn // (n1 - n0)
-        n = cn % (n1 - n0)
+    for cn in nb.prange(c_ * k_):
+        c = cn // k_
+        n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
-        d = np.empty(16, x.dtype)
+        d = np.zeros(hp * wp, x.dtype)
+        for r in range(max(0, -pt), min(h_, hp - pt)):
+            q0, q1 = max(0, -pl), min(w_, wp - pl)
+            for q in range(q0, q1):
+                d[_U((r + pt) * wp + q + pl)] = xf[_U(xb + r * w_ + q)]
         for ty in range(th):
-            r0 = 2 * ty - pt
+            o = c * nt + (n * th + ty) * tw
             for tx in range(tw):
-                c0 = 2 * tx - pl
-                if r0 >= 0 and r0 + 4 <= h_ and c0 >= 0 and c0 + 4 <= w_:
-                    for a in range(4):
-                        s = xb + (r0 + a) * w_ + c0
-                        for b in range(4):
-                            d[a * 4 + b] = xf[_U(s + b)]
-                else:
-                    for a in range(4):
-                        for b in range(4):
-                            r = r0 + a
-                            q = c0 + b
-                            if 0 <= r < h_ and 0 <= q < w_:
-                                d[a * 4 + b] = xf[_U(xb + r * w_ + q)]
-                            else:
-                                d[a * 4 + b] = 0
-                for b in range(4):  # rows: B^T d
-                    t0 = d[b] - d[8 + b]
-                    t1 = d[4 + b] + d[8 + b]
-                    t2 = d[8 + b] - d[4 + b]
-                    t3 = d[4 + b] - d[12 + b]
-                    d[b], d[4 + b], d[8 + b], d[12 + b] = t0, t1, t2, t3
-                o = c * nt + (n * th + ty) * tw + tx
-                for a in range(4):  # columns: (B^T d) B
-                    e0, e1, e2, e3 = d[4 * a], d[4 * a + 1], d[4 * a + 2], d[4 * a + 3]
-                    vf[_U((4 * a) * cs + o)] = e0 - e2
-                    vf[_U((4 * a + 1) * cs + o)] = e1 + e2
-                    vf[_U((4 * a + 2) * cs + o)] = e2 - e1
-                    vf[_U((4 * a + 3) * cs + o)] = e1 - e3
+                s = 2 * ty * wp + 2 * tx
+                # rows: B^T d (row0 - row2, row1 + row2, row2 - row1, row1 - row3)
+                a0 = d[_U(s)] - d[_U(s + 2 * wp)]
+                a1 = d[_U(s + 1)] - d[_U(s + 2 * wp + 1)]
+                a2 = d[_U(s + 2)] - d[_U(s + 2 * wp + 2)]
+                a3 = d[_U(s + 3)] - d[_U(s + 2 * wp + 3)]
+                b0 = d[_U(s + wp)] + d[_U(s + 2 * wp)]
+                b1 = d[_U(s + wp + 1)] + d[_U(s + 2 * wp + 1)]
+                b2 = d[_U(s + wp + 2)] + d[_U(s + 2 * wp + 2)]
+                b3 = d[_U(s + wp + 3)] + d[_U(s + 2 * wp + 3)]
+                c0 = d[_U(s + 2 * wp)] - d[_U(s + wp)]
+                c1 = d[_U(s + 2 * wp + 1)] - d[_U(s + wp + 1)]
+                c2 = d[_U(s + 2 * wp + 2)] - d[_U(s + wp + 2)]
+                c3 = d[_U(s + 2 * wp + 3)] - d[_U(s + wp + 3)]
+                e0 = d[_U(s + wp)] - d[_U(s + 3 * wp)]
+                e1 = d[_U(s + wp + 1)] - d[_U(s + 3 * wp + 1)]
+                e2 = d[_U(s + wp + 2)] - d[_U(s + 3 * wp + 2)]
+                e3 = d[_U(s + wp + 3)] - d[_U(s + 3 * wp + 3)]
+                t = o + tx
+                # columns: the same combination of each row's four values
+                vf[_U(0 * cs + t)] = a0 - a2
+                vf[_U(1 * cs + t)] = a1 + a2
+                vf[_U(2 * cs + t)] = a2 - a1
+                vf[_U(3 * cs + t)] = a1 - a3
+                vf[_U(4 * cs + t)] = b0 - b2
+                vf[_U(5 * cs + t)] = b1 + b2
+                vf[_U(6 * cs + t)] = b2 - b1
+                vf[_U(7 * cs + t)] = b1 - b3
+                vf[_U(8 * cs + t)] = c0 - c2
+                vf[_U(9 * cs + t)] = c1 + c2
+                vf[_U(10 * cs + t)] = c2 - c1
+                vf[_U(11 * cs + t)] = c1 - c3
+                vf[_U(12 * cs + t)] = e0 - e2
+                vf[_U(13 * cs + t)] = e1 + e2
+                vf[_U(14 * cs + t)] = e2 - e1
+                vf[_U(15 * cs + t)] = e1 - e3
 
 
 @_jit
-def output_transform(m, b, use_b, relu, n0, th, tw, y):
-    """y[n0:n0+k] (k, F, OH, OW) = A^T M A of every tile of m (16, F, k*th*tw), plus b[f]
+def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
+    """y[n0:n0+k] (k, F, OH, OW) = A^T M A of every tile of m (16, >= F*k*th*tw), plus b[f]
     when use_b, then max(., 0) when relu; tiles past OH/OW are cut."""
     _, f_, oh, ow = y.shape
-    nt = m.shape[2]
-    k_ = nt // (th * tw)
-    fs = f_ * nt
+    k_ = nk
+    nt = k_ * th * tw
+    fs = m.shape[1]
+    wp = 2 * tw
     mf = m.ravel()
     yf = y.ravel()
     for fn in nb.prange(f_ * k_):
@@ -121,77 +138,85 @@ def output_transform(m, b, use_b, relu, n0, th, tw, y):
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
         bias = b[f] if use_b else mf[0] * 0
-        t = np.empty(8, m.dtype)
+        z = mf[0] * 0
+        out = np.empty(2 * th * wp, m.dtype)
         for ty in range(th):
+            o = f * nt + (n * th + ty) * tw
             for tx in range(tw):
-                o = f * nt + (n * th + ty) * tw + tx
-                for a in range(4):  # rows of A^T M
-                    m0 = mf[_U((4 * a) * fs + o)]
-                    m1 = mf[_U((4 * a + 1) * fs + o)]
-                    m2 = mf[_U((4 * a + 2) * fs + o)]
-                    m3 = mf[_U((4 * a + 3) * fs + o)]
-                    t[a] = m0 + m1 + m2
-                    t[4 + a] = m1 - m2 - m3
-                for q in range(2):  # t[4q:4q+4] is column q of M A; A^T of it
-                    col = 2 * tx + q
-                    if col >= ow:
-                        continue
-                    s0, s1, s2, s3 = t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]
-                    y0 = s0 + s1 + s2 + bias
-                    y1 = s1 - s2 - s3 + bias
-                    if relu:
-                        y0 = y0 if y0 > 0 else y0 * 0
-                        y1 = y1 if y1 > 0 else y1 * 0
-                    yf[_U(yb + 2 * ty * ow + col)] = y0
-                    if 2 * ty + 1 < oh:
-                        yf[_U(yb + (2 * ty + 1) * ow + col)] = y1
+                t = o + tx
+                # columns first: (M A) row r = (m_r0 + m_r1 + m_r2, m_r1 - m_r2 - m_r3)
+                p00 = mf[_U(t)] + mf[_U(fs + t)] + mf[_U(2 * fs + t)]
+                p01 = mf[_U(fs + t)] - mf[_U(2 * fs + t)] - mf[_U(3 * fs + t)]
+                p10 = mf[_U(4 * fs + t)] + mf[_U(5 * fs + t)] + mf[_U(6 * fs + t)]
+                p11 = mf[_U(5 * fs + t)] - mf[_U(6 * fs + t)] - mf[_U(7 * fs + t)]
+                p20 = mf[_U(8 * fs + t)] + mf[_U(9 * fs + t)] + mf[_U(10 * fs + t)]
+                p21 = mf[_U(9 * fs + t)] - mf[_U(10 * fs + t)] - mf[_U(11 * fs + t)]
+                p30 = mf[_U(12 * fs + t)] + mf[_U(13 * fs + t)] + mf[_U(14 * fs + t)]
+                p31 = mf[_U(13 * fs + t)] - mf[_U(14 * fs + t)] - mf[_U(15 * fs + t)]
+                s = 2 * ty * wp + 2 * tx
+                out[_U(s)] = p00 + p10 + p20
+                out[_U(s + 1)] = p01 + p11 + p21
+                out[_U(s + wp)] = p10 - p20 - p30
+                out[_U(s + wp + 1)] = p11 - p21 - p31
+        for r in range(oh):
+            for q in range(ow):
+                val = out[_U(r * wp + q)] + bias
+                if relu and val < z:
+                    val = z
+                yf[_U(yb + r * ow + q)] = val
 
 
 @_jit_sums
-def output_transform_adjoint(dy, n0, n1, th, tw, dm, db, use_db):
-    """dm (16, F, (n1-n0)*th*tw) = A dY A^T of every 2x2 tile of dy[n0:n1] (zeros past
-    OH/OW); db[f] += the sum of dy[n0:n1, f] when use_db."""
+def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
+    """dm (16, >= F*(n1-n0)*th*tw) = A dY A^T of every 2x2 tile of dy[n0:n1] (zeros past
+    OH/OW); dbp[f * (n1-n0) + n] = the sum of dy[n0 + n, f] (float64)."""
     _, f_, oh, ow = dy.shape
     k_ = n1 - n0
     nt = k_ * th * tw
-    fs = f_ * nt
+    fs = dm.shape[1]
+    wp = 2 * tw
     df = dy.ravel()
     mf = dm.ravel()
-    for f in nb.prange(f_):
+    for fn in nb.prange(f_ * k_):
+        f = fn // k_
+        n = fn % k_
+        yb = ((n + n0) * f_ + f) * oh * ow
+        g = np.zeros(2 * th * wp, dy.dtype)
         acc = 0.0
-        for n in range(k_):
-            yb = ((n + n0) * f_ + f) * oh * ow
-            part = df[0] * 0
-            for ty in range(th):
-                for tx in range(tw):
-                    g00 = df[_U(yb + 2 * ty * ow + 2 * tx)]
-                    g01 = df[_U(yb + 2 * ty * ow + 2 * tx + 1)] if 2 * tx + 1 < ow else g00 * 0
-                    if 2 * ty + 1 < oh:
-                        g10 = df[_U(yb + (2 * ty + 1) * ow + 2 * tx)]
-                        g11 = df[_U(yb + (2 * ty + 1) * ow + 2 * tx + 1)] \
-                            if 2 * tx + 1 < ow else g00 * 0
-                    else:
-                        g10 = g00 * 0
-                        g11 = g00 * 0
-                    part += g00 + g01 + g10 + g11
-                    # rows: A dY -> 4x2 (a0 = g0, a1 = g0 + g1, a2 = g0 - g1, a3 = -g1)
-                    o = f * nt + (n * th + ty) * tw + tx
-                    for a in range(4):
-                        if a == 0:
-                            h0, h1 = g00, g01
-                        elif a == 1:
-                            h0, h1 = g00 + g10, g01 + g11
-                        elif a == 2:
-                            h0, h1 = g00 - g10, g01 - g11
-                        else:
-                            h0, h1 = -g10, -g11
-                        mf[_U((4 * a) * fs + o)] = h0
-                        mf[_U((4 * a + 1) * fs + o)] = h0 + h1
-                        mf[_U((4 * a + 2) * fs + o)] = h0 - h1
-                        mf[_U((4 * a + 3) * fs + o)] = -h1
-            acc += part
-        if use_db:
-            db[f] += acc
+        for r in range(oh):
+            for q in range(ow):
+                val = df[_U(yb + r * ow + q)]
+                g[_U(r * wp + q)] = val
+                acc += val
+        dbp[fn] = acc
+        for ty in range(th):
+            o = f * nt + (n * th + ty) * tw
+            for tx in range(tw):
+                s = 2 * ty * wp + 2 * tx
+                g00 = g[_U(s)]
+                g01 = g[_U(s + 1)]
+                g10 = g[_U(s + wp)]
+                g11 = g[_U(s + wp + 1)]
+                # rows: A dY = (g0, g0 + g1, g0 - g1, -g1) of each column
+                h10, h11 = g00 + g10, g01 + g11
+                h20, h21 = g00 - g10, g01 - g11
+                t = o + tx
+                mf[_U(t)] = g00
+                mf[_U(fs + t)] = g00 + g01
+                mf[_U(2 * fs + t)] = g00 - g01
+                mf[_U(3 * fs + t)] = -g01
+                mf[_U(4 * fs + t)] = h10
+                mf[_U(5 * fs + t)] = h10 + h11
+                mf[_U(6 * fs + t)] = h10 - h11
+                mf[_U(7 * fs + t)] = -h11
+                mf[_U(8 * fs + t)] = h20
+                mf[_U(9 * fs + t)] = h20 + h21
+                mf[_U(10 * fs + t)] = h20 - h21
+                mf[_U(11 * fs + t)] = -h21
+                mf[_U(12 * fs + t)] = -g10
+                mf[_U(13 * fs + t)] = -g10 - g11
+                mf[_U(14 * fs + t)] = g11 - g10
+                mf[_U(15 * fs + t)] = g11
 
 
 @_jit
@@ -199,49 +224,56 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
     """dx[n0:n1] = the sum over tiles of B dV B^T, at the positions input_transform read
     (positions in the padding are dropped); dx[n0:n1] is overwritten."""
     _, c_, h_, w_ = dx.shape
-    nt = (n1 - n0) * th * tw
-    cs = c_ * nt
+    k_ = n1 - n0
+    nt = k_ * th * tw
+    cs = dv.shape[1]
+    hp, wp = 2 * th + 2, 2 * tw + 2
     vf = dv.ravel()
     xf = dx.ravel()
-    for cn in nb.prange(c_ * (n1 - n0)):
-        c = cn // (n1 - n0)
-        n = cn % (n1 - n0)
+    for cn in nb.prange(c_ * k_):
+        c = cn // k_
+        n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
-        for k in range(h_ * w_):
-            xf[_U(xb + k)] = 0
-        e = np.empty(16, dv.dtype)
+        d = np.zeros(hp * wp, dv.dtype)
         for ty in range(th):
-            r0 = 2 * ty - pt
+            o = c * nt + (n * th + ty) * tw
             for tx in range(tw):
-                c0 = 2 * tx - pl
-                o = c * nt + (n * th + ty) * tw + tx
-                for a in range(4):  # columns: dV B^T
-                    v0 = vf[_U((4 * a) * cs + o)]
-                    v1 = vf[_U((4 * a + 1) * cs + o)]
-                    v2 = vf[_U((4 * a + 2) * cs + o)]
-                    v3 = vf[_U((4 * a + 3) * cs + o)]
-                    e[4 * a] = v0
-                    e[4 * a + 1] = v1 - v2 + v3
-                    e[4 * a + 2] = v1 + v2 - v0
-                    e[4 * a + 3] = -v3
-                for b in range(4):  # rows: B (dV B^T)
-                    u0, u1, u2, u3 = e[b], e[4 + b], e[8 + b], e[12 + b]
-                    e[b] = u0
-                    e[4 + b] = u1 - u2 + u3
-                    e[8 + b] = u1 + u2 - u0
-                    e[12 + b] = -u3
-                if r0 >= 0 and r0 + 4 <= h_ and c0 >= 0 and c0 + 4 <= w_:
-                    for a in range(4):
-                        s = xb + (r0 + a) * w_ + c0
-                        for b in range(4):
-                            xf[_U(s + b)] += e[a * 4 + b]
-                else:
-                    for a in range(4):
-                        for b in range(4):
-                            r = r0 + a
-                            q = c0 + b
-                            if 0 <= r < h_ and 0 <= q < w_:
-                                xf[_U(xb + r * w_ + q)] += e[a * 4 + b]
+                t = o + tx
+                s = 2 * ty * wp + 2 * tx
+                # columns: row r of dV B^T = (v0, v1 - v2 + v3, v1 + v2 - v0, -v3)
+                for r in range(4):
+                    v0 = vf[_U((4 * r) * cs + t)]
+                    v1 = vf[_U((4 * r + 1) * cs + t)]
+                    v2 = vf[_U((4 * r + 2) * cs + t)]
+                    v3 = vf[_U((4 * r + 3) * cs + t)]
+                    e0, e1, e2, e3 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
+                    # rows: B (.) sends row r to rows 0..3 with the same pattern
+                    if r == 0:
+                        d[_U(s)] += e0
+                        d[_U(s + 1)] += e1
+                        d[_U(s + 2)] += e2
+                        d[_U(s + 3)] += e3
+                        d[_U(s + 2 * wp)] -= e0
+                        d[_U(s + 2 * wp + 1)] -= e1
+                        d[_U(s + 2 * wp + 2)] -= e2
+                        d[_U(s + 2 * wp + 3)] -= e3
+                    elif r == 1:
+                        for j in range(4):
+                            d[_U(s + wp + j)] += (e0, e1, e2, e3)[j]
+                            d[_U(s + 2 * wp + j)] += (e0, e1, e2, e3)[j]
+                    elif r == 2:
+                        for j in range(4):
+                            d[_U(s + wp + j)] -= (e0, e1, e2, e3)[j]
+                            d[_U(s + 2 * wp + j)] += (e0, e1, e2, e3)[j]
+                    else:
+                        for j in range(4):
+                            d[_U(s + wp + j)] += (e0, e1, e2, e3)[j]
+                            d[_U(s + 3 * wp + j)] -= (e0, e1, e2, e3)[j]
+        for r in range(h_):
+            for q in range(w_):
+                rr, qq = r + pt, q + pl
+                inside = rr < hp and qq < wp
+                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else d[0] * 0
 
 
 for _name in ("input_transform", "output_transform", "output_transform_adjoint",
@@ -253,9 +285,21 @@ for _name in ("input_transform", "output_transform", "output_transform_adjoint",
 BLOCK_BYTES = 1 << 20
 
 
+# Elements added to the row stride of the (16, rows * tiles) work arrays: with a stride of
+# a power of two the 16 rows that every tile reads or writes land in the same cache sets
+# (measured 16->16 32x32: the input transform 22 ms without, ms with).
+PAD = 16
+
+
 def _blocks(n: int, per_sample: int):
     k = max(1, min(n, BLOCK_BYTES // max(per_sample, 1)))
     return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
+
+
+def _work(name: str, rows: int, t: int, dtype):
+    """A (16, rows * t + PAD) work array and its (16, rows, t) view for the GEMMs."""
+    a2 = scratch(name, (16, rows * t + PAD), dtype)
+    return a2, a2[:, :rows * t].reshape(16, rows, t)
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
@@ -269,17 +313,15 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     x = np.ascontiguousarray(x)
     u = weights_transform(w)
     k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize)
-    vbuf = scratch("wino_v", (16 * c * k * th * tw,), x.dtype)
-    mbuf = scratch("wino_m", (16 * f * k * th * tw,), x.dtype)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     for n0, n1 in blocks:
         t = (n1 - n0) * th * tw
-        v = vbuf[:16 * c * t].reshape(16, c, t)
-        m = mbuf[:16 * f * t].reshape(16, f, t)
-        input_transform(x, n0, n1, pt, pl, th, tw, v)
+        v2, v = _work("wino_v", c, t, x.dtype)
+        m2, m = _work("wino_m", f, t, x.dtype)
+        input_transform(x, n0, n1, pt, pl, th, tw, v2)
         np.matmul(u, v, out=m)
-        output_transform(m, bias, b is not None, relu, n0, th, tw, y)
+        output_transform(m2, bias, b is not None, relu, n0, n1 - n0, th, tw, y)
     return y
 
 
@@ -295,23 +337,24 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     u = weights_transform(w)
     ut = u.transpose(0, 2, 1)
     k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize)
-    vbuf = scratch("wino_v", (16 * c * k * th * tw,), x.dtype)
-    mbuf = scratch("wino_m", (16 * f * k * th * tw,), x.dtype)
     du = np.zeros((16, f, c), x.dtype)
     part = np.empty((16, f, c), x.dtype)
     db64 = np.zeros(f, np.float64)
+    dbpbuf = np.empty(f * k, np.float64)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
     for n0, n1 in blocks:
         t = (n1 - n0) * th * tw
-        v = vbuf[:16 * c * t].reshape(16, c, t)
-        dm = mbuf[:16 * f * t].reshape(16, f, t)
-        output_transform_adjoint(dy, n0, n1, th, tw, dm, db64, db_out is not None)
-        input_transform(x, n0, n1, pt, pl, th, tw, v)
+        v2, v = _work("wino_v", c, t, x.dtype)
+        m2, dm = _work("wino_m", f, t, x.dtype)
+        dbp = dbpbuf[:f * (n1 - n0)]
+        output_transform_adjoint(dy, n0, n1, th, tw, m2, dbp)
+        db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
+        input_transform(x, n0, n1, pt, pl, th, tw, v2)
         np.matmul(dm, v.transpose(0, 2, 1), out=part)
         du += part
         if need_dx:
             np.matmul(ut, dm, out=v)
-            input_transform_adjoint(v, n0, n1, pt, pl, th, tw, dx)
+            input_transform_adjoint(v2, n0, n1, pt, pl, th, tw, dx)
     weights_transform_adjoint(du, dw_out)
     if db_out is not None:
         db_out[...] = db64
