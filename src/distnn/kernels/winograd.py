@@ -61,8 +61,9 @@ def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 @_jit
 def input_transform(x, n0, n1, pt, pl, th, tw, v):
-    """v (16, >= C*(n1-n0)*th*tw), row k = (C, tiles) = B^T d B of every 4x4 tile d of samples n0..n1-1 of x
-    (N, C, H, W), tile (ty, tx) at input row 2*ty - pt, column 2*tx - pl, zeros outside.
+    """v (16, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 4x4 tile d of
+    samples n0..n1-1 of x (N, C, H, W), tile (ty, tx) at input row 2*ty - pt, column
+    2*tx - pl, zeros outside.
     Each (sample, channel) plane is first copied into a zero-padded buffer so that the tile
     loop has no branches (LLVM vectorizes it over tiles)."""
     _, c_, h_, w_ = x.shape
