@@ -106,7 +106,7 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
                 t = o + tx
                 # columns: the same combination of each row's four values
                 vf[_U(0 * cs + t)] = a0 - a2
-                vf[_U(1 * cs + t)] = a1 + a2
+                vf[_U(cs + t)] = a1 + a2
                 vf[_U(2 * cs + t)] = a2 - a1
                 vf[_U(3 * cs + t)] = a1 - a3
                 vf[_U(4 * cs + t)] = b0 - b2
@@ -241,35 +241,44 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
             for tx in range(tw):
                 t = o + tx
                 s = 2 * ty * wp + 2 * tx
-                # columns: row r of dV B^T = (v0, v1 - v2 + v3, v1 + v2 - v0, -v3)
-                for r in range(4):
-                    v0 = vf[_U((4 * r) * cs + t)]
-                    v1 = vf[_U((4 * r + 1) * cs + t)]
-                    v2 = vf[_U((4 * r + 2) * cs + t)]
-                    v3 = vf[_U((4 * r + 3) * cs + t)]
-                    e0, e1, e2, e3 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
-                    # rows: B (.) sends row r to rows 0..3 with the same pattern
-                    if r == 0:
-                        d[_U(s)] += e0
-                        d[_U(s + 1)] += e1
-                        d[_U(s + 2)] += e2
-                        d[_U(s + 3)] += e3
-                        d[_U(s + 2 * wp)] -= e0
-                        d[_U(s + 2 * wp + 1)] -= e1
-                        d[_U(s + 2 * wp + 2)] -= e2
-                        d[_U(s + 2 * wp + 3)] -= e3
-                    elif r == 1:
-                        for j in range(4):
-                            d[_U(s + wp + j)] += (e0, e1, e2, e3)[j]
-                            d[_U(s + 2 * wp + j)] += (e0, e1, e2, e3)[j]
-                    elif r == 2:
-                        for j in range(4):
-                            d[_U(s + wp + j)] -= (e0, e1, e2, e3)[j]
-                            d[_U(s + 2 * wp + j)] += (e0, e1, e2, e3)[j]
-                    else:
-                        for j in range(4):
-                            d[_U(s + wp + j)] += (e0, e1, e2, e3)[j]
-                            d[_U(s + 3 * wp + j)] -= (e0, e1, e2, e3)[j]
+                # columns: row r of E = dV B^T is (v0, v1 - v2 + v3, v1 + v2 - v0, -v3)
+                v0 = vf[_U(t)]
+                v1 = vf[_U(cs + t)]
+                v2 = vf[_U(2 * cs + t)]
+                v3 = vf[_U(3 * cs + t)]
+                e00, e01, e02, e03 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
+                v0 = vf[_U(4 * cs + t)]
+                v1 = vf[_U(5 * cs + t)]
+                v2 = vf[_U(6 * cs + t)]
+                v3 = vf[_U(7 * cs + t)]
+                e10, e11, e12, e13 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
+                v0 = vf[_U(8 * cs + t)]
+                v1 = vf[_U(9 * cs + t)]
+                v2 = vf[_U(10 * cs + t)]
+                v3 = vf[_U(11 * cs + t)]
+                e20, e21, e22, e23 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
+                v0 = vf[_U(12 * cs + t)]
+                v1 = vf[_U(13 * cs + t)]
+                v2 = vf[_U(14 * cs + t)]
+                v3 = vf[_U(15 * cs + t)]
+                e30, e31, e32, e33 = v0, v1 - v2 + v3, v1 + v2 - v0, -v3
+                # rows: B E = (E0, E1 - E2 + E3, E1 + E2 - E0, -E3), added into the plane
+                d[_U(s)] += e00
+                d[_U(s + wp)] += e10 - e20 + e30
+                d[_U(s + 2 * wp)] += e10 + e20 - e00
+                d[_U(s + 3 * wp)] -= e30
+                d[_U(s + 1)] += e01
+                d[_U(s + wp + 1)] += e11 - e21 + e31
+                d[_U(s + 2 * wp + 1)] += e11 + e21 - e01
+                d[_U(s + 3 * wp + 1)] -= e31
+                d[_U(s + 2)] += e02
+                d[_U(s + wp + 2)] += e12 - e22 + e32
+                d[_U(s + 2 * wp + 2)] += e12 + e22 - e02
+                d[_U(s + 3 * wp + 2)] -= e32
+                d[_U(s + 3)] += e03
+                d[_U(s + wp + 3)] += e13 - e23 + e33
+                d[_U(s + 2 * wp + 3)] += e13 + e23 - e03
+                d[_U(s + 3 * wp + 3)] -= e33
         for r in range(h_):
             for q in range(w_):
                 rr, qq = r + pt, q + pl
