@@ -20,10 +20,10 @@ def _compiled_only(kernel_backend):
         pytest.skip("Winograd runs on the compiled backend only")
 
 
-def run(x, w, b, pads, dy, need_dx=True):
-    y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method="winograd")
-    assert cache.winograd
-    dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx)
+def run(x, w, b, pads, dy, need_dx=True, ws=None):
+    y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method="winograd", ws=ws)
+    assert cache.winograd and (cache.col is not None) == (ws is not None)  # V kept in ws
+    dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx, ws=ws)
     return y, dx, dw, db
 
 
@@ -47,8 +47,9 @@ def test_winograd_matches_loops_float64(case):
     y_ref = ref_conv(x, w, b, (1, 1), pads, (1, 1))
     dy = rng.standard_normal(y_ref.shape)
     _, dx_ref, dw_ref, db_ref = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)
-    for got, ref in zip(run(x, w, b, pads, dy), (y_ref, dx_ref, dw_ref, db_ref)):
-        np.testing.assert_allclose(got, ref, atol=1e-11)
+    for ws in (None, {}, {}):
+        for got, ref in zip(run(x, w, b, pads, dy, ws=ws), (y_ref, dx_ref, dw_ref, db_ref)):
+            np.testing.assert_allclose(got, ref, atol=1e-11)
 
 
 @pytest.mark.parametrize("c,f", [(1, 1), (16, 8), (64, 32)])
@@ -58,8 +59,8 @@ def test_winograd_channels_batch_one_and_fused_relu(c, f):
     w = rng.standard_normal((f, c, 3, 3))
     b = rng.standard_normal(f)
     y_ref = ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1))
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1), y_ref, atol=1e-11)
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True),
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1)[0], y_ref, atol=1e-11)
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True)[0],
                                np.maximum(y_ref, 0), atol=1e-11)
 
 

@@ -306,6 +306,16 @@ def _blocks(n: int, per_sample: int):
     return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
 
 
+# forward keeps V for backward (in the layer's work arrays) up to this size; above it,
+# backward transforms the input again (16->16 at 32x32, batch 64, would keep 16 MB a layer)
+KEEP_BYTES = 8 << 20
+
+
+def _kept(kept: np.ndarray, i: int, rows: int, t: int):
+    """Block i of a kept V: the (16, S) array the kernels take and its GEMM view."""
+    return kept[i], kept[i][:, :rows * t].reshape(16, rows, t)
+
+
 def _work(name: str, rows: int, t: int, dtype):
     """A (16, rows * t + PAD) work array and its (16, rows, t) view for the GEMMs."""
     a2 = scratch(name, (16, rows * t + PAD), dtype)
@@ -313,9 +323,11 @@ def _work(name: str, rows: int, t: int, dtype):
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
-            pr: int, relu: bool = False) -> np.ndarray:
+            pr: int, relu: bool = False, ws: dict | None = None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
     """y (N, F, OH, OW) = conv2d(x, w) + b (then ReLU when ``relu``) for w (F, C, 3, 3),
-    stride 1, zero padding (top, bottom, left, right)."""
+    stride 1, zero padding (top, bottom, left, right), and the transformed input V kept
+    for ``backward`` (None when it is over KEEP_BYTES or no ``ws`` dict holds it)."""
     n, c, h, wd = x.shape
     f = w.shape[0]
     oh, ow = h + pt + pb - 2, wd + pl + pr - 2
@@ -325,21 +337,29 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
-    for n0, n1 in blocks:
+    kept = None
+    if ws is not None and 16 * c * n * th * tw * x.itemsize <= KEEP_BYTES:
+        shape = (len(blocks), 16, c * k * th * tw + PAD)
+        kept = ws.get("wino_v")
+        if kept is None or kept.shape != shape or kept.dtype != x.dtype:
+            kept = ws["wino_v"] = np.empty(shape, x.dtype)
+    for i, (n0, n1) in enumerate(blocks):
         t = (n1 - n0) * th * tw
-        v2, v = _work("wino_v", c, t, x.dtype)
+        v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
         m2, m = _work("wino_m", f, t, x.dtype)
         input_transform(x, n0, n1, pt, pl, th, tw, v2)
         np.matmul(u, v, out=m)
         output_transform(m2, bias, b is not None, relu, n0, n1 - n0, th, tw, y)
-    return y
+    return y, kept
 
 
 def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
-             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
+             kept: np.ndarray | None = None
              ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
     """(dx or None, dw, db or None) of ``forward`` (without ReLU) for dy (N, F, OH, OW):
-    the exact adjoint of the Winograd map. dw and db are overwritten into the outputs."""
+    the exact adjoint of the Winograd map. dw and db are overwritten into the outputs.
+    ``kept``: the V that forward kept (it is overwritten: one backward per forward)."""
     n, c, h, wd = x.shape
     f, oh, ow = dy.shape[1:]
     th, tw = tiles(oh, ow)
@@ -352,14 +372,15 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     db64 = np.zeros(f, np.float64)
     dbpbuf = np.empty(f * k, np.float64)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
-    for n0, n1 in blocks:
+    for i, (n0, n1) in enumerate(blocks):
         t = (n1 - n0) * th * tw
-        v2, v = _work("wino_v", c, t, x.dtype)
+        v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
         m2, dm = _work("wino_m", f, t, x.dtype)
         dbp = dbpbuf[:f * (n1 - n0)]
         output_transform_adjoint(dy, n0, n1, th, tw, m2, dbp)
         db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
-        input_transform(x, n0, n1, pt, pl, th, tw, v2)
+        if kept is None:
+            input_transform(x, n0, n1, pt, pl, th, tw, v2)
         np.matmul(dm, v.transpose(0, 2, 1), out=part)
         du += part
         if need_dx:
