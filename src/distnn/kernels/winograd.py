@@ -29,7 +29,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _dispatch, _U, scratch
+from ._numba import _U, _dispatch, get_num_threads, scratch
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -295,20 +295,29 @@ for _name in ("input_transform", "output_transform", "output_transform_adjoint",
 BLOCK_BYTES = 1 << 20
 
 
+MIN_TILES = 256
+
 # Elements added to the row stride of the (16, rows * tiles) work arrays: with a stride of
 # a power of two the 16 rows that every tile reads or writes land in the same cache sets
 # (measured 16->16 32x32: the input transform 22 ms without, ms with).
 PAD = 16
 
 
-def _blocks(n: int, per_sample: int):
-    k = max(1, min(n, BLOCK_BYTES // max(per_sample, 1)))
+def _blocks(n: int, per_sample: int, tiles_per_sample: int, weight_bytes: int):
+    # each thread transforms its share of a block in its own core's cache; bigger blocks
+    # also mean fewer parallel launches and GEMMs big enough for BLAS to split
+    k = BLOCK_BYTES * get_num_threads() // max(per_sample, 1)
+    if weight_bytes > BLOCK_BYTES // 4:
+        # big U: at least MIN_TILES tiles a GEMM, or re-reading U for every block costs
+        # more than V and M leaving the cache (256->256 at 8x8: 32 tiles a block otherwise)
+        k = max(k, -(-MIN_TILES // tiles_per_sample))
+    k = max(1, min(n, k))
     return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
 
 
 # forward keeps V for backward (in the layer's work arrays) up to this size; above it,
-# backward transforms the input again (16->16 at 32x32, batch 64, would keep 16 MB a layer)
-KEEP_BYTES = 8 << 20
+# backward transforms the input again (16->16 at 32x32, batch 64: 16 MB a layer)
+KEEP_BYTES = 16 << 20
 
 
 def _kept(kept: np.ndarray, i: int, rows: int, t: int):
@@ -334,7 +343,8 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     th, tw = tiles(oh, ow)
     x = np.ascontiguousarray(x)
     u = weights_transform(w)
-    k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize)
+    k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize, th * tw,
+                        16 * f * c * x.itemsize)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     kept = None
@@ -366,7 +376,10 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     dy = np.ascontiguousarray(dy)
     u = weights_transform(w)
     ut = u.transpose(0, 2, 1)
-    k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize)
+    k, blocks = _blocks(n, 16 * (c + f) * th * tw * x.itemsize, th * tw,
+                        16 * f * c * x.itemsize)
+    if kept is not None and kept.shape != (len(blocks), 16, c * k * th * tw + PAD):
+        kept = None  # blocked differently (the thread count changed): transform again
     du = np.zeros((16, f, c), x.dtype)
     part = np.empty((16, f, c), x.dtype)
     db64 = np.zeros(f, np.float64)
