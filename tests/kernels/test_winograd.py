@@ -150,3 +150,27 @@ def test_choice_keeps_im2col_where_winograd_loses():
     assert not K.use_winograd(g, 32)
     g = K.conv_geometry((64, 32, 16, 16), (3, 3), padding=(1, 1, 1, 1))
     assert K.use_winograd(g, 32)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,c,f,h,w,pads", [(9, 4, 4, 32, 32, (1, 1, 1, 1)),
+                                            (8, 16, 8, 15, 13, (0, 1, 1, 0))])
+def test_winograd_threads_split_blocks_or_kernels(threads, n, c, f, h, w, pads):
+    """Two threads either take whole blocks each (small GEMMs) or split every kernel; both
+    give the reference result, with and without V kept from forward."""
+    from distnn import kernels
+    rng = np.random.default_rng(n + c)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((f, c, 3, 3))
+    b = rng.standard_normal(f)
+    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        for ws in (None, {}):
+            for got, r in zip(run(x, wt, b, pads, dy, ws=ws), ref):
+                np.testing.assert_allclose(got, r, atol=1e-10)
+    finally:
+        kernels.set_num_threads(previous)
