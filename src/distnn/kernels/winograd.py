@@ -49,17 +49,24 @@ def tiles(oh: int, ow: int) -> tuple[int, int]:
     return (oh + 1) // 2, (ow + 1) // 2
 
 
+# KG[(a, b), (i, j)] = G[a, i] * G[b, j]: the weight transform of a flattened 3x3 kernel
+KG = np.kron(G, G)
+
+
 def weights_transform(w: np.ndarray) -> np.ndarray:
-    """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform."""
-    u = np.einsum("ai,fcij,bj->abfc", G.astype(w.dtype), w, G.astype(w.dtype), optimize=True)
-    return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]))
+    """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform: one GEMM
+    (an einsum measured 100 ms for 512x512 filters)."""
+    f, c = w.shape[:2]
+    u = np.empty((16, f, c), w.dtype)
+    np.matmul(KG.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(16, f * c))
+    return u
 
 
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
     """dw (F, C, 3, 3) = G^T dU G for dU (16, F, C), written into ``out``."""
     f, c = du.shape[1:]
-    g = G.astype(du.dtype)
-    out[...] = np.einsum("ai,abfc,bj->fcij", g, du.reshape(4, 4, f, c), g, optimize=True)
+    dw = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype))
+    out[...] = dw.reshape(f, c, 3, 3)
     return out
 
 
