@@ -260,12 +260,13 @@ def use_winograd(g: ConvGeometry, f: int) -> bool:
             and min(g.oh, g.ow) >= WINOGRAD_MIN_SIZE)
 
 
-# Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host): 32->32 16x16
-# 12.1 vs 15.6, 64->64 8x8 9.4 vs 13.4, 128->256 8x8 59 vs 84, 64->128 16x16 58 vs 90; but
-# 3->16 32x32 8.0 vs 4.2, 8->8 26x26 18.5 vs 14.9, 256->512 4x4 368 vs 241 (a 4x4 output has
-# 4 tiles whose 4x4 inputs overlap by half: the transforms cost more than they save).
+# Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host, medians of 5
+# alternated): 512->512 4x4 201 vs 394, 256->512 4x4 117 vs 187, 64->64 4x4 3.6 vs 12.4,
+# 256->256 8x8 200 vs 325, 64->128 16x16 112 vs 161, 32->32 16x16 22 vs 29, 16->16 32x32
+# 38 vs 41; but 3->16 32x32 18 vs 15, 8->8 26x26 11.4 vs 9.6 (the transforms cost more
+# than the 2.25x fewer multiplies save with few channels), 512->512 2x2 a tie (one tile).
 WINOGRAD_MIN_CHANNELS = 16
-WINOGRAD_MIN_SIZE = 8
+WINOGRAD_MIN_SIZE = 4
 
 
 class ConvCache(NamedTuple):
