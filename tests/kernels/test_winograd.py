@@ -152,13 +152,16 @@ def test_choice_keeps_im2col_where_winograd_loses():
     assert K.use_winograd(g, 32)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads,split_mnk", [(1, 1 << 62), (2, 1 << 62), (2, 0)])
 @pytest.mark.parametrize("n,c,f,h,w,pads", [(9, 4, 4, 32, 32, (1, 1, 1, 1)),
-                                            (8, 16, 8, 15, 13, (0, 1, 1, 0))])
-def test_winograd_threads_split_blocks_or_kernels(threads, n, c, f, h, w, pads):
-    """Two threads either take whole blocks each (small GEMMs) or split every kernel; both
-    give the reference result, with and without V kept from forward."""
+                                            (3, 16, 8, 15, 13, (0, 1, 1, 0))])
+def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h, w, pads,
+                                                  monkeypatch):
+    """Two threads either take whole blocks each (the default) or split every kernel
+    (SPLIT_MNK below the GEMM size); both give the reference result, with and without V
+    kept from forward."""
     from distnn import kernels
+    monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
     rng = np.random.default_rng(n + c)
     x = rng.standard_normal((n, c, h, w))
     wt = rng.standard_normal((f, c, 3, 3))

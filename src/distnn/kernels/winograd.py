@@ -101,27 +101,42 @@ def _work(name: str, rows: int, t: int, dtype):
 
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
     """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
-    take whole blocks side by side. With workers == 1 the blocks run one after the other
-    and each kernel is split among the threads (numba prange, BLAS). Small GEMMs run on
-    one BLAS thread anyway (OpenBLAS splits only above m*n*k = 2^18), and a parallel
-    launch per kernel is a barrier each time: there each thread takes half of the blocks,
-    with no copies (disjoint samples of x, y, dx; its own work arrays; dw summed after)."""
+    take whole blocks side by side.
+
+    With more than one thread, each thread takes every other block and runs it with the
+    serial kernels and one BLAS thread: no copies (disjoint samples of x, y, dx; its own
+    work arrays; dw and db summed after, in a fixed order) and one join per call, where a
+    parallel launch per kernel and a threaded GEMM would each be a barrier (and on a
+    loaded host every barrier waits for a preempted thread). With SPLIT_MNK set lower,
+    blocks whose GEMMs are bigger run one after the other with every kernel split instead.
+    """
     threads = get_num_threads()
     per_sample = 16 * (c + f) * th * tw * itemsize
-    k1 = max(1, min(n, BLOCK_BYTES // per_sample))
-    if threads > 1 and f * c * k1 * th * tw <= SPLIT_MNK and n >= 2 * k1:
-        return k1, [(n0, min(n, n0 + k1)) for n0 in range(0, n, k1)], threads
-    k = BLOCK_BYTES * threads // per_sample
+    k = BLOCK_BYTES // per_sample
     if 16 * f * c * itemsize > BLOCK_BYTES // 4:
         # big U: at least MIN_TILES tiles a GEMM, or re-reading U for every block costs
         # more than V and M leaving the cache (256->256 at 8x8: 32 tiles a block otherwise)
         k = max(k, -(-MIN_TILES // (th * tw)))
     k = max(1, min(n, k))
-    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], 1
+    workers = 1
+    if threads > 1 and n >= threads and f * c * k * th * tw <= SPLIT_MNK:
+        k, workers = min(k, -(-n // threads)), threads
+    elif threads > 1:
+        k = max(1, min(n, k * threads))
+    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], workers
 
 
-SPLIT_MNK = 1 << 18
-_pool: list = []
+SPLIT_MNK = 1 << 62
+_pool: list = []  # the ThreadPoolExecutor, made on first use
+_blas: list = []  # the threadpoolctl controller, made on first use
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
+    if not _blas:
+        from threadpoolctl import ThreadpoolController
+        _blas.append(ThreadpoolController())
+    return _blas[0].limit(limits=1, user_api="blas")
 
 
 def _run(blocks, workers: int, body):
@@ -132,9 +147,10 @@ def _run(blocks, workers: int, body):
     if not _pool or _pool[0]._max_workers < workers:
         _pool[:] = [ThreadPoolExecutor(workers, thread_name_prefix="distnn-winograd")]
     parts = [range(i, len(blocks), workers) for i in range(workers)]
-    futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
-    first = body(parts[0], True)
-    return [first] + [fu.result() for fu in futures]
+    with _one_blas_thread():
+        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
+        first = body(parts[0], True)
+        return [first] + [fu.result() for fu in futures]
 
 
 def _k(kernel, serial: bool):
