@@ -2,6 +2,10 @@
 ReLU layers on the NumPy path and the compiled (numba) path, at 1 and 2 threads, with
 PyTorch CPU at the same thread counts. Prints a Markdown table of medians (ms).
 
+The compiled path runs 3x3 stride-1 convolutions with C >= 16 as Winograd F(2x2, 3x3)
+(``kernels/winograd.py``); the "im2col" columns force the compiled im2col + GEMM path on
+the same layers, so the two are side by side.
+
     python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2]
 
 Runs are interleaved (every variant once per round) so load from other processes hits all
@@ -21,6 +25,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from distnn import kernels
+from distnn.kernels import conv as conv_kernels
 from distnn.nn.activations import ReLU
 from distnn.nn.conv import Conv2D
 from distnn.nn.normalization import BatchNormalization
@@ -39,8 +44,14 @@ CASES = [
      (16, 32, 32), True),
     ("conv 32->32 3x3 same 16x16", lambda: Conv2D(32, 3, padding="same"), (32, 16, 16), True),
     ("conv 64->64 3x3 same 8x8", lambda: Conv2D(64, 3, padding="same"), (64, 8, 8), True),
+    ("conv 64->128 3x3 same 16x16 (vgg11bn)", lambda: Conv2D(128, 3, padding=1),
+     (64, 16, 16), True),
     ("conv 128->256 3x3 same 8x8 (vgg11bn)", lambda: Conv2D(256, 3, padding=1),
      (128, 8, 8), True),
+    ("conv 256->256 3x3 same 8x8 (vgg11bn)", lambda: Conv2D(256, 3, padding=1),
+     (256, 8, 8), True),
+    ("conv 512->512 3x3 same 4x4 (vgg11bn)", lambda: Conv2D(512, 3, padding=1),
+     (512, 4, 4), True),
     ("maxpool 2x2 8x24x24", lambda: MaxPool2D(2), (8, 24, 24), True),
     ("maxpool 2x2 64x32x32 (vgg11bn)", lambda: MaxPool2D(2), (64, 32, 32), True),
     ("batchnorm 16x32x32", lambda: BatchNormalization(), (16, 32, 32), True),
@@ -108,6 +119,7 @@ def torch_step(layer, x, dy, need_dx):
 def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
+    wino = conv_kernels.WINOGRAD_MIN_CHANNELS
 
     def run(v):
         kind, t = v
@@ -117,8 +129,9 @@ def measure(variants, args, step, tstep):
                 torch.set_num_threads(t)
                 fn = tstep
             else:
-                kernels.set_backend(kind)
+                kernels.set_backend("numba" if kind == "im2col" else kind)
                 kernels.set_num_threads(t)
+                conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
                 fn = step
             fn()
             t0 = time.perf_counter()
@@ -130,6 +143,7 @@ def measure(variants, args, step, tstep):
     for _ in range(args.repeat):
         for v in variants:
             times[v].append(run(v))
+    conv_kernels.WINOGRAD_MIN_CHANNELS = wino
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
 
@@ -161,14 +175,16 @@ def main(argv=None) -> None:
         if proc.returncode != 0:
             raise SystemExit(f"the PyTorch process failed:\n{proc.stderr[-2000:]}")
         torch_ms = json.loads(proc.stdout.strip().splitlines()[-1])
-    variants = [(k, t) for t in threads for k in ("numpy", "numba")]
+    variants = [(k, t) for t in threads for k in ("numpy", "im2col", "numba")]
     head = ["case"] + [f"{k} {t}t" for k, t in variants]
     if torch_ms is not None:
         head += [f"torch {t}t" for t in threads]
-    ratio_heads = [f"numba÷numpy {t}t" for t in threads]
+    ratio_heads = [f"numba÷numpy {t}t" for t in threads] + [f"torch÷numba {t}t"
+                                                             for t in threads]
     print(f"batch {args.batch}, float32, forward+backward, median ms over {args.repeat} "
           "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
-          "first, in a process of its own)")
+          "first, in a process of its own; numba = the compiled default, Winograd where it "
+          "applies; im2col = the compiled im2col path forced)")
     print()
     print("| " + " | ".join(head + ratio_heads) + " |")
     print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")
@@ -179,6 +195,8 @@ def main(argv=None) -> None:
         if torch_ms is not None:
             cells += [f"{torch_ms[label][str(t)]:.2f}" for t in threads]
         ratios = [f"{med[('numpy', t)] / med[('numba', t)]:.2f}x" for t in threads]
+        ratios += ([f"{torch_ms[label][str(t)] / med[('numba', t)]:.2f}x" for t in threads]
+                   if torch_ms is not None else ["" for t in threads])
         print(f"| {label} | " + " | ".join(cells + ratios) + " |", flush=True)
     kernels.set_backend(None)
 

@@ -1,0 +1,245 @@
+"""Winograd F(2x2, 3x3) convolution for 3x3, stride-1, undilated kernels (compiled, numba).
+
+Each 4x4 input tile d (stride 2, overlapping by 2) of every channel becomes
+V = B^T d B, each filter g becomes U = G g G^T, and a 2x2 output tile is
+Y = A^T (sum_c U ⊙ V) A. The sum over channels at each of the 16 transformed positions
+is one GEMM, so a block of tiles costs one batched ``np.matmul`` (16, F, C) @ (16, C, T)
+in BLAS: 16 multiplies per 4 outputs instead of 36 (2.25x fewer). Tiles are processed in
+blocks of samples sized so that V and M = U V stay in cache between the transform and
+the GEMM.
+
+Backward is the exact adjoint of that computed map (not a second, flipped convolution):
+dM = A dY A^T per tile, dV = U^T dM and dx = scatter-add of B dV B^T (backward-data),
+dU = dM V^T and dw = G^T dU G (backward-weights), each again one batched GEMM. So the
+layer's gradients are the true gradients of the function it computes, and gradient checks
+hold to rounding.
+
+The tile loops are compiled (``_winograd``); the GEMMs stay in BLAS. With more than one
+thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each thread take whole
+blocks of samples (no copies; dw summed in a fixed order), bigger ones split every kernel.
+
+Rounding (u = 2^-24 for float32): all transform coefficients are 0, ±1/2 or ±1, so
+U, V, dM, dV are exact up to the rounding of their additions. With E the same pipeline
+evaluated with |x|, |w| and the absolute values of every transform matrix, the standard
+forward-error argument gives, per output element, |y_winograd - y| <= gamma(C + 10) * E
+(gamma(n) = n u / (1 - n u)); for dx, E uses |dy|, |w| and n = F + 10; for dw, |dy|, |x|
+and n = N*tiles + 10 (the sum over tiles; blocked summation in BLAS does far better).
+E itself is at most 4 x 2.25 x 9 = 81 times conv(|x|, |w|) (row sums of |B^T|, |G|,
+|A^T| squared), against 1x for im2col; tests/kernels/test_winograd.py checks the bound
+per layer shape against the float64 reference.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ._numba import get_num_threads, scratch
+from ._winograd import (input_transform, input_transform_adjoint, output_transform,
+                        output_transform_adjoint)
+
+# G (4x3): U = G g G^T
+G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+BT = np.array([[1.0, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+AT = np.array([[1.0, 1, 1, 0], [0, 1, -1, -1]])
+
+
+def tiles(oh: int, ow: int) -> tuple[int, int]:
+    """Tile rows and columns of 2x2 output tiles covering an (oh, ow) output."""
+    return (oh + 1) // 2, (ow + 1) // 2
+
+
+# KG[(a, b), (i, j)] = G[a, i] * G[b, j]: the weight transform of a flattened 3x3 kernel
+KG = np.kron(G, G)
+
+
+def weights_transform(w: np.ndarray) -> np.ndarray:
+    """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform: one GEMM
+    (an einsum measured 100 ms for 512x512 filters)."""
+    f, c = w.shape[:2]
+    u = np.empty((16, f, c), w.dtype)
+    np.matmul(KG.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(16, f * c))
+    return u
+
+
+def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """dw (F, C, 3, 3) = G^T dU G for dU (16, F, C), written into ``out``."""
+    f, c = du.shape[1:]
+    dw = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype))
+    out[...] = dw.reshape(f, c, 3, 3)
+    return out
+
+
+# Samples per block: V and M of a block about this size, so they are still in cache when
+# the GEMM reads them.
+BLOCK_BYTES = 1 << 20
+
+
+MIN_TILES = 256
+
+# Elements added to the row stride of the (16, rows * tiles) work arrays: with a stride of
+# a power of two the 16 rows that every tile reads or writes land in the same cache sets
+# (measured 16->16 32x32: the input transform 22 ms without, ms with).
+PAD = 16
+
+
+# forward keeps V for backward (in the layer's work arrays) up to this size; above it,
+# backward transforms the input again (16->16 at 32x32, batch 64: 16 MB a layer)
+KEEP_BYTES = 16 << 20
+
+
+def _kept(kept: np.ndarray, i: int, rows: int, t: int):
+    """Block i of a kept V: the (16, S) array the kernels take and its GEMM view."""
+    return kept[i], kept[i][:, :rows * t].reshape(16, rows, t)
+
+
+def _work(name: str, rows: int, t: int, dtype):
+    """A (16, rows * t + PAD) work array and its (16, rows, t) view for the GEMMs."""
+    a2 = scratch(name, (16, rows * t + PAD), dtype)
+    return a2, a2[:, :rows * t].reshape(16, rows, t)
+
+
+def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
+    """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
+    take whole blocks side by side.
+
+    With more than one thread, each thread takes every other block and runs it with the
+    serial kernels and one BLAS thread: no copies (disjoint samples of x, y, dx; its own
+    work arrays; dw and db summed after, in a fixed order) and one join per call, where a
+    parallel launch per kernel and a threaded GEMM would each be a barrier (and on a
+    loaded host every barrier waits for a preempted thread). With SPLIT_MNK set lower,
+    blocks whose GEMMs are bigger run one after the other with every kernel split instead.
+    """
+    threads = get_num_threads()
+    per_sample = 16 * (c + f) * th * tw * itemsize
+    k = BLOCK_BYTES // per_sample
+    if 16 * f * c * itemsize > BLOCK_BYTES // 4:
+        # big U: at least MIN_TILES tiles a GEMM, or re-reading U for every block costs
+        # more than V and M leaving the cache (256->256 at 8x8: 32 tiles a block otherwise)
+        k = max(k, -(-MIN_TILES // (th * tw)))
+    k = max(1, min(n, k))
+    workers = 1
+    if threads > 1 and n >= threads and f * c * k * th * tw <= SPLIT_MNK:
+        k, workers = min(k, -(-n // threads)), threads
+    elif threads > 1:
+        k = max(1, min(n, k * threads))
+    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], workers
+
+
+SPLIT_MNK = 1 << 62
+_pool: list = []  # the ThreadPoolExecutor, made on first use
+_blas: list = []  # the threadpoolctl controller, made on first use
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
+    if not _blas:
+        from threadpoolctl import ThreadpoolController
+        _blas.append(ThreadpoolController())
+    return _blas[0].limit(limits=1, user_api="blas")
+
+
+def _run(blocks, workers: int, body):
+    """body(indices, serial) over the block indices: in this thread with the parallel
+    kernels, or split among ``workers`` threads with the serial ones; the results."""
+    if workers == 1:
+        return [body(range(len(blocks)), False)]
+    if not _pool or _pool[0]._max_workers < workers:
+        _pool[:] = [ThreadPoolExecutor(workers, thread_name_prefix="distnn-winograd")]
+    parts = [range(i, len(blocks), workers) for i in range(workers)]
+    with _one_blas_thread():
+        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
+        first = body(parts[0], True)
+        return [first] + [fu.result() for fu in futures]
+
+
+def _k(kernel, serial: bool):
+    return kernel.serial if serial else kernel
+
+
+def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
+            pr: int, relu: bool = False, ws: dict | None = None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """y (N, F, OH, OW) = conv2d(x, w) + b (then ReLU when ``relu``) for w (F, C, 3, 3),
+    stride 1, zero padding (top, bottom, left, right), and the transformed input V kept
+    for ``backward`` (None when it is over KEEP_BYTES or no ``ws`` dict holds it)."""
+    n, c, h, wd = x.shape
+    f = w.shape[0]
+    oh, ow = h + pt + pb - 2, wd + pl + pr - 2
+    th, tw = tiles(oh, ow)
+    x = np.ascontiguousarray(x)
+    u = weights_transform(w)
+    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    y = np.empty((n, f, oh, ow), x.dtype)
+    bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    kept = None
+    if ws is not None and 16 * c * n * th * tw * x.itemsize <= KEEP_BYTES:
+        shape = (len(blocks), 16, c * k * th * tw + PAD)
+        kept = ws.get("wino_v")
+        if kept is None or kept.shape != shape or kept.dtype != x.dtype:
+            kept = ws["wino_v"] = np.empty(shape, x.dtype)
+
+    def body(indices, serial):
+        for i in indices:
+            n0, n1 = blocks[i]
+            t = (n1 - n0) * th * tw
+            v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
+            m2, m = _work("wino_m", f, t, x.dtype)
+            _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            np.matmul(u, v, out=m)
+            _k(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th, tw,
+                                         y)
+
+    _run(blocks, workers, body)
+    return y, kept
+
+
+def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
+             kept: np.ndarray | None = None
+             ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """(dx or None, dw, db or None) of ``forward`` (without ReLU) for dy (N, F, OH, OW):
+    the exact adjoint of the Winograd map. dw and db are overwritten into the outputs.
+    ``kept``: the V that forward kept (it is overwritten: one backward per forward)."""
+    n, c, h, wd = x.shape
+    f, oh, ow = dy.shape[1:]
+    th, tw = tiles(oh, ow)
+    dy = np.ascontiguousarray(dy)
+    u = weights_transform(w)
+    ut = u.transpose(0, 2, 1)
+    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    if kept is not None and kept.shape != (len(blocks), 16, c * k * th * tw + PAD):
+        kept = None  # blocked differently (the thread count changed): transform again
+    dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
+
+    def body(indices, serial):
+        du = np.zeros((16, f, c), x.dtype)
+        part = np.empty((16, f, c), x.dtype)
+        db64 = np.zeros(f, np.float64)
+        dbpbuf = np.empty(f * k, np.float64)
+        for i in indices:
+            n0, n1 = blocks[i]
+            t = (n1 - n0) * th * tw
+            v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
+            m2, dm = _work("wino_m", f, t, x.dtype)
+            dbp = dbpbuf[:f * (n1 - n0)]
+            _k(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
+            db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
+            if kept is None:
+                _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            np.matmul(dm, v.transpose(0, 2, 1), out=part)
+            du += part
+            if need_dx:
+                np.matmul(ut, dm, out=v)
+                _k(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+        return du, db64
+
+    parts = _run(blocks, workers, body)
+    du, db64 = parts[0]
+    for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+        du += du_i
+        db64 += db_i
+    weights_transform_adjoint(du, dw_out)
+    if db_out is not None:
+        db_out[...] = db64
+    return dx, dw_out, db_out

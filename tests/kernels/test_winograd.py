@@ -1,0 +1,179 @@
+"""Winograd F(2x2, 3x3) (compiled): exact against the loop reference in float64, within its
+stated rounding bound in float32 per layer shape, and gradient-checked through Conv2D."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradcheck import check_layer
+from test_conv_kernels import ref_conv
+
+pytest.importorskip("numba")
+from distnn.kernels import conv as K  # noqa: E402
+from distnn.kernels import winograd as W  # noqa: E402
+from distnn.nn.conv import Conv2D  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _compiled_only(kernel_backend):
+    if kernel_backend == "numpy":
+        pytest.skip("Winograd runs on the compiled backend only")
+
+
+def run(x, w, b, pads, dy, need_dx=True, ws=None):
+    y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method="winograd", ws=ws)
+    assert cache.winograd and (cache.col is not None) == (ws is not None)  # V kept in ws
+    dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx, ws=ws)
+    return y, dx, dw, db
+
+
+@st.composite
+def cases(draw):
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    n, c, f = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    h = draw(st.integers(max(1, 3 - pads[0] - pads[1]), 11))
+    w = draw(st.integers(max(1, 3 - pads[2] - pads[3]), 11))
+    return (n, c, h, w), f, pads, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases())
+def test_winograd_matches_loops_float64(case):
+    x_shape, f, pads, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal((f, x_shape[1], 3, 3))
+    b = rng.standard_normal(f)
+    y_ref = ref_conv(x, w, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    _, dx_ref, dw_ref, db_ref = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)
+    for ws in (None, {}, {}):
+        for got, ref in zip(run(x, w, b, pads, dy, ws=ws), (y_ref, dx_ref, dw_ref, db_ref)):
+            np.testing.assert_allclose(got, ref, atol=1e-11)
+
+
+@pytest.mark.parametrize("c,f", [(1, 1), (16, 8), (64, 32)])
+def test_winograd_channels_batch_one_and_fused_relu(c, f):
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((1, c, 7, 6))
+    w = rng.standard_normal((f, c, 3, 3))
+    b = rng.standard_normal(f)
+    y_ref = ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1))
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1)[0], y_ref, atol=1e-11)
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True)[0],
+                               np.maximum(y_ref, 0), atol=1e-11)
+
+
+# -- the rounding bound -------------------------------------------------------------------
+def tiles_of(x, pads, th, tw):
+    """(N, C, th, tw, 4, 4) input tiles, zero padded like the kernel."""
+    n, c, h, w = x.shape
+    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    rows, cols = min(h, 2 * th + 2 - pads[0]), min(w, 2 * tw + 2 - pads[2])
+    xp[:, :, pads[0]:pads[0] + rows, pads[2]:pads[2] + cols] = x[:, :, :rows, :cols]
+    win = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))
+    return win[:, :, ::2, ::2][:, :, :th, :tw]
+
+
+def abs_bounds(x, w, dy, pads):
+    """E for y, dx and dw: the Winograd pipeline on |x|, |w|, |dy| with |B^T|, |G|, |A^T|."""
+    bt, g, at = np.abs(W.BT), np.abs(W.G), np.abs(W.AT)
+    n, c, h, wd = x.shape
+    oh, ow = dy.shape[2:]
+    th, tw = W.tiles(oh, ow)
+    v = np.einsum("ai,nctxij,bj->abnctx", bt, tiles_of(np.abs(x), pads, th, tw), bt)
+    u = np.einsum("ai,fcij,bj->abfc", g, np.abs(w), g)
+    m = np.einsum("abfc,abnctx->abnftx", u, v)
+    ey = np.einsum("pa,abnftx,qb->nftpxq", at, m, at).reshape(n, -1, 2 * th, 2 * tw)
+    dyp = np.zeros((n, dy.shape[1], 2 * th, 2 * tw))
+    dyp[:, :, :oh, :ow] = np.abs(dy)
+    dyt = dyp.reshape(n, -1, th, 2, tw, 2)
+    dm = np.einsum("pa,nftpxq,qb->abnftx", at, dyt, at)
+    ddv = np.einsum("abfc,abnftx->abnctx", u, dm)
+    dd = np.einsum("ai,abnctx,bj->nctxij", bt, ddv, bt)
+    edx = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    for i in range(4):
+        for j in range(4):
+            edx[:, :, i:i + 2 * th:2, j:j + 2 * tw:2] += dd[..., i, j]
+    rows, cols = min(h, 2 * th + 2 - pads[0]), min(wd, 2 * tw + 2 - pads[2])
+    edx_x = np.zeros(x.shape)
+    edx_x[:, :, :rows, :cols] = edx[:, :, pads[0]:pads[0] + rows, pads[2]:pads[2] + cols]
+    du = np.einsum("abnftx,abnctx->abfc", dm, v)
+    edw = np.einsum("ai,abfc,bj->fcij", g, du, g)
+    return ey[:, :, :oh, :ow], edx_x, edw
+
+
+def gamma(k):
+    u = 2.0 ** -24
+    return k * u / (1 - k * u)
+
+
+# resnet20 and vgg11bn 3x3 stride-1 layers (C->F at HxW), batch 2 for speed
+@pytest.mark.parametrize("c,f,h", [(16, 16, 32), (16, 32, 32), (32, 32, 16), (64, 64, 8),
+                                   (64, 128, 16), (128, 256, 8), (256, 256, 4), (3, 64, 32)])
+def test_winograd_float32_within_rounding_bound(c, f, h):
+    rng = np.random.default_rng(h * c + f)
+    n, pads = 2, (1, 1, 1, 1)
+    x = rng.standard_normal((n, c, h, h))
+    w = rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)
+    b = rng.standard_normal(f)
+    dy = rng.standard_normal((n, f, h, h))
+    ref = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)[:3]
+    got = run(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), pads,
+              dy.astype(np.float32))[:3]
+    ey, edx, edw = abs_bounds(x, w, dy, pads)
+    ntiles = n * W.tiles(h, h)[0] * W.tiles(h, h)[1]
+    for name, g_, r, e, k in (("y", got[0], ref[0], ey, c + 10), ("dx", got[1], ref[1], edx,
+                              f + 10), ("dw", got[2], ref[2], edw, ntiles + 10)):
+        err = np.abs(g_.astype(np.float64) - r)
+        assert np.all(err <= gamma(k) * e + 1e-30), (name, float(np.max(err / (e + 1e-30))))
+        # and the float32 im2col path's own error is the scale to compare with: same order
+        assert np.max(err) < 1e-3 * max(1.0, float(np.max(np.abs(r)))), name
+
+
+def test_conv2d_layer_gradcheck_on_winograd():
+    layer = Conv2D(4, 3, padding="same")
+    layer.build((16, 8, 8), rng=np.random.default_rng(0), dtype=np.float64)
+    x = np.random.default_rng(1).standard_normal((2, 16, 8, 8))
+    layer.forward(x, training=True)
+    assert layer._cache.winograd  # the default choice for this shape
+    layer._cache = None
+    check_layer(layer, x, tol=1e-6)
+
+
+def test_choice_keeps_im2col_where_winograd_loses():
+    g = K.conv_geometry((64, 3, 32, 32), (3, 3), padding=(1, 1, 1, 1))
+    assert not K.use_winograd(g, 16)
+    g = K.conv_geometry((64, 256, 2, 2), (3, 3), padding=(1, 1, 1, 1))
+    assert not K.use_winograd(g, 256)
+    g = K.conv_geometry((64, 32, 16, 16), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    assert not K.use_winograd(g, 32)
+    g = K.conv_geometry((64, 32, 16, 16), (3, 3), padding=(1, 1, 1, 1))
+    assert K.use_winograd(g, 32)
+
+
+@pytest.mark.parametrize("threads,split_mnk", [(1, 1 << 62), (2, 1 << 62), (2, 0)])
+@pytest.mark.parametrize("n,c,f,h,w,pads", [(9, 4, 4, 32, 32, (1, 1, 1, 1)),
+                                            (3, 16, 8, 15, 13, (0, 1, 1, 0))])
+def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h, w, pads,
+                                                  monkeypatch):
+    """Two threads either take whole blocks each (the default) or split every kernel
+    (SPLIT_MNK below the GEMM size); both give the reference result, with and without V
+    kept from forward."""
+    from distnn import kernels
+    monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
+    rng = np.random.default_rng(n + c)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((f, c, 3, 3))
+    b = rng.standard_normal(f)
+    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        for ws in (None, {}):
+            for got, r in zip(run(x, wt, b, pads, dy, ws=ws), ref):
+                np.testing.assert_allclose(got, r, atol=1e-10)
+    finally:
+        kernels.set_num_threads(previous)
