@@ -50,6 +50,10 @@ def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3) -> float:
     t0 = time.perf_counter()
     backoff = Backoff(max_sleep)
     pending = [h for h in handles if h is not None]
+    if any(getattr(h, "_watch", None) is not None for h in pending):
+        for h in pending:  # a stall inspector polls them (and names whom they wait for)
+            h.wait()
+        pending = []
     while pending:
         pending = [h for h in pending if not h.test()]
         if pending:

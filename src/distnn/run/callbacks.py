@@ -122,5 +122,6 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
     # resume alone keeps checkpointing to the file it resumed.
     path = cfg.train.checkpoint or cfg.train.resume
     if path:
-        callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq))
+        callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq,
+                                            steps=cfg.train.checkpoint_steps))
     return callbacks

@@ -218,24 +218,41 @@ class ModelCheckpoint(_Monitor):
 
 
 class TrainingCheckpoint(Callback):
-    """Write the full training state (``distnn.checkpoint``) every ``every`` epochs so the
-    run can continue with ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
+    """Write the full training state (``distnn.checkpoint``) every ``every`` epochs (and,
+    with ``steps``, every ``steps`` training steps) so the run can continue with
+    ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
 
     Collective: every rank takes part (RNG states are gathered), rank 0 writes atomically.
+    A step checkpoint records the position in the epoch (batches done, partial metric
+    sums); a resume skips those batches of the same shuffle, so it redoes at most ``steps``.
 
     Args:
         path: the checkpoint file (replaced atomically at every save).
         every: save every this many epochs (and after the last one).
         run: JSON-able settings of the run, stored in the checkpoint (``meta["run"]``).
+        steps: also save every this many steps (0: only at epoch ends); needs a rule whose
+            ranks take every step together (``Rule.lockstep``, e.g. data).
     """
 
-    def __init__(self, path: str, every: int = 1, run: dict | None = None):
+    def __init__(self, path: str, every: int = 1, run: dict | None = None, steps: int = 0):
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint_freq must be an integer >= 1, got {every!r}")
+        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+            raise ValueError(f"checkpoint_steps must be an integer >= 0, got {steps!r}")
         if not path:
             raise ValueError("checkpoint needs a file path, got an empty one")
-        self.path, self.every = os.fspath(path), int(every)
+        self.path, self.every, self.steps = os.fspath(path), int(every), int(steps)
         self.run = dict(run or {})
+
+    def on_batch_end(self, trainer, step, logs):
+        if not self.steps or (step + 1) % self.steps:
+            return
+        done = trainer.epoch_step
+        if done >= trainer.steps_per_epoch:
+            return  # the epoch-end save follows, with the epoch's metrics
+        from .checkpoint import save_checkpoint
+        save_checkpoint(self.path, trainer, epochs_done=trainer.epoch, run=self.run,
+                        epoch_step=done)
 
     def on_epoch_end(self, trainer, epoch, logs):
         # The trainer calls this after the other callbacks so their state is current.

@@ -1,0 +1,203 @@
+"""The stall inspector: name the ranks a waiting rank is waiting for, and end a hung job.
+
+Each rank publishes where it is (step, phase, when it got there, how many collectives it
+has started, which one it waits in) in six float64 slots of an MPI one-sided window
+(``MPI.Win.Allocate``; every rank holds a passive ``Lock_all`` epoch from the start).
+Publishing is a store into local memory: no MPI call, nothing sent. A rank that waits
+(a collective, or a master/peer under the asynchronous rules) polls its request with
+short sleeps; past ``warning`` seconds it reads every rank's slots with ``Rget`` (which
+needs nothing from the target: a SIGSTOPped or deadlocked rank is read all the same on
+its node; a rank whose slots cannot be read within a second is "not answering") and
+prints which ranks have not arrived and where each last was. Past ``timeout`` seconds it
+prints the same as an error and ends the job with MPI_Abort(``EXIT_STALL``) (4), leaving
+the last (atomically written) checkpoint resumable. No helper thread, so it works at any
+MPI thread level. Only the lowest-numbered rank that has arrived prints.
+
+Example:
+    inspector = watch_stalls(comm, warning=60, timeout=600)
+    inspector.phase("forward", step=12)
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["StallInspector", "watch_stalls", "PHASES", "EXIT_STALL"]
+
+EXIT_STALL = 4
+PHASES = ("start", "forward", "backward", "allreduce bucket", "optimizer step", "loss check",
+          "epoch end", "evaluate", "checkpoint write", "collective", "waiting for master",
+          "waiting for workers", "waiting for a peer", "done")
+_CODES = {name: i for i, name in enumerate(PHASES)}
+STEP, PHASE, ARG, SINCE, STARTED, WAITING = range(6)
+
+
+class StallInspector:
+    """Publishes this rank's position and watches its waits (see the module doc).
+
+    Args:
+        comm: the ``MPIComm`` to watch (its ``stall`` attribute is set to this inspector).
+        warning: seconds of waiting before the ranks not arrived are named (stderr).
+        timeout: seconds of waiting before the job ends with exit status 4 (None: never).
+        hint: appended to the timeout message (e.g. how to resume).
+        out: where the lines go (default sys.stderr).
+    """
+
+    def __init__(self, comm, warning: float = 60.0, timeout: float | None = None,
+                 hint: str = "", out=None):
+        if not warning > 0:
+            raise ValueError(f"warning (--stall_warning) must be > 0 seconds, got {warning!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout (--stall_timeout) must be > 0 seconds or None, got "
+                             f"{timeout!r}")
+        import socket
+        self.MPI = comm.MPI
+        self.comm = comm
+        self.warning, self.timeout, self.hint = float(warning), timeout, hint
+        self.out = out
+        self.hosts = comm.comm.allgather(socket.gethostname())
+        self._wcomm = comm.comm.Dup()
+        self.win = self.MPI.Win.Allocate(6 * 8, 8, comm=self._wcomm)
+        self.state = np.frombuffer(self.win.tomemory(), dtype=np.float64)
+        self.state[:] = (0, 0, -1, time.time(), 0, -1)
+        self.win.Lock_all()
+        self.seq = 0
+        self.step = 0
+        comm.stall = self
+
+    # -- publishing (cheap: stores into this rank's slots) ---------------------------------
+    def phase(self, name: str, arg: int = -1, step: int | None = None) -> None:
+        """Say this rank is now in phase ``name`` (one of PHASES) of ``step``."""
+        s = self.state
+        if step is not None:
+            self.step = step
+            s[STEP] = step
+        s[PHASE] = _CODES[name]
+        s[ARG] = arg
+        s[SINCE] = time.time()
+
+    def started(self) -> int:
+        """Count a collective this rank starts; returns its number."""
+        self.seq += 1
+        self.state[STARTED] = self.seq
+        return self.seq
+
+    # -- waiting --------------------------------------------------------------------------
+    def wait(self, test: Callable[[], bool], seq: int | None = None,
+             peers: Sequence[int] | None = None) -> None:
+        """Poll ``test()`` until True, sleeping between polls; collective number ``seq`` or
+        a wait for ``peers`` (point to point) says whom a report names."""
+        if test():
+            return
+        t0 = time.monotonic()
+        self.state[WAITING] = seq if seq is not None else -2
+        delay, spins = 1e-5, 0
+        checks = [self.warning] + ([self.timeout] if self.timeout is not None else [])
+        next_check = min(checks)
+        try:
+            while not test():
+                waited = time.monotonic() - t0
+                if waited >= next_check:
+                    fatal = self.timeout is not None and waited >= self.timeout
+                    self._report(waited, seq, peers, fatal)
+                    next_check = min([waited + self.warning]
+                                     + ([self.timeout] if self.timeout is not None
+                                        and self.timeout > waited else []))
+                spins += 1
+                if spins > 20:  # a few polls as MPI's Wait would, then sleeps
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2e-3)
+        finally:
+            self.state[WAITING] = -1
+
+    def read(self, ranks: Sequence[int], patience: float = 1.0) -> dict[int, np.ndarray | None]:
+        """Every rank's published slots (None: could not be read within ``patience`` s)."""
+        bufs, reqs = {}, {}
+        for r in ranks:
+            if r == self.comm.rank:
+                bufs[r] = self.state.copy()
+                continue
+            bufs[r] = np.zeros(6)
+            reqs[r] = self.win.Rget(bufs[r], r)
+        deadline = time.monotonic() + patience
+        while reqs and time.monotonic() < deadline:
+            for r in [r for r, q in reqs.items() if q.Test()]:
+                del reqs[r]
+            time.sleep(1e-3)
+        for r in reqs:
+            bufs[r] = None
+        return bufs
+
+    def where(self, s: np.ndarray, now: float) -> str:
+        name = PHASES[int(s[PHASE])] if 0 <= int(s[PHASE]) < len(PHASES) else "?"
+        if s[ARG] >= 0:
+            name += f" {int(s[ARG])}"
+        return f"step {int(s[STEP])}, {name}, {now - s[SINCE]:.1f} s ago"
+
+    def _report(self, waited: float, seq, peers, fatal: bool) -> None:
+        me = self.comm.rank
+        everyone = self.read(range(self.comm.size))
+        if seq is not None:
+            late = [r for r, s in everyone.items() if s is None or s[STARTED] < seq]
+            arrived = [r for r in everyone if r not in late]
+        else:
+            late = [r for r in (peers or []) if r != me]
+            arrived = [me]
+        printer = min(arrived) if arrived else me
+        now = time.time()
+        names = []
+        for r in late:
+            s = everyone[r]
+            where = self.where(s, now) if s is not None else \
+                "not answering (stopped, or its host lost)"
+            names.append(f"rank {r} (host {self.hosts[r]}): {where}")
+        mine = self.where(self.state, now).rsplit(",", 1)[0]
+        what = "collective" if seq is not None else "for " + ", ".join(f"rank {r}" for r in late)
+        head = (f"[rank {me}] stall: waited {waited:.1f} s in {mine} "
+                f"({what}); not arrived: " if seq is not None else
+                f"[rank {me}] stall: waited {waited:.1f} s in {mine} {what}: ")
+        line = head + ("; ".join(names) or "none found (still waiting)")
+        out = self.out if self.out is not None else sys.stderr
+        if fatal:
+            late_ranks = ", ".join(str(r) for r in late) or "?"
+            line = (f"{line}\n[rank {me}] stall timeout: ranks {late_ranks} did not arrive "
+                    f"within {self.timeout:g} s (--stall_timeout); ending the job with exit "
+                    f"status {EXIT_STALL}{'; ' + self.hint if self.hint else ''}")
+        if me == printer:
+            out.write(line + "\n")
+            out.flush()
+        if fatal:
+            time.sleep(0.5 if me == printer else 2.0)  # the printer's line goes out first
+            self.comm.abort(EXIT_STALL)
+
+    def close(self) -> None:
+        """Release the window (collective)."""
+        if getattr(self, "win", None) is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+            self._wcomm.Free()
+            self.win = None
+            self.comm.stall = None
+
+
+def watch_stalls(comm, warning: float = 60.0, timeout: float | None = None,
+                 hint: str = "") -> StallInspector | None:
+    """Install a ``StallInspector`` on ``comm`` (collective); None for a communicator
+    without MPI (one process: nothing to wait for)."""
+    if getattr(comm, "size", 1) < 2 or not hasattr(comm, "MPI"):
+        return None
+    current = getattr(comm, "stall", None)
+    if current is not None:
+        current.warning, current.timeout, current.hint = float(warning), timeout, hint
+        return current
+    return StallInspector(comm, warning, timeout, hint)
+
+
+def phase(comm, name: str, arg: int = -1, step: int | None = None) -> None:
+    """``comm.stall.phase(...)`` when ``comm`` has an inspector (else nothing)."""
+    inspector = getattr(comm, "stall", None)
+    if inspector is not None:
+        inspector.phase(name, arg, step)
