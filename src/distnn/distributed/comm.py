@@ -194,7 +194,11 @@ class _MPIHandle:
         if not self._done:
             if self._watch is not None:
                 inspector, seq, peers = self._watch
-                inspector.wait(self._request.Test, seq, peers)
+                inspector.enter(seq, peers)
+                try:
+                    self._request.Wait()
+                finally:
+                    inspector.leave()
             else:
                 self._request.Wait()
             self._done = True
@@ -292,17 +296,21 @@ class MPIComm:
         watch = (self.stall, self.stall.started(), None) if self.stall is not None else None
         return _MPIHandle(request, np.zeros(0) if arr is None else arr, divide_by, keep, watch)
 
-    def _watched_barrier(self):
-        # blocking object collectives cannot be polled: a watched barrier comes first
-        if self.stall is not None:
-            self._collective(self.comm.Ibarrier()).wait()
+    def _watched(self, fn, *args, **kwargs):
+        """A blocking collective, counted and watched by the stall inspector if any."""
+        stall = self.stall
+        if stall is None:
+            return fn(*args, **kwargs)
+        stall.enter(stall.started())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stall.leave()
 
     def allreduce_(self, arr, op="sum"):
         _check_op(op, _check_array(arr, "allreduce_"))
-        if self.stall is not None:
-            return self.iallreduce_(arr, op).wait()
         buf, mpi_op = self._buf_op(arr, op)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
+        self._watched(self.comm.Allreduce, self.MPI.IN_PLACE, buf, op=mpi_op)
         return _divide_(arr, self.size) if op == "mean" else arr
 
     def iallreduce_(self, arr, op="sum"):
@@ -314,41 +322,32 @@ class MPIComm:
     def bcast_(self, arr, root=0):
         _check_array(arr, "bcast_")
         buf = [arr.view(np.uint16), self.MPI.UINT16_T] if arr.dtype == np.float16 else arr
-        if self.stall is not None:
-            self._collective(self.comm.Ibcast(buf, root=root), keep=buf).wait()
-            return arr
-        self.comm.Bcast(buf, root=root)
+        self._watched(self.comm.Bcast, buf, root=root)
         return arr
 
     def allgather(self, arr):
-        self._watched_barrier()
         arr = np.ascontiguousarray(arr)
         out = np.empty((self.size,) + arr.shape, dtype=arr.dtype)
         if arr.dtype == np.float16:
-            self.comm.Allgather([arr.view(np.uint16), self.MPI.UINT16_T],
-                                [out.view(np.uint16), self.MPI.UINT16_T])
+            self._watched(self.comm.Allgather, [arr.view(np.uint16), self.MPI.UINT16_T],
+                          [out.view(np.uint16), self.MPI.UINT16_T])
         else:
-            self.comm.Allgather(arr, out)
+            self._watched(self.comm.Allgather, arr, out)
         return out
 
     def bcast_obj(self, obj, root=0):
-        self._watched_barrier()
-        return self.comm.bcast(obj, root=root)
+        return self._watched(self.comm.bcast, obj, root=root)
 
     def allgather_obj(self, obj):
-        self._watched_barrier()
-        return self.comm.allgather(obj)
+        return self._watched(self.comm.allgather, obj)
 
     def allreduce_obj(self, obj, op="sum"):
         _check_op(op)
-        self._watched_barrier()
-        out = self.comm.allreduce(obj, op=self._ops[op])
+        out = self._watched(self.comm.allreduce, obj, op=self._ops[op])
         return out / self.size if op == "mean" else out
 
     def barrier(self):
-        if self.stall is not None:
-            return self._watched_barrier()
-        self.comm.Barrier()
+        self._watched(self.comm.Barrier)
 
     def split(self, color, key=0):
         return MPIComm(self.comm.Split(color, key), fp16=self.fp16)

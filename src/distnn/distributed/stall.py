@@ -1,17 +1,21 @@
 """The stall inspector: name the ranks a waiting rank is waiting for, and end a hung job.
 
 Each rank publishes where it is (step, phase, when it got there, how many collectives it
-has started, which one it waits in) in six float64 slots of an MPI one-sided window
-(``MPI.Win.Allocate``; every rank holds a passive ``Lock_all`` epoch from the start).
-Publishing is a store into local memory: no MPI call, nothing sent. A rank that waits
-(a collective, or a master/peer under the asynchronous rules) polls its request with
-short sleeps; past ``warning`` seconds it reads every rank's slots with ``Rget`` (which
-needs nothing from the target: a SIGSTOPped or deadlocked rank is read all the same on
-its node; a rank whose slots cannot be read within a second is "not answering") and
-prints which ranks have not arrived and where each last was. Past ``timeout`` seconds it
-prints the same as an error and ends the job with MPI_Abort(``EXIT_STALL``) (4), leaving
-the last (atomically written) checkpoint resumable. No helper thread, so it works at any
-MPI thread level. Only the lowest-numbered rank that has arrived prints.
+has started, whether it is waiting, a heartbeat) in float64 slots of an MPI one-sided
+window (``MPI.Win.Allocate``; every rank holds a passive ``Lock_all`` epoch from the
+start). Publishing is a store into local memory: no MPI call, nothing sent, and the waits
+stay MPI's own blocking calls (``_watched``/``enter``/``leave`` only mark them), so a step
+costs what it cost without the inspector (``benchmarks/stall.py``). A watchdog thread beats
+every 0.2 s and watches the clock: when the main thread has waited past ``warning``
+seconds it reads every rank's slots with ``Rget`` (passive target: it needs nothing from
+the target, so a SIGSTOPped or deadlocked rank is read all the same; a rank whose slots
+cannot be read within a second is "not answering") and prints which ranks have not
+arrived (busy elsewhere, or their heartbeat stopped) and where each last was. Past
+``timeout`` seconds it prints the same as an error and ends the job with
+MPI_Abort(``EXIT_STALL``) (4), leaving the last (atomically written) checkpoint resumable.
+Reading other ranks from the watchdog needs ``MPI.THREAD_MULTIPLE`` (mpi4py asks for it;
+MPICH grants it); at a lower level the report has this rank's own position only. Only the
+lowest-numbered rank that has arrived prints.
 
 Example:
     inspector = watch_stalls(comm, warning=60, timeout=600)
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -32,7 +36,10 @@ PHASES = ("start", "forward", "backward", "allreduce bucket", "optimizer step", 
           "epoch end", "evaluate", "checkpoint write", "collective", "waiting for master",
           "waiting for workers", "waiting for a peer", "done")
 _CODES = {name: i for i, name in enumerate(PHASES)}
-STEP, PHASE, ARG, SINCE, STARTED, WAITING = range(6)
+STEP, PHASE, ARG, SINCE, STARTED, WAITING, BEAT = range(7)
+SLOTS = 7
+BEAT_S = 0.2  # the watchdog's period
+STALE = 1.0  # a rank whose watchdog has not beaten for this long is stopped (or its host)
 
 
 class StallInspector:
@@ -60,13 +67,20 @@ class StallInspector:
         self.out = out
         self.hosts = comm.comm.allgather(socket.gethostname())
         self._wcomm = comm.comm.Dup()
-        self.win = self.MPI.Win.Allocate(6 * 8, 8, comm=self._wcomm)
+        self.win = self.MPI.Win.Allocate(SLOTS * 8, 8, comm=self._wcomm)
         self.state = np.frombuffer(self.win.tomemory(), dtype=np.float64)
-        self.state[:] = (0, 0, -1, time.time(), 0, -1)
+        self.state[:] = (0, 0, -1, time.time(), 0, -1, 0)
         self.win.Lock_all()
         self.seq = 0
         self.step = 0
+        self._waiting = None
+        # the watchdog reads other ranks' slots while the main thread is inside MPI
+        self.threaded = self.MPI.Query_thread() == self.MPI.THREAD_MULTIPLE
         comm.stall = self
+        import atexit
+        import threading
+        atexit.register(self.close)  # before MPI finalizes (the window is collective)
+        threading.Thread(target=self._watch, name="distnn-stall-watchdog", daemon=True).start()
 
     # -- publishing (cheap: stores into this rank's slots) ---------------------------------
     def phase(self, name: str, arg: int = -1, step: int | None = None) -> None:
@@ -85,33 +99,37 @@ class StallInspector:
         self.state[STARTED] = self.seq
         return self.seq
 
-    # -- waiting --------------------------------------------------------------------------
-    def wait(self, test: Callable[[], bool], seq: int | None = None,
-             peers: Sequence[int] | None = None) -> None:
-        """Poll ``test()`` until True, sleeping between polls; collective number ``seq`` or
-        a wait for ``peers`` (point to point) says whom a report names."""
-        if test():
-            return
-        t0 = time.monotonic()
+    # -- waiting (the caller blocks in MPI; the watchdog thread watches the clock) --------
+    def enter(self, seq: int | None = None, peers: Sequence[int] | None = None) -> None:
+        """This rank now waits in collective number ``seq`` (or for ``peers``)."""
+        self._waiting = (time.monotonic(), seq, peers)
         self.state[WAITING] = seq if seq is not None else -2
-        delay, spins = 1e-5, 0
-        checks = [self.warning] + ([self.timeout] if self.timeout is not None else [])
-        next_check = min(checks)
-        try:
-            while not test():
-                waited = time.monotonic() - t0
-                if waited >= next_check:
-                    fatal = self.timeout is not None and waited >= self.timeout
-                    self._report(waited, seq, peers, fatal)
-                    next_check = min([waited + self.warning]
-                                     + ([self.timeout] if self.timeout is not None
-                                        and self.timeout > waited else []))
-                spins += 1
-                if spins > 20:  # a few polls as MPI's Wait would, then sleeps
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2e-3)
-        finally:
-            self.state[WAITING] = -1
+
+    def leave(self) -> None:
+        self.state[WAITING] = -1
+        self._waiting = None
+
+    def _watch(self) -> None:
+        """The watchdog: beats every ``BEAT_S`` (so a stopped process is told from a waiting
+        one) and reports a wait that passes the warning or the timeout."""
+        seen, next_check = None, None
+        while self.win is not None:
+            time.sleep(BEAT_S)
+            self.state[BEAT] = time.time()
+            waiting = self._waiting
+            if waiting is None:
+                continue
+            if waiting is not seen:
+                seen, next_check = waiting, min([self.warning] + (
+                    [self.timeout] if self.timeout is not None else []))
+            t0, seq, peers = waiting
+            waited = time.monotonic() - t0
+            if waited >= next_check:
+                fatal = self.timeout is not None and waited >= self.timeout
+                self._report(waited, seq, peers, fatal)
+                next_check = min([waited + self.warning] + (
+                    [self.timeout] if self.timeout is not None and self.timeout > waited
+                    else []))
 
     def read(self, ranks: Sequence[int], patience: float = 1.0) -> dict[int, np.ndarray | None]:
         """Every rank's published slots (None: could not be read within ``patience`` s)."""
@@ -120,14 +138,14 @@ class StallInspector:
             if r == self.comm.rank:
                 bufs[r] = self.state.copy()
                 continue
-            bufs[r] = np.zeros(6)
+            bufs[r] = np.zeros(SLOTS)
             reqs[r] = self.win.Rget(bufs[r], r)
         deadline = time.monotonic() + patience
         while reqs and time.monotonic() < deadline:
             for r in [r for r, q in reqs.items() if q.Test()]:
                 del reqs[r]
             time.sleep(1e-3)
-        for r in reqs:
+        for r in reqs:  # left pending: this rank is about to be reported (or to end)
             bufs[r] = None
         return bufs
 
@@ -139,20 +157,32 @@ class StallInspector:
 
     def _report(self, waited: float, seq, peers, fatal: bool) -> None:
         me = self.comm.rank
-        everyone = self.read(range(self.comm.size))
+        if self.threaded:
+            everyone = self.read(range(self.comm.size))
+        else:  # MPI calls from this thread are not allowed: own slots only
+            everyone = {r: (self.state.copy() if r == me else None)
+                        for r in range(self.comm.size)}
+        now = time.time()
+
+        def stuck(s):  # not waiting (busy elsewhere), or its watchdog stopped beating
+            return s is None or s[WAITING] == -1 or now - s[BEAT] > STALE
+
         if seq is not None:
-            late = [r for r, s in everyone.items() if s is None or s[STARTED] < seq]
+            late = [r for r, s in everyone.items() if r != me and stuck(s)]
             arrived = [r for r in everyone if r not in late]
         else:
             late = [r for r in (peers or []) if r != me]
             arrived = [me]
         printer = min(arrived) if arrived else me
-        now = time.time()
         names = []
         for r in late:
             s = everyone[r]
-            where = self.where(s, now) if s is not None else \
-                "not answering (stopped, or its host lost)"
+            if s is None:
+                where = "not answering (stopped, or its host lost)"
+            else:
+                where = self.where(s, now)
+                if now - s[BEAT] > STALE:
+                    where += f" (not running for {now - s[BEAT]:.1f} s: stopped?)"
             names.append(f"rank {r} (host {self.hosts[r]}): {where}")
         mine = self.where(self.state, now).rsplit(",", 1)[0]
         what = "collective" if seq is not None else "for " + ", ".join(f"rank {r}" for r in late)
@@ -163,8 +193,9 @@ class StallInspector:
         out = self.out if self.out is not None else sys.stderr
         if fatal:
             late_ranks = ", ".join(str(r) for r in late) or "?"
-            line = (f"{line}\n[rank {me}] stall timeout: ranks {late_ranks} did not arrive "
-                    f"within {self.timeout:g} s (--stall_timeout); ending the job with exit "
+            plural = "s" * (len(late) > 1)
+            line = (f"{line}\n[rank {me}] stall timeout: rank{plural} {late_ranks} did not "
+                    f"arrive within {self.timeout:g} s (--stall_timeout); ending the job with exit "
                     f"status {EXIT_STALL}{'; ' + self.hint if self.hint else ''}")
         if me == printer:
             out.write(line + "\n")
@@ -175,7 +206,9 @@ class StallInspector:
 
     def close(self) -> None:
         """Release the window (collective)."""
-        if getattr(self, "win", None) is not None:
+        if getattr(self, "win", None) is not None and not self.MPI.Is_finalized():
+            self.comm.stall = None
+            self._waiting = None
             self.win.Unlock_all()
             self.win.Free()
             self._wcomm.Free()
