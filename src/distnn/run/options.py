@@ -188,6 +188,9 @@ OPTIONS: list[Option] = [
     _O("checkpoint_steps", Int(0), 0, "Also write the checkpoint every N training steps "
        "(0: only at epoch ends); a resume continues mid-epoch at the exact batch, so a "
        "restart redoes at most N steps (synchronous rules).", "train", "train", (TRAIN,)),
+    _O("progress_file", Maybe(Str(metavar="FILE")), None, "Rank 0 keeps this file holding "
+       "'global_step epoch epoch_step global_batch' after every step (distnn launch reads "
+       "it to say how many samples a restart redoes).", "train", "train", (TRAIN,)),
     _O("resume", Maybe(Str(metavar="FILE")), None, "Continue the run saved in this "
        "checkpoint (same model, optimizer and schedulers; keeps its global batch) and keep "
        "checkpointing to it (unless --checkpoint names another file).", "train", "train",

@@ -281,10 +281,10 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
             text += "; " + "; ".join(why)
         notes.append(text)
 
-    stored_cbs = [c["type"] for c in meta.get("callbacks", [])
-                  if c["type"] != "TrainingCheckpoint"]
+    from ..training.checkpoint import STATELESS
+    stored_cbs = [c["type"] for c in meta.get("callbacks", []) if c["type"] not in STATELESS]
     mine_cbs = [type(cb).__name__ for cb in trainer.callbacks
-                if type(cb).__name__ != "TrainingCheckpoint"]
+                if type(cb).__name__ not in STATELESS]
     if stored_cbs != mine_cbs:
         raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
                         f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "

@@ -34,6 +34,10 @@ from ..fileio import WriteError, atomic_open, guarded_write, npz_kind
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
            "unpack"]
 
+# callbacks that keep no state: a resume may add or drop them
+STATELESS = ("TrainingCheckpoint", "ProgressFile")
+
+
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or does not fit this run; the message names the file,
     what is wrong and what to do."""
@@ -221,8 +225,8 @@ class Checkpoint:
                              "resume with the same --optimizer as the run that wrote it") from None
         # TrainingCheckpoint keeps no state: a resume may add or drop one (--resume alone
         # keeps checkpointing to the same file).
-        stored_cbs = [c for c in meta["callbacks"] if c["type"] != "TrainingCheckpoint"]
-        mine_cbs = [cb for cb in trainer.callbacks if type(cb).__name__ != "TrainingCheckpoint"]
+        stored_cbs = [c for c in meta["callbacks"] if c["type"] not in STATELESS]
+        mine_cbs = [cb for cb in trainer.callbacks if type(cb).__name__ not in STATELESS]
         mine = [type(cb).__name__ for cb in mine_cbs]
         theirs = [c["type"] for c in stored_cbs]
         if mine != theirs:
