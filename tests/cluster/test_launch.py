@@ -113,3 +113,33 @@ def test_launch_needs_a_checkpoint():
     proc = subprocess.run([DISTNN, "launch", "--hosts", "a,b", "--", "train"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--checkpoint" in proc.stderr
+
+
+@needs_cluster
+def test_ctrl_c_stops_everything(cluster, tmp_path):
+    import signal
+    ck = tmp_path / "ck.npz"
+    proc = launch(tmp_path, "--", "train", *TRAIN, "--num_epochs", "50", "--checkpoint",
+                  "ck.npz", "--checkpoint_steps", "5")
+    try:
+        deadline = time.monotonic() + 120
+        while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ck.exists()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    for host in cluster.hosts:
+        assert cluster.wait_gone(host.name, timeout=10), f"processes left on {host.name}"
+    load_checkpoint(ck)  # whole
+
+
+def test_slurm_nodelists_expand():
+    from distnn.cluster.supervisor import expand_nodelist
+    assert expand_nodelist("node[1-3,07],gpu5") == ["node1", "node2", "node3", "node07", "gpu5"]
+    assert expand_nodelist("a[08-10]x") == ["a08x", "a09x", "a10x"]
