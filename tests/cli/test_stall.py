@@ -44,19 +44,23 @@ def rank_pid(cwd: Path, rank: int) -> int | None:
 
 @pytest.mark.mpi
 @needs_mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_a_stopped_rank_is_named_and_the_timeout_ends_the_job(tmp_path, ranks):
-    proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *COMMAND, "train", *RUN], cwd=tmp_path,
+@pytest.mark.parametrize("ranks,rule,victim", [(2, "data", 1), (3, "data", 2),
+                                               (3, "downpour", 0)])
+def test_a_stopped_rank_is_named_and_the_timeout_ends_the_job(tmp_path, ranks, rule, victim):
+    # under downpour the workers wait for the master (rank 0), point to point
+    args = [*RUN, "--parallel", rule]
+    if rule != "data":
+        args = [a for a in args if a not in ("--checkpoint_steps", "10")]
+    proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *COMMAND, "train", *args], cwd=tmp_path,
                             env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), line))
                                               for line in proc.stderr], daemon=True)
     reader.start()
-    victim = ranks - 1
     try:
         deadline = time.monotonic() + 90
-        while not (tmp_path / "ck.npz").exists() and time.monotonic() < deadline:
+        while not (tmp_path / "ck.npz").exists() and time.monotonic() < deadline:  # training
             assert proc.poll() is None, "".join(line for _, line in lines)
             time.sleep(0.05)
         pid = rank_pid(tmp_path, victim)

@@ -34,7 +34,7 @@ __all__ = ["StallInspector", "watch_stalls", "PHASES", "EXIT_STALL"]
 EXIT_STALL = 4
 PHASES = ("start", "forward", "backward", "allreduce bucket", "optimizer step", "loss check",
           "epoch end", "evaluate", "checkpoint write", "collective", "waiting for master",
-          "waiting for workers", "waiting for a peer", "done")
+          "waiting for workers", "waiting for a peer", "done", "exchange")
 _CODES = {name: i for i, name in enumerate(PHASES)}
 STEP, PHASE, ARG, SINCE, STARTED, WAITING, BEAT = range(7)
 SLOTS = 7
@@ -171,7 +171,7 @@ class StallInspector:
             late = [r for r, s in everyone.items() if r != me and stuck(s)]
             arrived = [r for r in everyone if r not in late]
         else:
-            late = [r for r in (peers or []) if r != me]
+            late = [r for r in dict.fromkeys(peers or []) if r != me]
             arrived = [me]
         printer = min(arrived) if arrived else me
         names = []
@@ -185,10 +185,11 @@ class StallInspector:
                     where += f" (not running for {now - s[BEAT]:.1f} s: stopped?)"
             names.append(f"rank {r} (host {self.hosts[r]}): {where}")
         mine = self.where(self.state, now).rsplit(",", 1)[0]
-        what = "collective" if seq is not None else "for " + ", ".join(f"rank {r}" for r in late)
-        head = (f"[rank {me}] stall: waited {waited:.1f} s in {mine} "
-                f"({what}); not arrived: " if seq is not None else
-                f"[rank {me}] stall: waited {waited:.1f} s in {mine} {what}: ")
+        if seq is not None:
+            head = f"[rank {me}] stall: waited {waited:.1f} s in {mine} (collective); not arrived: "
+        else:
+            whom = ", ".join(f"rank {r}" for r in late)
+            head = f"[rank {me}] stall: waited {waited:.1f} s in {mine}, for {whom}: "
         line = head + ("; ".join(names) or "none found (still waiting)")
         out = self.out if self.out is not None else sys.stderr
         if fatal:

@@ -214,6 +214,8 @@ class Trainer:
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
         self.batch_samples = n
+        if stall is not None:
+            stall.phase("exchange")  # the rule's communication (the reducer says its bucket)
         self.rule.step(self)
         if stall is not None:
             stall.phase("loss check")
@@ -384,6 +386,8 @@ class Trainer:
             # This rank trains on no data (a master): the rule serves the others instead.
             self.optimizer.lr = self.lr
             t0 = time.perf_counter()
+            if self._stall is not None:
+                self._stall.phase("waiting for workers", step=self.global_step)
             self.rule.serve(self, epoch, progress=bar.update if bar is not None else None)
             self.global_step += n_batches
             return self._end_epoch(epoch, sums, epoch_samples, t0, bar)
