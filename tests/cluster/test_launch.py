@@ -143,3 +143,36 @@ def test_slurm_nodelists_expand():
     from distnn.cluster.supervisor import expand_nodelist
     assert expand_nodelist("node[1-3,07],gpu5") == ["node1", "node2", "node3", "node07", "gpu5"]
     assert expand_nodelist("a[08-10]x") == ["a08x", "a09x", "a10x"]
+
+
+@needs_cluster
+def test_a_hung_rank_ends_the_job_at_the_stall_timeout_and_its_host_is_dropped(cluster,
+                                                                               tmp_path):
+    import os
+    import signal
+    ck = tmp_path / "ck.npz"
+    proc = launch(tmp_path, "--min_hosts", "2", "--", "train", *TRAIN, "--checkpoint",
+                  "ck.npz", "--checkpoint_steps", "5", "--stall_warning", "1",
+                  "--stall_timeout", "4")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ck.exists() and load_checkpoint(ck).meta["global_step"] >= 5:
+                break
+            time.sleep(0.05)
+        ranks = [p for p in cluster.pids(f"{PREFIX}2")
+                 if b"distnn" in open(f"/proc/{p}/cmdline", "rb").read()
+                 and b"hydra" not in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert ranks
+        for pid in ranks:
+            os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert "stall timeout: rank 1 did not arrive within 4 s" in err, err[-3000:]
+    line = next(x for x in err.splitlines() if "restart 1/3" in x)
+    assert f"a rank hung (exit 4): lost host {PREFIX}2" in line, line
+    assert f"on 2 hosts ({PREFIX}1,{PREFIX}3)" in line, line

@@ -28,6 +28,10 @@ def add_launch_parser(sub) -> None:
     p.add_argument("--launcher_args", "--launcher-args", default="", metavar="ARGS",
                    help="More mpiexec arguments, e.g. '-launcher ssh -launcher-exec "
                    "/path/script' (a host is probed with that program's 'HOST true').")
+    p.add_argument("--stall_timeout", "--stall-timeout", type=float, default=600.0,
+                   metavar="S", help="--stall_timeout given to a train command that sets "
+                   "none: a hung rank ends the job (exit 4) and its host is dropped. "
+                   "Default: 600.")
     p.add_argument("--mpiexec", default=None, metavar="PATH",
                    help="The launcher. Default: the mpiexec next to this Python.")
     p.add_argument("words", nargs=argparse.REMAINDER, metavar="-- train ...",
@@ -58,7 +62,8 @@ def run_launch(args) -> int:
     try:
         sup = Supervisor(hosts or [], words[1:], ranks_per_host=args.ranks_per_host,
                          max_restarts=args.max_restarts, min_hosts=args.min_hosts,
-                         mpiexec=args.mpiexec, launcher_args=launcher, env=env)
+                         mpiexec=args.mpiexec, launcher_args=launcher, env=env,
+                         stall_timeout=args.stall_timeout)
     except LaunchError as exc:
         raise RunError(str(exc)) from None
     return sup.run()

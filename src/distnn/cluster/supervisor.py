@@ -30,6 +30,10 @@ __all__ = ["Supervisor", "LaunchError", "expand_nodelist", "NO_RESTART"]
 # exit statuses a restart cannot fix
 NO_RESTART = {2: "a user error (exit 2)", 3: "the loss diverged (exit 3)"}
 _LOST = re.compile(r"^\[([^\]\s]+)\] lost:")
+_RANK_HOST = re.compile(r"rank (\d+) \(host ([^)]+)\)")
+_TIMEOUT = re.compile(r"\] stall timeout: ranks? ([\d, ]+) did not arrive")
+STALL_TIMEOUT = 600.0  # --stall_timeout the supervisor gives a run that sets none
+EXIT_STALL = 4
 
 
 class LaunchError(ValueError):
@@ -79,13 +83,16 @@ class Supervisor:
             the launcher's -launcher-exec program, else ``ssh -o BatchMode=yes``).
         distnn: the distnn command (default: the one next to this Python).
         out: where the supervisor's lines go (default sys.stderr).
+        stall_timeout: the ``--stall_timeout`` given to a train command that has none, so
+            a hung rank ends the job (exit 4) and its host is dropped like a lost one.
     """
 
     def __init__(self, hosts: Sequence[str], train_argv: Sequence[str], *,
                  ranks_per_host: int = 1, max_restarts: int = 3, min_hosts: int = 1,
                  mpiexec: str | None = None, launcher_args: Sequence[str] = (),
                  env: dict | None = None, probe: Callable[[str], bool] | None = None,
-                 distnn: str | None = None, out=None):
+                 distnn: str | None = None, out=None,
+                 stall_timeout: float | None = STALL_TIMEOUT):
         hosts = list(dict.fromkeys(hosts))
         if not hosts:
             raise LaunchError("--hosts: give at least one host (or run inside a Slurm "
@@ -103,6 +110,8 @@ class Supervisor:
                               "host sees) so that a restart can --resume it; add "
                               "--checkpoint_steps N to lose at most N steps")
         self.hosts, self.train_argv = hosts, list(train_argv)
+        if stall_timeout and _option(train_argv, "stall_timeout") is None:
+            self.train_argv += ["--stall_timeout", f"{stall_timeout:g}"]
         self.ranks_per_host, self.max_restarts = ranks_per_host, max_restarts
         self.min_hosts = min_hosts
         bindir = os.path.dirname(sys.executable)
@@ -144,6 +153,8 @@ class Supervisor:
         cmd = [self.mpiexec, *self.launcher_args, "-hosts", hostlist,
                "-n", str(self.ranks_per_host * len(hosts)), self.distnn, "train", *argv]
         lost: set[str] = set()
+        stalled: list[str] = []
+        where: dict[int, str] = {}
         self.proc = subprocess.Popen(cmd, env=self.env, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
 
@@ -152,6 +163,11 @@ class Supervisor:
                 m = _LOST.match(line)
                 if m:
                     lost.add(m.group(1))
+                for rank, host in _RANK_HOST.findall(line):
+                    where[int(rank)] = host
+                m = _TIMEOUT.search(line)
+                if m and not stalled:  # the first (the lowest waiting rank's) verdict
+                    stalled[:] = [where.get(int(r), "?") for r in m.group(1).split(",")]
                 sys.stderr.write(line)
             sys.stderr.flush()
 
@@ -160,6 +176,8 @@ class Supervisor:
         rc = self.proc.wait()
         reader.join(10)
         self._reap()
+        if rc == EXIT_STALL:
+            lost.update(h for h in stalled if h != "?")
         return rc, lost
 
     def _reap(self) -> None:
@@ -212,6 +230,8 @@ class Supervisor:
                 dropped = [h for h in hosts if h not in alive]
                 why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
                        else f"the job failed (exit {rc}), every host still answers")
+                if rc == EXIT_STALL:
+                    why = f"a rank hung (exit {EXIT_STALL}): " + why
                 if restarts >= self.max_restarts:
                     self.say(f"{why}; the restart budget (--max_restarts "
                              f"{self.max_restarts}) is spent; the last good checkpoint: "

@@ -144,6 +144,7 @@ class StallInspector:
         while reqs and time.monotonic() < deadline:
             for r in [r for r, q in reqs.items() if q.Test()]:
                 del reqs[r]
+            self.state[BEAT] = time.time()  # reading others is no reason to look stopped
             time.sleep(1e-3)
         for r in reqs:  # left pending: this rank is about to be reported (or to end)
             bufs[r] = None
@@ -157,12 +158,14 @@ class StallInspector:
 
     def _report(self, waited: float, seq, peers, fatal: bool) -> None:
         me = self.comm.rank
+        # ages are measured from when the reads were sent: waiting for a rank that does not
+        # answer must not make the others' heartbeats look old
+        now = time.time()
         if self.threaded:
             everyone = self.read(range(self.comm.size))
         else:  # MPI calls from this thread are not allowed: own slots only
             everyone = {r: (self.state.copy() if r == me else None)
                         for r in range(self.comm.size)}
-        now = time.time()
 
         def stuck(s):  # not waiting (busy elsewhere), or its watchdog stopped beating
             return s is None or s[WAITING] == -1 or now - s[BEAT] > STALE
