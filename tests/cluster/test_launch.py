@@ -176,3 +176,20 @@ def test_a_hung_rank_ends_the_job_at_the_stall_timeout_and_its_host_is_dropped(c
     line = next(x for x in err.splitlines() if "restart 1/3" in x)
     assert f"a rank hung (exit 4): lost host {PREFIX}2" in line, line
     assert f"on 2 hosts ({PREFIX}1,{PREFIX}3)" in line, line
+
+
+def test_a_checkpoint_that_will_not_load_is_not_restarted(tmp_path):
+    import io
+
+    from distnn.cluster.supervisor import Supervisor
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho '[b] lost: its processes ended by signal 9' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "ck.npz").write_bytes(b"not a checkpoint")
+    out = io.StringIO()
+    sup = Supervisor(["a", "b", "c"], ["--checkpoint", str(tmp_path / "ck.npz")],
+                     mpiexec=str(fake), probe=lambda host: True, min_hosts=2, out=out)
+    assert sup.run() == 2
+    text = out.getvalue()
+    assert "lost host b; not restarting: the checkpoint will not load" in text, text
+    assert text.count("starting on") == 1
