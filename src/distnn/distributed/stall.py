@@ -80,7 +80,10 @@ class StallInspector:
         import atexit
         import threading
         atexit.register(self.close)  # before MPI finalizes (the window is collective)
-        threading.Thread(target=self._watch, name="distnn-stall-watchdog", daemon=True).start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="distnn-stall-watchdog",
+                                        daemon=True)
+        self._thread.start()
 
     # -- publishing (cheap: stores into this rank's slots) ---------------------------------
     def phase(self, name: str, arg: int = -1, step: int | None = None) -> None:
@@ -113,8 +116,7 @@ class StallInspector:
         """The watchdog: beats every ``BEAT_S`` (so a stopped process is told from a waiting
         one) and reports a wait that passes the warning or the timeout."""
         seen, next_check = None, None
-        while self.win is not None:
-            time.sleep(BEAT_S)
+        while not self._stop.wait(BEAT_S):
             self.state[BEAT] = time.time()
             waiting = self._waiting
             if waiting is None:
@@ -211,6 +213,10 @@ class StallInspector:
     def close(self) -> None:
         """Release the window (collective)."""
         if getattr(self, "win", None) is not None and not self.MPI.Is_finalized():
+            # the watchdog writes into the window's memory: stop it before the memory goes
+            self._stop.set()
+            self._thread.join(5.0)
+            self.state = self.state.copy()
             self.comm.stall = None
             self._waiting = None
             self.win.Unlock_all()
