@@ -28,6 +28,7 @@ from . import compat
 from .builders import make_comm, threads
 from .cluster import add_cluster_parser, run_cluster
 from .plot import add_plot_parser
+from .launch import add_launch_parser, run_launch
 from .options import (_argtype, add_options, explicit_options, given_options, load_config,
                       resolve_values)
 from .commands import COMMANDS, PLAIN_COMMANDS
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(sub)
     add_cluster_parser(sub)
     add_plot_parser(sub)
+    add_launch_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
     info.add_argument("--parallel", type=_argtype(compat.option_of("parallel")),
@@ -176,13 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet, search, cluster, plot", True)
+                     "convert-imagenet, search, cluster, plot, launch", True)
     prog = f"{PROG} {args.command}"
     if args.command == SEARCH:
         return main_search(args, prog, _env_rank() == 0)
-    if args.command == "cluster":
+    if args.command in ("cluster", "launch"):
         try:
-            return run_cluster(args)
+            return (run_cluster if args.command == "cluster" else run_launch)(args)
         except RunError as exc:
             return _fail(prog, str(exc), True)
     if args.command in PLAIN_COMMANDS:

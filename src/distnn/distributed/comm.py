@@ -182,16 +182,25 @@ class LocalComm:
 
 
 class _MPIHandle:
-    def __init__(self, request, arr: np.ndarray, divide_by: int, keep=None):
+    def __init__(self, request, arr: np.ndarray, divide_by: int, keep=None, watch=None):
         self._request = request
         self._arr = arr
         self._divide_by = divide_by
         self._keep = keep  # objects MPI reads from until completion (datatype, op)
         self._done = False
+        self._watch = watch  # (stall inspector, collective number or None, peers)
 
     def wait(self) -> np.ndarray:
         if not self._done:
-            self._request.Wait()
+            if self._watch is not None:
+                inspector, seq, peers = self._watch
+                inspector.enter(seq, peers)
+                try:
+                    self._request.Wait()
+                finally:
+                    inspector.leave()
+            else:
+                self._request.Wait()
             self._done = True
             _divide_(self._arr, self._divide_by)
         return self._arr
@@ -245,6 +254,8 @@ class MPIComm:
         comm = MPIComm(); comm.allreduce_(grads, "sum")
     """
 
+    stall = None  # a distributed.stall.StallInspector watches every wait when set
+
     def __init__(self, mpi_comm=None, fp16: str = "auto"):
         MPI = _mpi()
         self.MPI = MPI
@@ -280,47 +291,63 @@ class MPIComm:
             return [arr.view(np.uint16), self.MPI.UINT16_T], _fp16_sum_op(self.MPI)
         return arr, self._ops[op]
 
+    def _collective(self, request, arr=None, divide_by=1, keep=None):
+        """A handle of a started collective, watched by the stall inspector if any."""
+        watch = (self.stall, self.stall.started(), None) if self.stall is not None else None
+        return _MPIHandle(request, np.zeros(0) if arr is None else arr, divide_by, keep, watch)
+
+    def _watched(self, fn, *args, **kwargs):
+        """A blocking collective, counted and watched by the stall inspector if any."""
+        stall = self.stall
+        if stall is None:
+            return fn(*args, **kwargs)
+        stall.enter(stall.started())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stall.leave()
+
     def allreduce_(self, arr, op="sum"):
         _check_op(op, _check_array(arr, "allreduce_"))
         buf, mpi_op = self._buf_op(arr, op)
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
+        self._watched(self.comm.Allreduce, self.MPI.IN_PLACE, buf, op=mpi_op)
         return _divide_(arr, self.size) if op == "mean" else arr
 
     def iallreduce_(self, arr, op="sum"):
         _check_op(op, _check_array(arr, "iallreduce_"))
         buf, mpi_op = self._buf_op(arr, op)
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
-        return _MPIHandle(request, arr, self.size if op == "mean" else 1, keep=buf)
+        return self._collective(request, arr, self.size if op == "mean" else 1, keep=buf)
 
     def bcast_(self, arr, root=0):
         _check_array(arr, "bcast_")
         buf = [arr.view(np.uint16), self.MPI.UINT16_T] if arr.dtype == np.float16 else arr
-        self.comm.Bcast(buf, root=root)
+        self._watched(self.comm.Bcast, buf, root=root)
         return arr
 
     def allgather(self, arr):
         arr = np.ascontiguousarray(arr)
         out = np.empty((self.size,) + arr.shape, dtype=arr.dtype)
         if arr.dtype == np.float16:
-            self.comm.Allgather([arr.view(np.uint16), self.MPI.UINT16_T],
-                                [out.view(np.uint16), self.MPI.UINT16_T])
+            self._watched(self.comm.Allgather, [arr.view(np.uint16), self.MPI.UINT16_T],
+                          [out.view(np.uint16), self.MPI.UINT16_T])
         else:
-            self.comm.Allgather(arr, out)
+            self._watched(self.comm.Allgather, arr, out)
         return out
 
     def bcast_obj(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
+        return self._watched(self.comm.bcast, obj, root=root)
 
     def allgather_obj(self, obj):
-        return self.comm.allgather(obj)
+        return self._watched(self.comm.allgather, obj)
 
     def allreduce_obj(self, obj, op="sum"):
         _check_op(op)
-        out = self.comm.allreduce(obj, op=self._ops[op])
+        out = self._watched(self.comm.allreduce, obj, op=self._ops[op])
         return out / self.size if op == "mean" else out
 
     def barrier(self):
-        self.comm.Barrier()
+        self._watched(self.comm.Barrier)
 
     def split(self, color, key=0):
         return MPIComm(self.comm.Split(color, key), fp16=self.fp16)
@@ -338,12 +365,12 @@ class MPIComm:
     def isend_(self, arr, dest, tag=0):
         """Start sending ``arr``; keep it unchanged until the handle's ``wait``/``test``."""
         return _MPIHandle(self.comm.Isend(_check_array(arr, "isend_"), dest=dest, tag=tag),
-                          arr, 1)
+                          arr, 1, watch=self.stall and (self.stall, None, (dest,)))
 
     def irecv_(self, arr, source, tag=0):
         """Start receiving into ``arr``; the handle's ``wait()`` returns it filled."""
         return _MPIHandle(self.comm.Irecv(_check_array(arr, "irecv_"), source=source, tag=tag),
-                          arr, 1)
+                          arr, 1, watch=self.stall and (self.stall, None, (source,)))
 
     def iprobe(self, source=-1, tag=-1):
         """(source, tag, bytes) of a message waiting to be received, or None (-1: any)."""
@@ -356,7 +383,7 @@ class MPIComm:
 
     def ibarrier(self):
         """Start a barrier; ``test()`` polls it (wait in a sleep loop, not a busy poll)."""
-        return _MPIHandle(self.comm.Ibarrier(), np.zeros(0), 1)
+        return self._collective(self.comm.Ibarrier())
 
     def abort(self, code=1):
         sys.stdout.flush()

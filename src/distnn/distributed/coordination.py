@@ -50,10 +50,17 @@ def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3) -> float:
     t0 = time.perf_counter()
     backoff = Backoff(max_sleep)
     pending = [h for h in handles if h is not None]
-    while pending:
-        pending = [h for h in pending if not h.test()]
-        if pending:
-            backoff.pause()
+    watch = next((h._watch for h in pending if getattr(h, "_watch", None) is not None), None)
+    if watch is not None:  # a stall inspector names whom these handles wait for
+        watch[0].enter(watch[1], [p for h in pending if h._watch for p in h._watch[2] or ()])
+    try:
+        while pending:
+            pending = [h for h in pending if not h.test()]
+            if pending:
+                backoff.pause()
+    finally:
+        if watch is not None:
+            watch[0].leave()
     return time.perf_counter() - t0
 
 

@@ -262,10 +262,15 @@ class Reducer:
             while self.next < len(self.buckets):  # buckets backward did not start
                 self._start(self.next, self.flat)
                 self.next += 1
+            stall = getattr(self.comm, "stall", None)
             for b, h in enumerate(self.handles):
                 if h is not None:
+                    if stall is not None:
+                        stall.phase("allreduce bucket", b)
                     h.wait()
                     self._finish(b, self.flat)
+            if stall is not None:
+                stall.phase("optimizer step")
         else:
             for b in range(len(self.buckets)):
                 self._start(b, self.flat, blocking=True)

@@ -190,6 +190,10 @@ def build_rule(cfg: RunConfig, comm):
         raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
                           f"workers, so it needs at least {rule.min_ranks} ranks, got "
                           f"{comm.size}; run it under mpiexec -n 3 (or use --parallel data)")
+    if cfg.train.checkpoint_steps and comm.size > 1 and not rule.lockstep:
+        raise ConfigError(f"--checkpoint_steps needs a rule whose ranks take every step "
+                          f"together (--parallel data); --parallel {p.parallel} does not: "
+                          "checkpoint by epochs (--checkpoint_freq) instead")
     return rule
 
 
@@ -261,6 +265,11 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     if comm is None:
         from .. import distributed as dist
         comm = dist.init()
+    if cfg.command == TRAIN and comm.size > 1:
+        from ..distributed.stall import watch_stalls
+        ck = cfg.train.checkpoint or cfg.train.resume
+        watch_stalls(comm, cfg.parallel.stall_warning, cfg.parallel.stall_timeout,
+                     hint=f"the last checkpoint: --resume {ck}" if ck else "")
     if splits is None:
         splits = load_data(cfg, comm)
     train = splits.train if train is None else train

@@ -102,7 +102,7 @@ SCHEDULERS: dict[str, Callable] = {
 def build_callbacks(cfg: RunConfig, size: int) -> list:
     """The callbacks of ``cfg.sched`` (in ``lr_schedulers`` order, then early_stopping and
     target_metric specs) and the checkpoint of ``cfg.train``."""
-    from ..training.callbacks import (TrainingCheckpoint, parse_early_stopping,
+    from ..training.callbacks import (ProgressFile, TrainingCheckpoint, parse_early_stopping,
                                       parse_target_metric)
     s = cfg.sched
     ctx = {"size": size, "scaled": cfg.optim.learning_rate_scaling}
@@ -127,5 +127,8 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
     path = cfg.train.checkpoint or cfg.train.resume
     if path:
         callbacks.append(TrainingCheckpoint(path, cfg.train.checkpoint_freq,
+                                            steps=cfg.train.checkpoint_steps,
                                             per_node=cfg.train.every_rank_writes))
+    if cfg.train.progress_file:
+        callbacks.append(ProgressFile(cfg.train.progress_file))
     return callbacks

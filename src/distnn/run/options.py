@@ -186,6 +186,12 @@ OPTIONS: list[Option] = [
        (TRAIN,)),
     _O("checkpoint_freq", Int(1), 1, "Epochs between full-state checkpoints.", "train",
        "train", (TRAIN,), aliases=("checkpoint_interval",)),
+    _O("checkpoint_steps", Int(0), 0, "Also write the checkpoint every N training steps "
+       "(0: only at epoch ends); a resume continues mid-epoch at the exact batch, so a "
+       "restart redoes at most N steps (synchronous rules).", "train", "train", (TRAIN,)),
+    _O("progress_file", Maybe(Str(metavar="FILE")), None, "Rank 0 keeps this file holding "
+       "'global_step epoch epoch_step global_batch' after every step (distnn launch reads "
+       "it to say how many samples a restart redoes).", "train", "train", (TRAIN,)),
     _O("resume", Maybe(Str(metavar="FILE")), None, "Continue the run saved in this "
        "checkpoint (same model, optimizer and schedulers; keeps its global batch) and keep "
        "checkpointing to it (unless --checkpoint names another file).", "train", "train",
@@ -280,6 +286,12 @@ OPTIONS: list[Option] = [
        "parameter server on rank 0), easgd (elastic averaging), gossip (GoSGD, alias gosgd), "
        "gem (gradient energy matching); sequential (one process) or auto (data).",
        "parallel", "parallel"),
+    _O("stall_warning", Float(0.0, low_open=True), 60.0, "Seconds a rank waits in a "
+       "collective (or for a master/peer) before it names the ranks that have not arrived "
+       "and where each last was (step, phase).", "parallel", "parallel", (TRAIN,)),
+    _O("stall_timeout", Maybe(Float(0.0, low_open=True)), None, "Seconds of such waiting "
+       "after which the job ends with exit status 4, naming those ranks (default: never); "
+       "the last checkpoint stays resumable.", "parallel", "parallel", (TRAIN,)),
     _O("sync_every", Maybe(Int(1)), None, "Batches between two exchanges: downpour/gem "
        "pushes, easgd's tau, localsgd's averaging period (default: 1, 1, 4, 8).",
        "parallel", "parallel", (TRAIN,), aliases=("localsgd_period",)),

@@ -14,8 +14,8 @@ The arrows run one way: trainer -> callbacks/evaluation/history -> checkpoint; n
 here imports the trainer.
 """
 from .callbacks import (CALLBACKS, Callback, EarlyStopping, ModelCheckpoint, ReduceLREveryNEpochs,
-                        ReduceLROnPlateau, TargetMetric, TrainingCheckpoint, ValidateEvery,
-                        WarmUp, parse_early_stopping, parse_target_metric)
+                        ProgressFile, ReduceLROnPlateau, TargetMetric, TrainingCheckpoint,
+                        ValidateEvery, WarmUp, parse_early_stopping, parse_target_metric)
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .evaluation import MetricSet, evaluate, metric_key, predict, resolve_batch_sizes
 from .history import History, Reporter, atomic_write_text
@@ -28,7 +28,8 @@ __all__ = [
     "Trainer", "fit", "History", "Reporter", "MetricSet", "evaluate", "predict",
     "metric_key", "resolve_batch_sizes", "atomic_write_text", "Callback", "WarmUp",
     "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs", "ModelCheckpoint",
-    "TargetMetric", "TrainingCheckpoint", "ValidateEvery", "CALLBACKS", "parse_early_stopping",
+    "TargetMetric", "ProgressFile", "TrainingCheckpoint", "ValidateEvery", "CALLBACKS",
+    "parse_early_stopping",
     "parse_target_metric", "Checkpoint", "load_checkpoint", "save_checkpoint", "Profiler",
     "TensorBoard", "plot_history",
 ]

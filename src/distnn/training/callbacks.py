@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from .callback_base import (_ALIASES, Callback, _check_positive, _Monitor,  # noqa: F401
                             metric_mode, resolve_key)
-from .stopping import (EarlyStopping, ModelCheckpoint, TargetMetric, TrainingCheckpoint,
-                       parse_early_stopping, parse_target_metric)
+from .stopping import (EarlyStopping, ModelCheckpoint, ProgressFile, TargetMetric,
+                       TrainingCheckpoint, parse_early_stopping, parse_target_metric)
 
 
 __all__ = [
     "Callback", "WarmUp", "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs",
-    "ModelCheckpoint", "TargetMetric", "TrainingCheckpoint", "ValidateEvery", "CALLBACKS",
+    "ModelCheckpoint", "TargetMetric", "ProgressFile", "TrainingCheckpoint", "ValidateEvery",
+    "CALLBACKS",
     "parse_early_stopping", "parse_target_metric", "resolve_key", "metric_mode",
 ]
 

@@ -28,10 +28,15 @@ from typing import Any
 import numpy as np
 
 from ..distributed.coordination import on_ranks
+from ..distributed.stall import phase
 from ..fileio import WriteError, atomic_open, guarded_write, npz_kind
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
            "unpack"]
+
+# callbacks that keep no state: a resume may add or drop them
+STATELESS = ("TrainingCheckpoint", "ProgressFile")
+
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or does not fit this run; the message names the file,
@@ -94,7 +99,8 @@ def _base_optimizer(optimizer):
 
 
 def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None,
-                    run: dict[str, Any] | None = None, per_node: bool = False) -> None:
+                    run: dict[str, Any] | None = None, epoch_step: int = 0,
+                    per_node: bool = False) -> None:
     """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically,
     or with ``per_node`` the first rank of every node, for node-local disks).
 
@@ -104,6 +110,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
         epochs_done: number of finished epochs (default ``trainer.epoch + 1``).
         run: JSON-able settings of the run that wrote it (the command stores its options
             here, so a resume can compare them); kept as ``meta["run"]``.
+        epoch_step: batches done of epoch ``epochs_done`` (0: at an epoch's end); a
+            mid-epoch checkpoint also keeps the epoch's metric sums over all ranks.
 
     Raises:
         fileio.WriteError (an OSError), on every rank, when rank 0 could not write the file;
@@ -111,11 +119,19 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     """
     comm = trainer.comm
     path = os.fspath(path)
+    phase(comm, "checkpoint write")
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
     done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)
+    position = None
+    if epoch_step:
+        sums = np.array(trainer.epoch_sums, dtype=np.float64)
+        comm.allreduce_(sums, "sum")
+        position = (int(epoch_step), sums)
+
     def write():
-        guarded_write(path, lambda: _write(path, trainer, all_rng, done, run), "checkpoint")
+        guarded_write(path, lambda: _write(path, trainer, all_rng, done, run, position),
+                      "checkpoint")
 
     if per_node and comm.size > 1:
         # every node keeps its own copy: a resume reads the file on its own node
@@ -124,8 +140,10 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
         on_ranks(comm, write, root=0, catch=WriteError)
 
 
-def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
+def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=None) -> None:
     arrays: dict[str, np.ndarray] = {}
+    if position is not None:
+        arrays["epoch_sums"] = position[1]
     for key, value in trainer.model.named_arrays().items():
         arrays[f"model/{key}"] = np.asarray(value)
     optim_state = pack(_base_optimizer(trainer.optimizer).state_dict(), "optim", arrays)
@@ -134,6 +152,7 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
                  for i, cb in enumerate(trainer.callbacks)]
     meta = {
         "format": FORMAT, "version": VERSION, "epochs_done": epochs_done,
+        "epoch_step": position[0] if position is not None else 0,
         "global_step": trainer.global_step, "lr": trainer.lr, "seed": trainer.seed,
         "history": trainer.history.records, "stop_reason": trainer.stop_reason,
         "optimizer": optim_state, "callbacks": callbacks, "rng": all_rng,
@@ -151,16 +170,17 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run) -> None:
 
 
 def keeps_state(callback) -> bool:
-    """Whether a resume needs ``callback``'s state: not for TrainingCheckpoint nor for a
-    callback with ``checkpointed = False`` (TensorBoard), which a resume may add or drop."""
-    return callback.checkpointed and type(callback).__name__ != "TrainingCheckpoint"
+    """Whether a resume needs ``callback``'s state: not for the STATELESS ones
+    (TrainingCheckpoint, ProgressFile) nor for a callback with ``checkpointed = False``
+    (TensorBoard), which a resume may add or drop."""
+    return callback.checkpointed and type(callback).__name__ not in STATELESS
 
 
 def stored_callbacks(meta: dict[str, Any]) -> list[dict[str, Any]]:
     """The callbacks with state a checkpoint's ``meta`` holds (older files have no
     "checkpointed" entry: every callback but TrainingCheckpoint)."""
     return [c for c in meta.get("callbacks", [])
-            if c.get("checkpointed", c["type"] != "TrainingCheckpoint")]
+            if c.get("checkpointed", True) and c["type"] not in STATELESS]
 
 
 @dataclass
@@ -180,6 +200,17 @@ class Checkpoint:
     @property
     def epochs_done(self) -> int:
         return int(self.meta["epochs_done"])
+
+    @property
+    def epoch_step(self) -> int:
+        """Batches done of epoch ``epochs_done + 1`` (0: the checkpoint is at an epoch end)."""
+        return int(self.meta.get("epoch_step", 0))
+
+    def where(self) -> str:
+        """'epoch E' or 'epoch E step S' (1-based E: the epoch it continues)."""
+        if self.epoch_step:
+            return f"epoch {self.epochs_done + 1} step {self.epoch_step}"
+        return f"epoch {self.epochs_done}"
 
     def model_arrays(self) -> dict[str, np.ndarray]:
         return {k[len("model/"):]: v for k, v in self.arrays.items() if k.startswith("model/")}
@@ -215,8 +246,8 @@ class Checkpoint:
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
                              "resume with the same --optimizer as the run that wrote it") from None
-        # Callbacks that keep no state (TrainingCheckpoint, TensorBoard): a resume may add or
-        # drop one (--resume alone keeps checkpointing to the same file).
+        # Callbacks that keep no state (TrainingCheckpoint, ProgressFile, TensorBoard): a
+        # resume may add or drop one (--resume alone keeps checkpointing to the same file).
         stored_cbs = stored_callbacks(meta)
         mine_cbs = [cb for cb in trainer.callbacks if keeps_state(cb)]
         mine = [type(cb).__name__ for cb in mine_cbs]
@@ -238,7 +269,8 @@ class Checkpoint:
         trainer.global_step = int(meta["global_step"])
         trainer.seed = int(meta["seed"])
         trainer.history = History(meta["history"])
-        trainer.epoch = max(self.epochs_done - 1, 0)
+        trainer.epoch = max(self.epochs_done - 1, 0) if not self.epoch_step \
+            else self.epochs_done
         rng = meta["rng"]
         rank = trainer.comm.rank
         if rank < len(rng):

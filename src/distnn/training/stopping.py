@@ -218,27 +218,44 @@ class ModelCheckpoint(_Monitor):
 
 
 class TrainingCheckpoint(Callback):
-    """Write the full training state (``distnn.checkpoint``) every ``every`` epochs so the
-    run can continue with ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
+    """Write the full training state (``distnn.checkpoint``) every ``every`` epochs (and,
+    with ``steps``, every ``steps`` training steps) so the run can continue with
+    ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
 
     Collective: every rank takes part (RNG states are gathered), rank 0 writes atomically.
+    A step checkpoint records the position in the epoch (batches done, partial metric
+    sums); a resume skips those batches of the same shuffle, so it redoes at most ``steps``.
 
     Args:
         path: the checkpoint file (replaced atomically at every save).
         every: save every this many epochs (and after the last one).
         run: JSON-able settings of the run, stored in the checkpoint (``meta["run"]``).
+        steps: also save every this many steps (0: only at epoch ends); needs a rule whose
+            ranks take every step together (``Rule.lockstep``, e.g. data).
         per_node: the first rank of every node writes its node's copy (node-local disks).
     """
 
-    def __init__(self, path: str, every: int = 1, run: dict | None = None,
+    def __init__(self, path: str, every: int = 1, run: dict | None = None, steps: int = 0,
                  per_node: bool = False):
         if int(every) != every or every < 1:
             raise ValueError(f"checkpoint_freq must be an integer >= 1, got {every!r}")
+        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
+            raise ValueError(f"checkpoint_steps must be an integer >= 0, got {steps!r}")
         if not path:
             raise ValueError("checkpoint needs a file path, got an empty one")
-        self.path, self.every = os.fspath(path), int(every)
+        self.path, self.every, self.steps = os.fspath(path), int(every), int(steps)
         self.run = dict(run or {})
         self.per_node = bool(per_node)
+
+    def on_batch_end(self, trainer, step, logs):
+        if not self.steps or (step + 1) % self.steps:
+            return
+        done = trainer.epoch_step
+        if done >= trainer.steps_per_epoch:
+            return  # the epoch-end save follows, with the epoch's metrics
+        from .checkpoint import save_checkpoint
+        save_checkpoint(self.path, trainer, epochs_done=trainer.epoch, run=self.run,
+                        epoch_step=done, per_node=self.per_node)
 
     def on_epoch_end(self, trainer, epoch, logs):
         # The trainer calls this after the other callbacks so their state is current.
@@ -247,6 +264,34 @@ class TrainingCheckpoint(Callback):
             from .checkpoint import save_checkpoint
             save_checkpoint(self.path, trainer, epochs_done=epoch + 1, run=self.run,
                             per_node=self.per_node)
+
+
+class ProgressFile(Callback):
+    """Rank 0 keeps ``path`` holding one line "global_step epoch epoch_step global_batch"
+    after every step (one ``pwrite`` of 64 bytes, no rename), so a supervisor that sees
+    the job die knows how far it got (``distnn launch``: the samples a restart redoes).
+
+    Args:
+        path: the file (created or truncated at the start of training).
+    """
+
+    def __init__(self, path: str):
+        self.path, self.fd = os.fspath(path), None
+
+    def on_train_begin(self, trainer):
+        if trainer.comm.rank == 0:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def on_batch_end(self, trainer, step, logs):
+        if self.fd is not None:
+            line = (f"{trainer.global_step} {trainer.epoch} {trainer.epoch_step} "
+                    f"{trainer.global_batch_size}")
+            os.pwrite(self.fd, line.ljust(63).encode() + b"\n", 0)
+
+    def on_train_end(self, trainer):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _split_spec(spec: str, option: str, example: str) -> tuple[str, str, str]:

@@ -141,6 +141,10 @@ class Trainer:
         self.batch_loss = 0.0
         self.global_batch_size = 0
         self.run_info: dict = {}  # the run's settings, saved with the history (History.run)
+        self.epoch_step = 0          # batches done in the current epoch
+        self.epoch_sums = None       # this rank's metric sums of the current epoch
+        self._resume_position = None  # (batches to skip, global sums) of a mid-epoch resume
+        self._stall = None  # the communicator's stall inspector (distributed.stall), if any
 
     # -- shortcuts to the collaborators ---------------------------------------------------
     @property
@@ -169,6 +173,8 @@ class Trainer:
                  prefix: str = "") -> dict[str, float]:
         """Loss and metrics over ``dataset``, exact over the ranks (collective; see
         ``distnn.training.evaluate``)."""
+        if self._stall is not None:
+            self._stall.phase("evaluate")
         logs, self.last_eval_count = evaluate(
             self.model, self.metrics, self.comm, dataset, batch_size=batch_size,
             global_batch_size=global_batch_size, steps=steps, prefix=prefix)
@@ -189,12 +195,17 @@ class Trainer:
     def _train_step(self, batch, sums: np.ndarray) -> None:
         model = self.model
         n = len(batch.x)
+        stall = self._stall
+        if stall is not None:
+            stall.phase("forward", step=self.global_step)
         # SyncBatchNorm layers make collectives inside forward/backward, so a rank with an
         # empty shard must still run them (the layers accept 0 rows).
         if n or self._sync_bn:
             logits = model.forward(batch.x, training=True)
             denom = self.rule.loss_denominator(batch)
             loss_value, dlogits = self.loss_fn(logits, batch.y, denom=denom)
+            if stall is not None:
+                stall.phase("backward")
             model.backward(dlogits)
             self.metrics.accumulate(sums, logits, batch.y, loss_value, denom)
             self.batch_loss = float(loss_value)
@@ -204,7 +215,11 @@ class Trainer:
             # all-reduce so every rank posts the same collectives.
             model.gradients_flat()[...] = 0
         self.batch_samples = n
+        if stall is not None:
+            stall.phase("exchange")  # the rule's communication (the reducer says its bucket)
         self.rule.step(self)
+        if stall is not None:
+            stall.phase("loss check")
 
     # -- fit ----------------------------------------------------------------------------
     def fit(self, train, *, epochs: int = 1, batch_size: int | None = 64,
@@ -234,6 +249,7 @@ class Trainer:
             the ``History``.
         """
         comm = self.comm
+        self._stall = getattr(comm, "stall", None)
         if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0:
             raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
         if isinstance(steps_per_epoch, bool) or int(steps_per_epoch) != steps_per_epoch \
@@ -250,6 +266,11 @@ class Trainer:
         self._nan_sync = (comm.size > 1 and self.rule.lockstep
                           and all(comm.allgather_obj(shard is not None)))
         self._first_nan = None
+        if any(getattr(cb, "steps", 0) for cb in self.callbacks
+               if isinstance(cb, TrainingCheckpoint)) and comm.size > 1 and not self._nan_sync:
+            raise ValueError(f"checkpoint_steps needs a rule whose ranks all train every step "
+                             f"together (e.g. data); rule {self.rule.name!r} does not: "
+                             "checkpoint by epochs (checkpoint_freq) instead")
         eval_bs = eval_batch_size or max(local_bs, 256)
         self.num_epochs = int(epochs)
         n_batches = train.num_batches(gbs, drop_last=drop_last)
@@ -279,7 +300,14 @@ class Trainer:
             state = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
             state.restore(self)
             start_epoch = state.epochs_done
-            if start_epoch >= self.num_epochs:
+            if state.epoch_step:
+                sums = state.arrays["epoch_sums"]
+                self._resume_position = (state.epoch_step,
+                                         sums if comm.rank == 0 else np.zeros_like(sums))
+                self.print(f"resuming from epoch {start_epoch + 1} step {state.epoch_step} of "
+                           f"{state.path}: skipping its {state.epoch_step} done batches, "
+                           f"training to epoch {self.num_epochs}")
+            elif start_epoch >= self.num_epochs:
                 self.print(f"checkpoint {state.path!r} already holds {start_epoch} epochs "
                            f"(>= epochs={self.num_epochs}); nothing to train")
             else:
@@ -350,11 +378,18 @@ class Trainer:
         comm = self.comm
         shard, n_shards = sharding if sharding is not None else (comm.rank, comm.size)
         sums = self.metrics.zeros()
+        skip, self._resume_position = (self._resume_position or (0, None)), None
+        skip, done_sums = skip
+        if done_sums is not None:
+            sums[...] = done_sums
+        self.epoch_sums, self.epoch_step = sums, skip
         bar = self.reporter.open_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
         if shard is None:
             # This rank trains on no data (a master): the rule serves the others instead.
             self.optimizer.lr = self.lr
             t0 = time.perf_counter()
+            if self._stall is not None:
+                self._stall.phase("waiting for workers", step=self.global_step)
             self.rule.serve(self, epoch, progress=bar.update if bar is not None else None)
             self.global_step += n_batches
             return self._end_epoch(epoch, sums, epoch_samples, t0, bar)
@@ -368,6 +403,10 @@ class Trainer:
             for i, batch in enumerate(batches):
                 if i >= n_batches:
                     break
+                if i < skip:  # done before the checkpoint this run resumed
+                    if bar is not None:
+                        bar.update(batch.global_size)
+                    continue
                 step = self.global_step
                 self.optimizer.lr = self.lr
                 for cb in callbacks:
@@ -375,6 +414,7 @@ class Trainer:
                 self._train_step(batch, sums)
                 self._check_loss(epoch, i + 1, n_batches)
                 self.global_step += 1
+                self.epoch_step = i + 1
                 samples += batch.global_size
                 self.batch_global_size = batch.global_size
                 if callbacks:
@@ -416,6 +456,8 @@ class Trainer:
 
     def _end_epoch(self, epoch, sums, samples, t0, bar) -> dict[str, float]:
         elapsed = time.perf_counter() - t0
+        if self._stall is not None:
+            self._stall.phase("epoch end")
         self.rule.end_epoch(self, epoch)
         # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
         self.comm.allreduce_(sums, "sum")

@@ -1,0 +1,69 @@
+"""``distnn launch``: a supervisor that keeps a training run going when hosts die
+(``distnn.cluster.supervisor``): parse, build the Supervisor, run it."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..run.build import RunError
+
+
+def add_launch_parser(sub) -> None:
+    text = ("run distnn train under mpiexec on hosts and restart it from its checkpoint on the "
+            "hosts that still answer when a rank or host dies")
+    p = sub.add_parser("launch", help=text, description=text[0].upper() + text[1:] + ".",
+                       allow_abbrev=False)
+    p.add_argument("--hosts", default=None, metavar="H1,H2,...",
+                   help="Hosts, rank 0 on the first. Default: the Slurm allocation's "
+                   "SLURM_JOB_NODELIST.")
+    p.add_argument("--ranks_per_host", "--ranks-per-host", type=int, default=1, metavar="N",
+                   help="Ranks on each host. Default: 1.")
+    p.add_argument("--max_restarts", "--max-restarts", type=int, default=3, metavar="N",
+                   help="Relaunches allowed after failures. Default: 3.")
+    p.add_argument("--min_hosts", "--min-hosts", type=int, default=1, metavar="N",
+                   help="Fewest hosts to go on with. Default: 1.")
+    p.add_argument("--cluster", default=None, metavar="PREFIX",
+                   help="Launch on the emulated cluster PREFIX (distnn cluster up): its "
+                   "launcher script and environment; --hosts defaults to all its hosts.")
+    p.add_argument("--launcher_args", "--launcher-args", default="", metavar="ARGS",
+                   help="More mpiexec arguments, e.g. '-launcher ssh -launcher-exec "
+                   "/path/script' (a host is probed with that program's 'HOST true').")
+    p.add_argument("--stall_timeout", "--stall-timeout", type=float, default=600.0,
+                   metavar="S", help="--stall_timeout given to a train command that sets "
+                   "none: a hung rank ends the job (exit 4) and its host is dropped. "
+                   "Default: 600.")
+    p.add_argument("--mpiexec", default=None, metavar="PATH",
+                   help="The launcher. Default: the mpiexec next to this Python.")
+    p.add_argument("words", nargs=argparse.REMAINDER, metavar="-- train ...",
+                   help="The distnn train command line (must name --checkpoint).")
+
+
+def run_launch(args) -> int:
+    from ..cluster.supervisor import (LaunchError, Supervisor, expand_nodelist,
+                                      launcher_words)
+    words = list(args.words)
+    words = words[1:] if words[:1] == ["--"] else words
+    if words[:1] != ["train"]:
+        raise RunError("give the training after --: distnn launch --hosts h1,h2 -- train "
+                       "--checkpoint ck.npz ...")
+    env, launcher = None, launcher_words(args.launcher_args)
+    hosts = args.hosts.split(",") if args.hosts else None
+    if args.cluster:
+        from ..cluster import ClusterError, EmulatedCluster
+        try:
+            c = EmulatedCluster.existing(args.cluster)
+        except ClusterError as exc:
+            raise RunError(f"--cluster: {exc}") from None
+        env = c.env()
+        launcher = ["-launcher", "ssh", "-launcher-exec", c.launcher_script, *launcher]
+        hosts = hosts or [h.name for h in c.hosts]
+    if hosts is None and os.environ.get("SLURM_JOB_NODELIST"):
+        hosts = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+    try:
+        sup = Supervisor(hosts or [], words[1:], ranks_per_host=args.ranks_per_host,
+                         max_restarts=args.max_restarts, min_hosts=args.min_hosts,
+                         mpiexec=args.mpiexec, launcher_args=launcher, env=env,
+                         stall_timeout=args.stall_timeout)
+    except LaunchError as exc:
+        raise RunError(str(exc)) from None
+    return sup.run()

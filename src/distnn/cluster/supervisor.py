@@ -1,0 +1,298 @@
+"""A supervisor that owns a training launch: it starts ``distnn train`` with mpiexec on a
+list of hosts and, when the job fails because a rank or a host died, finds which hosts
+still answer, drops the others, and relaunches on the rest with ``--resume`` of the last
+checkpoint, until the run finishes or it runs out of restarts or hosts (``distnn launch``).
+
+It never restarts what a restart cannot fix: exit status 2 (a user error), 3 (a diverged
+loss) or a checkpoint that will not load. Each restart is one line on stderr: the host
+lost, where it resumes (epoch/step), how many samples are redone. SIGINT/SIGTERM stop the
+job (its whole process group) and the supervisor, leaving nothing running.
+
+Example:
+    sup = Supervisor(["h1", "h2", "h3"], ["--checkpoint", "ck.npz", ...], min_hosts=2)
+    sys.exit(sup.run())
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Callable, Sequence
+
+__all__ = ["Supervisor", "LaunchError", "expand_nodelist", "NO_RESTART"]
+
+# exit statuses a restart cannot fix
+NO_RESTART = {2: "a user error (exit 2)", 3: "the loss diverged (exit 3)"}
+_LOST = re.compile(r"^\[([^\]\s]+)\] lost:")
+_RANK_HOST = re.compile(r"rank (\d+) \(host ([^)]+)\)")
+_TIMEOUT = re.compile(r"\] stall timeout: ranks? ([\d, ]+) did not arrive")
+STALL_TIMEOUT = 600.0  # --stall_timeout the supervisor gives a run that sets none
+EXIT_STALL = 4
+
+
+class LaunchError(ValueError):
+    """The launch is misconfigured (the message names the option); exit status 2."""
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list ('node[1-3,7],gpu05') as names."""
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", part)
+        if not m:
+            out.append(part)
+            continue
+        head, ranges, tail = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{head}{i:0{len(lo)}d}{tail}")
+    return out
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    """The value of --name (or --name=..., dashes or underscores) in a train argv."""
+    names = {f"--{name}", f"--{name.replace('_', '-')}"}
+    value = None
+    for i, word in enumerate(argv):
+        key, eq, val = word.partition("=")
+        if key in names:
+            value = val if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+class Supervisor:
+    """Runs ``distnn train TRAIN_ARGV`` on ``hosts`` and restarts it on the hosts left.
+
+    Args:
+        hosts: host names, in rank order (rank 0 on the first).
+        train_argv: the arguments of ``distnn train`` (must name ``--checkpoint``).
+        ranks_per_host: ranks on each host.
+        max_restarts: relaunches allowed after failures.
+        min_hosts: fewest hosts to go on with.
+        mpiexec: the launcher (default: the one next to this Python).
+        launcher_args: more arguments for mpiexec (e.g. "-launcher ssh -launcher-exec X").
+        env: the job's environment (default os.environ).
+        probe: ``probe(host) -> bool``: does the host answer (default: ``true`` through
+            the launcher's -launcher-exec program, else ``ssh -o BatchMode=yes``).
+        distnn: the distnn command (default: the one next to this Python).
+        out: where the supervisor's lines go (default sys.stderr).
+        stall_timeout: the ``--stall_timeout`` given to a train command that has none, so
+            a hung rank ends the job (exit 4) and its host is dropped like a lost one.
+    """
+
+    def __init__(self, hosts: Sequence[str], train_argv: Sequence[str], *,
+                 ranks_per_host: int = 1, max_restarts: int = 3, min_hosts: int = 1,
+                 mpiexec: str | None = None, launcher_args: Sequence[str] = (),
+                 env: dict | None = None, probe: Callable[[str], bool] | None = None,
+                 distnn: str | None = None, out=None,
+                 stall_timeout: float | None = STALL_TIMEOUT):
+        hosts = list(dict.fromkeys(hosts))
+        if not hosts:
+            raise LaunchError("--hosts: give at least one host (or run inside a Slurm "
+                              "allocation, whose SLURM_JOB_NODELIST is used)")
+        if ranks_per_host < 1 or max_restarts < 0 or min_hosts < 1:
+            raise LaunchError(f"--ranks_per_host (>= 1), --max_restarts (>= 0) and "
+                              f"--min_hosts (>= 1) got {ranks_per_host}, {max_restarts}, "
+                              f"{min_hosts}")
+        if min_hosts > len(hosts):
+            raise LaunchError(f"--min_hosts {min_hosts} is more than the {len(hosts)} hosts "
+                              "given; lower it or give more --hosts")
+        self.checkpoint = _option(train_argv, "checkpoint") or _option(train_argv, "resume")
+        if not self.checkpoint:
+            raise LaunchError("the train command needs --checkpoint FILE (on storage every "
+                              "host sees) so that a restart can --resume it; add "
+                              "--checkpoint_steps N to lose at most N steps")
+        self.hosts, self.train_argv = hosts, list(train_argv)
+        if stall_timeout and _option(train_argv, "stall_timeout") is None:
+            self.train_argv += ["--stall_timeout", f"{stall_timeout:g}"]
+        self.ranks_per_host, self.max_restarts = ranks_per_host, max_restarts
+        self.min_hosts = min_hosts
+        bindir = os.path.dirname(sys.executable)
+        self.mpiexec = mpiexec or os.path.join(bindir, "mpiexec")
+        self.distnn = distnn or os.path.join(bindir, "distnn")
+        self.launcher_args = list(launcher_args)
+        self.env = dict(os.environ if env is None else env)
+        self.probe = probe or self._default_probe
+        self.out = out
+        self.proc: subprocess.Popen | None = None
+        self._stopping = False
+
+    def say(self, line: str) -> None:
+        out = self.out if self.out is not None else sys.stderr
+        out.write(f"distnn launch: {line}\n")
+        out.flush()
+
+    # -- hosts --------------------------------------------------------------------------
+    def _default_probe(self, host: str) -> bool:
+        args = self.launcher_args
+        if "-launcher-exec" in args and args.index("-launcher-exec") + 1 < len(args):
+            argv = [args[args.index("-launcher-exec") + 1], host, "true"]
+        else:
+            argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "true"]
+        try:
+            return subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=15).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    # -- one launch -------------------------------------------------------------------------
+    def _launch(self, hosts: list[str], resume: bool, progress: str) -> tuple[int, set[str]]:
+        argv = list(self.train_argv)
+        if resume:
+            argv += ["--resume", self.checkpoint]
+        argv += ["--progress_file", progress]
+        hostlist = ",".join(f"{h}:{self.ranks_per_host}" for h in hosts)
+        cmd = [self.mpiexec, *self.launcher_args, "-hosts", hostlist,
+               "-n", str(self.ranks_per_host * len(hosts)), self.distnn, "train", *argv]
+        lost: set[str] = set()
+        stalled: list[str] = []
+        where: dict[int, str] = {}
+        self.proc = subprocess.Popen(cmd, env=self.env, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+
+        def forward():  # the job's stderr, passed on, watched for "[host] lost:"
+            for line in self.proc.stderr:
+                m = _LOST.match(line)
+                if m:
+                    lost.add(m.group(1))
+                for rank, host in _RANK_HOST.findall(line):
+                    where[int(rank)] = host
+                m = _TIMEOUT.search(line)
+                if m and not stalled:  # the first (the lowest waiting rank's) verdict
+                    stalled[:] = [where.get(int(r), "?") for r in m.group(1).split(",")]
+                sys.stderr.write(line)
+            sys.stderr.flush()
+
+        reader = threading.Thread(target=forward, daemon=True)
+        reader.start()
+        rc = self.proc.wait()
+        reader.join(10)
+        self._reap()
+        if rc == EXIT_STALL:
+            lost.update(h for h in stalled if h != "?")
+        return rc, lost
+
+    def _reap(self) -> None:
+        """Nothing of the job left running (its whole process group)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, signum=None, frame=None) -> None:
+        """SIGINT/SIGTERM: stop the job (its process group) and do not restart."""
+        self._stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        """Launch, restart as needed; returns the exit status (the job's, or 1 when the
+        restarts or hosts ran out, 130 when interrupted)."""
+        from ..training.checkpoint import load_checkpoint
+        previous = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        hosts, restarts = list(self.hosts), 0
+        resume = _option(self.train_argv, "resume") is not None
+        tmp = tempfile.mkdtemp(prefix="distnn-launch-")
+        progress = os.path.join(tmp, "progress")
+        try:
+            while True:
+                self.say(f"starting on {len(hosts)} host{'s' * (len(hosts) > 1)} "
+                         f"({','.join(hosts)}), {self.ranks_per_host * len(hosts)} ranks"
+                         + (f", resuming {self.checkpoint}" if resume else ""))
+                rc, lost = self._launch(hosts, resume, progress)
+                if self._stopping:
+                    self.say("interrupted: the job was stopped, nothing is left running")
+                    return 130
+                if rc == 0:
+                    self.say(f"finished on {len(hosts)} hosts after {restarts} restart"
+                             f"{'s' * (restarts != 1)}")
+                    return 0
+                if rc in NO_RESTART:
+                    self.say(f"not restarting: {NO_RESTART[rc]}; fix the cause, then resume "
+                             f"the last checkpoint: --resume {self.checkpoint}")
+                    return rc
+                reached = _read_progress(progress)
+                alive = [h for h in hosts if h not in lost and self.probe(h)]
+                dropped = [h for h in hosts if h not in alive]
+                why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
+                       else f"the job failed (exit {rc}), every host still answers")
+                if rc == EXIT_STALL:
+                    why = f"a rank hung (exit {EXIT_STALL}): " + why
+                if restarts >= self.max_restarts:
+                    self.say(f"{why}; the restart budget (--max_restarts "
+                             f"{self.max_restarts}) is spent; the last good checkpoint: "
+                             f"{self._describe(load_checkpoint)}")
+                    return rc or 1
+                if len(alive) < self.min_hosts:
+                    self.say(f"{why}; {len(alive)} host{'s' * (len(alive) != 1)} left, "
+                             f"fewer than --min_hosts {self.min_hosts}; the last good "
+                             f"checkpoint: {self._describe(load_checkpoint)}")
+                    return rc or 1
+                restarts += 1
+                resume, where, redo = self._resume_point(load_checkpoint, reached)
+                if resume is None:
+                    self.say(f"{why}; not restarting: {where}")
+                    return 2
+                self.say(f"restart {restarts}/{self.max_restarts}: {why}; {where} on "
+                         f"{len(alive)} host{'s' * (len(alive) > 1)} ({','.join(alive)}); "
+                         f"{redo}")
+                hosts = alive
+        finally:
+            self._reap()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _describe(self, load) -> str:
+        try:
+            state = load(self.checkpoint)
+        except (OSError, ValueError):
+            return f"none ({self.checkpoint} missing or unreadable)"
+        return f"{self.checkpoint} ({state.where()}, global step {state.meta['global_step']})"
+
+    def _resume_point(self, load, reached):
+        """(resume?, 'resuming from ...', 'redoing N samples') or (None, reason, '')."""
+        if not os.path.exists(self.checkpoint):
+            done = f"{reached[0] * reached[3]} samples" if reached else "what was done"
+            return False, "no checkpoint yet: starting over", f"redoing {done}"
+        try:
+            state = load(self.checkpoint)
+        except (OSError, ValueError) as exc:
+            return None, f"the checkpoint will not load: {exc}", ""
+        step = int(state.meta["global_step"])
+        gbs = int(state.meta.get("global_batch_size") or 0)
+        if reached is not None and reached[0] >= step:
+            n = reached[0] - step
+            redo = f"redoing {n} step{'s' * (n != 1)} ({n * gbs} samples)"
+        else:
+            redo = "redoing the steps after it"
+        return True, f"resuming from {state.where()} (global step {step}) of " \
+                     f"{self.checkpoint}", redo
+
+
+def _read_progress(path: str) -> tuple[int, ...] | None:
+    """(global_step, epoch, epoch_step, global_batch) the last job wrote, or None."""
+    try:
+        with open(path) as f:
+            return tuple(int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return None
+
+
+def launcher_words(text: str) -> list[str]:
+    """--launcher_args as words (shell quoting)."""
+    return shlex.split(text or "")
