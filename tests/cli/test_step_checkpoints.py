@@ -36,10 +36,13 @@ def _kill_after_a_step_checkpoint(tmp_path, ranks):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.time() + 120
+    ck, mid = tmp_path / "ck.npz", tmp_path / "ck_mid.npz"
     try:
         while proc.poll() is None and time.time() < deadline:
-            ck = tmp_path / "ck.npz"
-            if ck.exists() and load_checkpoint(ck).epoch_step:
+            # What the disk holds after a crash right after a step checkpoint: the run may
+            # write the next one before the kill lands, so keep a copy (the file is replaced
+            # atomically, so a copy is whole) and look at the copy.
+            if ck.exists() and load_checkpoint(shutil.copy(ck, mid)).epoch_step:
                 time.sleep(0.05)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
@@ -49,7 +52,8 @@ def _kill_after_a_step_checkpoint(tmp_path, ranks):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stderr.close()
-    state = load_checkpoint(tmp_path / "ck.npz")
+    shutil.copy(mid, ck)
+    state = load_checkpoint(ck)
     assert state.epoch_step and state.epoch_step % 4 == 0, state.meta
     return state
 
