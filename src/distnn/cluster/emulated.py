@@ -50,15 +50,22 @@ class ClusterError(RuntimeError):
     """The emulated cluster could not be set up, used or torn down (the message says why)."""
 
 
+def missing_reason(what: str, root_for: str, tools: tuple[str, ...],
+                   packages: str) -> str | None:
+    """Why ``what`` cannot run here: not root (``root_for`` says what needs it), or some of
+    ``tools`` not installed (``packages``: the Debian packages that bring them); else None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return f"{what} needs root ({root_for})"
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        return f"{what} needs {', '.join(missing)} (Debian: apt-get install {packages})"
+    return None
+
+
 def unavailable_reason() -> str | None:
     """Why an emulated cluster cannot be made here (not root, a tool missing), or None."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "an emulated cluster needs root (network namespaces, veth links, tc)"
-    missing = [t for t in _TOOLS if shutil.which(t) is None]
-    if missing:
-        return (f"an emulated cluster needs {', '.join(missing)} (Debian: apt-get install "
-                "iproute2 util-linux)")
-    return None
+    return missing_reason("an emulated cluster", "network namespaces, veth links, tc", _TOOLS,
+                          "iproute2 util-linux")
 
 
 def rate_bits(rate: str) -> float:

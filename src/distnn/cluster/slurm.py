@@ -56,7 +56,7 @@ import subprocess
 import time
 from typing import Sequence
 
-from .emulated import ClusterError, EmulatedCluster
+from .emulated import ClusterError, EmulatedCluster, missing_reason
 
 STATE_DIR = "/run/distnn-slurm"
 _TOOLS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")
@@ -77,13 +77,8 @@ class SlurmError(ClusterError):
 
 def unavailable_reason() -> str | None:
     """Why Slurm cannot run on an emulated cluster here (not root, a program missing)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "Slurm on the emulated cluster needs root (namespaces, daemons as root)"
-    missing = [t for t in _TOOLS if shutil.which(t) is None]
-    if missing:
-        return (f"Slurm on the emulated cluster needs {', '.join(missing)} (Debian: apt-get "
-                "install slurmctld slurmd slurm-client munge)")
-    return None
+    return missing_reason("Slurm on the emulated cluster", "namespaces, daemons as root",
+                          _TOOLS, "slurmctld slurmd slurm-client munge")
 
 
 class EmulatedSlurm:
