@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DISTNN = str(BIN / "distnn")
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else shutil.which("mpiexec")
-# Tests use their own names and /24 so they never meet a cluster a person has up.
-PREFIX, NET = "dnt", 77
+# Tests use their own names and /24 so they never meet a cluster a person has up;
+# DISTNN_TEST_CLUSTER="prefix,net" moves them (two checkouts testing at once).
+PREFIX, NET = os.environ.get("DISTNN_TEST_CLUSTER", "dnt,77").split(",")
+NET = int(NET)
 
 
 def skip_reason() -> str | None:
