@@ -295,11 +295,15 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     from ..training import Trainer
-    trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func, metrics=cfg.optim.metrics,
-                      comm=comm, callbacks=[*validate, *configured, *callbacks],
-                      progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
-                      seed=cfg.model.random_seed, profiler=profiler,
-                      rule=build_rule(cfg, comm) if cfg.command == TRAIN else None,
-                      ignore_nan=cfg.train.ignore_nan)
+    rule = build_rule(cfg, comm) if cfg.command == TRAIN else None
+    try:
+        trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func,
+                          metrics=cfg.optim.metrics, comm=comm,
+                          callbacks=[*validate, *configured, *callbacks],
+                          progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
+                          seed=cfg.model.random_seed, profiler=profiler, rule=rule,
+                          ignore_nan=cfg.train.ignore_nan)
+    except ValueError as exc:  # the rule does not fit the model (same on every rank)
+        raise ConfigError(f"--parallel {cfg.parallel.parallel}: {exc}") from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
     return Run(cfg, comm, splits, model, trainer, train, val, profiler, configured)

@@ -284,7 +284,8 @@ OPTIONS: list[Option] = [
     _O("parallel", Str(_parallel_modes), "auto", "Training rule: data (synchronous "
        "all-reduce, alias bsp), localsgd (periodic averaging), downpour (asynchronous "
        "parameter server on rank 0), easgd (elastic averaging), gossip (GoSGD, alias gosgd), "
-       "gem (gradient energy matching); sequential (one process) or auto (data).",
+       "gem (gradient energy matching), partial (local steps, one chunk of the weights "
+       "averaged per step); sequential (one process) or auto (data).",
        "parallel", "parallel"),
     _O("stall_warning", Float(0.0, low_open=True), 60.0, "Seconds a rank waits in a "
        "collective (or for a master/peer) before it names the ranks that have not arrived "
@@ -318,6 +319,10 @@ OPTIONS: list[Option] = [
        "parallel", (TRAIN,), aliases=("gossip_p",)),
     _O("gossip_alpha", Maybe(Float(0.0, 1.0, low_open=True)), None, "gossip: initial mixing "
        "weight of each rank (default 1 / ranks).", "parallel", "parallel", (TRAIN,)),
+    _O("partial_chunks", Int(1), 4, "partial: cut the flat weights into this many "
+       "contiguous chunks; after each local step one chunk is averaged over the ranks, in "
+       "turn (each once every N steps; 1: all, every step).", "parallel", "parallel",
+       (TRAIN,)),
     _O("non_blocking_mpi", Bool(), True, "Overlap the gradient all-reduce with backward.",
        "parallel", "parallel", (TRAIN,)),
     _O("bucket_size_mb", Float(0.0), 4.0, "Gradient all-reduce bucket size in MiB.",
