@@ -50,7 +50,7 @@ POWERSGD_WARMUP = 10  # dense steps before PowerSGD, in distnn and in DDP's hook
 RULE_RUNS = [("data", "data", {}), ("data+fp16", "data", {"compression": "fp16"}),
              ("data+topk", "data", {"compression": "topk:0.01"}),
              ("data+powersgd", "data", {"compression": "powersgd:2",
-                                        "warmup_steps": POWERSGD_WARMUP}),
+                                        "compression_warmup_steps": POWERSGD_WARMUP}),
              ("partial", "partial", {"chunks": 4}),
              ("localsgd", "localsgd", {}), ("easgd", "easgd", {}),
              ("downpour", "downpour", {}), ("gossip", "gossip", {})]
@@ -131,6 +131,11 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
 
 
 def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) -> dict:
+    from distnn.rules import get_rule
+    try:  # before a cluster comes up: can this checkout build the row's rule at all?
+        get_rule(rule, **options)
+    except (TypeError, ValueError) as exc:
+        return {"error": f"this distnn cannot build --parallel {rule} {options}: {exc}"}
     out = tmp / f"{name}_{rate}.json"
     cmd = [sys.executable, str(HERE / "rules.py"), "--run", rule, "--out", str(out),
            "--epochs", str(args.epochs), "--batch", str(BATCH), "--lr", "0.01",
