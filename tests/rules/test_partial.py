@@ -56,6 +56,8 @@ def runs(tmp_path_factory):
          "checkpoint": ckpt},
         {**common, "name": "resumed", "chunks": 4, "epochs": 2, "gbs": GBS[3],
          "resume": ckpt},
+        {**common, "name": "rechunked", "chunks": 3, "epochs": 2, "gbs": GBS[3],
+         "resume": ckpt},
     ], out)
     two = launch(2, [
         {**common, "name": "k3", "chunks": 3, "epochs": 2, "gbs": GBS[2]},
@@ -206,6 +208,17 @@ def test_resume_on_another_number_of_ranks_starts_from_rank_0s_optimizer(runs):
         np.testing.assert_allclose(other[r]["steps"], np.array([s[r] for s in steps]),
                                    rtol=0, atol=TOL)
         np.testing.assert_allclose(other[r]["final"], cont.w[0], rtol=0, atol=TOL)
+
+
+def test_resume_with_other_chunks_starts_the_turns_at_chunk_0(runs):
+    first = runs[3]["first"][0]
+    assert "the turns start at chunk 0" in runs[3]["stdout"]
+    reps, _ = reference(first["initial"], 3, 4, 1, GBS[3])
+    cont, steps = reference(reps.w[0], 3, 3, 1, GBS[3], position=0,
+                            buffers=[b.copy() for b in reps.buf])
+    for r in range(3):
+        np.testing.assert_allclose(runs[3]["rechunked"][r]["steps"],
+                                   np.array([s[r] for s in steps]), rtol=0, atol=TOL)
 
 
 def test_chunk_edges_cover_every_weight_once():
