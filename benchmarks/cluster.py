@@ -21,7 +21,7 @@ and with its PowerSGD hook (rank 2, the same dense warm-up steps as distnn's), o
 links (benchmarks/workers/ddp_main_job.py, one torchrun per host, c10d rendezvous on host
 1's address).
 
-    python benchmarks/cluster.py --part accuracy --rates 1gbit,10gbit \
+    python benchmarks/cluster.py --part accuracy --rates 1gbit,10gbit --epochs 4 \
         --rules data,data+fp16,data+topk,data+powersgd,partial,localsgd,ddp,ddp+powersgd
     python benchmarks/cluster.py --part accuracy --smoke --rates 1gbit --rules partial,ddp
 
