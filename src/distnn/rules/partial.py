@@ -47,6 +47,9 @@ class PartialUpdate(Rule):
 
     name = "partial"
     options = {"chunks": "partial_chunks"}
+    # Not lockstep: mid-epoch the replicas differ, so a step checkpoint of rank 0's weights
+    # could not resume them (checkpoints are taken at epoch ends, after the full average).
+    lockstep = False
 
     def __init__(self, *, chunks: int = 4):
         if isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1:
