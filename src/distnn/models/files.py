@@ -89,6 +89,13 @@ def _import(spec: str, target: str):
             sys.path.remove(os.getcwd())
 
 
+def load_module(spec: str):
+    """The module a ``--model`` file or module spec names, imported (``ModelFileError`` when
+    it cannot be): for what a file defines besides its model (NNLO's ``get_train()``)."""
+    target, _ = split_spec(spec)
+    return _import(spec, target)
+
+
 def _find(spec: str, target: str, module, name: str | None) -> tuple[str, Callable]:
     if name is not None:
         if not hasattr(module, name):

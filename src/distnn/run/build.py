@@ -65,7 +65,7 @@ def rank_path(path: str, rank: int) -> str:
 
 # -- data ----------------------------------------------------------------------------------
 READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name",
-                  "labels_name", "input_shape", "num_classes", "num_samples")
+                  "labels_name", "input_shape", "num_classes", "num_samples", "data_layout")
 
 
 def load_splits(cfg: RunConfig, comm):
@@ -78,6 +78,9 @@ def load_splits(cfg: RunConfig, comm):
                       if name in accepted and getattr(d, name) is not None}
     if "rank" in accepted:  # readers that read only this rank's part (hdf5)
         reader_options.update(rank=comm.rank, size=comm.size)
+        if "train_part" in accepted and cfg.command == TRAIN and comm.size > 1:
+            # the training files are split among the ranks that train (the workers)
+            reader_options.update(train_part=build_rule(cfg, comm).shard_of(comm))
     from ..nn.losses import CategoricalCrossEntropy, get_loss
     from ..nn.metrics import get_metric, mean_absolute_error, mean_squared_error
     # mse, mae and bce (losses or metrics) compare the outputs with targets of their
@@ -111,11 +114,16 @@ def load_data(cfg: RunConfig, comm):
     parts = {id(ds): ds for ds in (splits.train, splits.val, splits.test)
              if getattr(ds, "part_sizes", ()) is None}
     if parts:
-        infos = {key: comm.allgather_obj(ds.part_info()) if comm.size > 1
-                 else [ds.part_info()] for key, ds in parts.items()}
-        num_classes = max(top for info in infos.values() for _, top in info)
+        infos = {key: comm.allgather_obj((ds.rank, *ds.part_info())) if comm.size > 1
+                 else [(ds.rank, *ds.part_info())] for key, ds in parts.items()}
+        num_classes = max(top for info in infos.values() for _, _, top in info)
         for key, ds in parts.items():
-            ds.set_parts([n for n, _ in infos[key]], num_classes)
+            sizes = [0] * ds.size
+            for part, n, _ in infos[key]:
+                if part is not None:
+                    sizes[part] = n
+            ds.set_parts(sizes, num_classes, owners=[p for p, _, _ in infos[key]],
+                         job_rank=comm.rank)
     return splits
 
 
@@ -276,6 +284,9 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     val = splits.val if val is None else val
     what = "model" if cfg.command == TRAIN else "--weights_and_bias_filename"
     model = agreed(comm, what, lambda: build_model(cfg, train, comm))
+    if cfg.command != PRED:
+        from .preflight import check_model_outputs
+        check_model_outputs(cfg, model, train)
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
         dist.sync_batchnorm(model, comm)

@@ -138,6 +138,23 @@ class List(Kind):
         return tuple(items)
 
 
+class FileList(Kind):
+    """A text file listing files (its path), or the files themselves as a list (TOML, a
+    model file's NNLO ``get_train()``); a list comes back as a tuple."""
+
+    metavar = "FILE"
+
+    def check(self, value):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+            if not value:
+                raise ValueError("must list at least one file, got []")
+            return tuple(value)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"must be a file listing files, or a list of files; got "
+                             f"{value!r}")
+        return value
+
+
 class Shape(Kind):
     metavar = "C,H,W"
 
