@@ -130,3 +130,18 @@ def trial_files(values: dict[str, Any], name: str) -> None:
         if not values.get("trace"):
             values["trace"] = f"{name}_{trial}_timeline.json"
         values["trace_merged"] = True
+
+
+def as_options(values: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A search candidate's parameters as option values: those that are not options of
+    distnn train (NNLO's searched ``get_model(**args)`` parameters, which ``distnn search``
+    accepts with ``--model FILE.py``) join ``model_args``."""
+    from ..run.options import OPTION_BY_NAME
+    from .compat import name_of
+    model = {k: v for k, v in params.items() if OPTION_BY_NAME.get(name_of(k)) is None}
+    if not model:
+        return dict(params)
+    out = {k: v for k, v in params.items() if k not in model}
+    given = dict(values.get("model_args") or ())
+    out["model_args"] = tuple({**given, **model}.items())
+    return out

@@ -141,13 +141,13 @@ def build_augment(cfg: RunConfig) -> list:
 
 # -- model and rule ------------------------------------------------------------------------
 def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
-                    seed: int = 0, num_threads: int = 0):
+                    seed: int = 0, num_threads: int = 0, model_args=()):
     """The model a model file makes (``models.files.load_model_spec``), a torch module
     wrapped in ``distnn.torch.TorchModel`` with ``num_threads`` intra-op threads (0: torch's
     default), so the Trainer gets a ``distnn.nn.Model`` either way."""
     from ..models.files import ModelFileError, load_model_spec
     model = load_model_spec(spec, input_shape=input_shape, num_classes=num_classes,
-                            dtype=dtype, seed=seed)
+                            dtype=dtype, seed=seed, model_args=dict(model_args))
     if hasattr(model, "named_arrays"):
         return model
     import torch
@@ -172,9 +172,14 @@ def build_model(cfg: RunConfig, dataset, comm):
     if is_model_spec(m.model):
         model = model_from_spec(m.model, input_shape=dataset.input_shape,
                                 num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
-                                seed=m.random_seed,
+                                seed=m.random_seed, model_args=m.model_args,
                                 num_threads=cfg.parallel.threads or default_threads(comm))
     else:
+        if m.model_args:
+            given = ",".join(f"{k}={v}" for k, v in m.model_args)
+            raise ConfigError(f"--model_args {given}: arguments for a model file's "
+                              f"callable; --model {m.model} is a zoo model (give --model "
+                              "FILE.py)")
         model = get_model(m.model, input_shape=dataset.input_shape,
                           num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
                           rng=m.random_seed)

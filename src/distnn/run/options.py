@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import Bool, FileList, Float, Int, Kind, List, Maybe, Shape, Str
+from .kinds import Bool, FileList, Float, Int, KeyValues, Kind, List, Maybe, Shape, Str
 
 
 # -- registries the choices come from (imported lazily: --help stays fast) ---------------
@@ -110,6 +110,9 @@ OPTIONS: list[Option] = [
        "model", "model", aliases=("weights",)),
     _O("random_seed", Int(0), 0, "Seed of the initial weights, shuffles and augmentation.",
        "model", "model", aliases=("seed",)),
+    _O("model_args", KeyValues(), (), "Keyword arguments for the --model file's callable: "
+       "NAME=VALUE,... (e.g. dense=100,dropout=0.25); distnn search sets the keys of its "
+       "space that are the callable's parameters, not options.", "model", "model"),
     # Dataset
     _O("dataset", Str(_datasets), "fashion_mnist", "Dataset: fashion_mnist, mnist, cifar10, "
        "imagenet, hdf5, digits, synthetic.", "data", "data"),
