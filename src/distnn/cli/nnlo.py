@@ -137,8 +137,7 @@ def as_options(values: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]
     distnn train (NNLO's searched ``get_model(**args)`` parameters, which ``distnn search``
     accepts with ``--model FILE.py``) join ``model_args``."""
     from ..run.options import OPTION_BY_NAME
-    from .compat import name_of
-    model = {k: v for k, v in params.items() if OPTION_BY_NAME.get(name_of(k)) is None}
+    model = {k: v for k, v in params.items() if k not in OPTION_BY_NAME}
     if not model:
         return dict(params)
     out = {k: v for k, v in params.items() if k not in model}

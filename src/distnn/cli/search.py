@@ -23,6 +23,7 @@ from ..run import (OPTION_BY_NAME, OPTIONS, ConfigError, Option, RunConfig, RunE
                    build_config, build_run, load_data, load_toml)
 from ..run.kinds import Bool, Int, Maybe, Str
 from ..run.options import TRAIN
+from ..run.preflight import check_model_outputs
 from ..models.files import check_model_args, is_model_spec
 from . import compat
 from .builders import make_comm, threads
@@ -321,9 +322,11 @@ class CandidateTrainer:
         if fold is not None:
             train, val = agreed(comm, "--n_fold", lambda: kfold_split(
                 splits.train, self.n_fold, fold, cfg.model.random_seed))
-        return build_run(cfg, comm, splits=splits, train=train, val=val,
-                         callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
-                                                                  cfg, comm)]).fit()
+        run = build_run(cfg, comm, splits=splits, train=train, val=val,
+                        callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
+                                                                 cfg, comm)])
+        check_model_outputs(cfg, run.model, train)  # a failed trial, with its reason
+        return run.fit()
 
     def _tensorboard(self, params, fold, callbacks, cfg: RunConfig, comm) -> list:
         """With --tensorboard DIR, a TensorBoard callback writing DIR/trial_NNNN (or

@@ -289,9 +289,6 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     val = splits.val if val is None else val
     what = "model" if cfg.command == TRAIN else "--weights_and_bias_filename"
     model = agreed(comm, what, lambda: build_model(cfg, train, comm))
-    if cfg.command != PRED:
-        from .preflight import check_model_outputs
-        check_model_outputs(cfg, model, train)
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
         dist.sync_batchnorm(model, comm)
