@@ -71,7 +71,9 @@ def load_dataset(name: str, *, path=None, dtype=np.float32, validation_split: fl
             raise ValueError(f"dataset {key!r} already has a validation split; drop "
                              f"validation_split={validation_split}")
         count = len(train) - int(len(train) * (1.0 - validation_split))
-        if count == 0 or count == len(train):
+        # A rank that holds no part of the data (a parameter-server master) splits nothing.
+        holds_none = getattr(train, "rank", 0) is None
+        if (count == 0 or count == len(train)) and not holds_none:
             raise ValueError(f"validation_split={validation_split} of {len(train)} training "
                              f"samples leaves {count} for validation; choose another fraction")
         train, val = train.split_tail(count)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import Bool, Float, Int, Kind, List, Maybe, Shape, Str
+from .kinds import Bool, FileList, Float, Int, KeyValues, Kind, List, Maybe, Shape, Str
 
 
 # -- registries the choices come from (imported lazily: --help stays fast) ---------------
@@ -110,6 +110,9 @@ OPTIONS: list[Option] = [
        "model", "model", aliases=("weights",)),
     _O("random_seed", Int(0), 0, "Seed of the initial weights, shuffles and augmentation.",
        "model", "model", aliases=("seed",)),
+    _O("model_args", KeyValues(), (), "Keyword arguments for the --model file's callable: "
+       "NAME=VALUE,... (e.g. dense=100,dropout=0.25); distnn search sets the keys of its "
+       "space that are the callable's parameters, not options.", "model", "model"),
     # Dataset
     _O("dataset", Str(_datasets), "fashion_mnist", "Dataset: fashion_mnist, mnist, cifar10, "
        "imagenet, hdf5, digits, synthetic.", "data", "data"),
@@ -139,18 +142,22 @@ OPTIONS: list[Option] = [
     _O("normalize", Bool(), True, "Scale stored pixel values to [0, 1].", "data", "data"),
     _O("prefetch", Bool(), True, "Prepare the next batch in a background thread.", "data",
        "data"),
-    _O("train_list", Maybe(Str(metavar="FILE")), None, "hdf5: text file listing the "
+    _O("train_list", Maybe(FileList()), None, "hdf5: text file listing the "
        "training HDF5 files (implies --dataset hdf5). With several ranks each rank reads "
        "only its part: whole files when there are at least as many files as ranks, else "
        "its rows of each file.", "data", "data"),
-    _O("val_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of validation files.",
+    _O("val_list", Maybe(FileList()), None, "hdf5: list of validation files.",
        "data", "data"),
-    _O("test_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of test files.",
+    _O("test_list", Maybe(FileList()), None, "hdf5: list of test files.",
        "data", "data"),
     _O("features_name", Str(lower=False), "features", "hdf5: dataset name of the features.",
        "data", "data"),
     _O("labels_name", Str(lower=False), "labels", "hdf5: dataset name of the labels.",
        "data", "data"),
+    _O("data_layout", Str(("auto", "nchw", "nhwc")), "auto", "hdf5: the layout images are "
+       "given to the model in: nchw (channels-last files are transposed), nhwc (as "
+       "channels-last files store them, for models written for NHWC input); auto: nhwc when "
+       "the --model file sets data_layout = 'nhwc', else nchw.", "data", "data"),
     _O("input_shape", Maybe(Shape()), None, "synthetic: per-sample shape C,H,W (default "
        "1,28,28).", "data", "data"),
     _O("num_classes", Maybe(Int(1)), None, "synthetic/hdf5: number of classes.", "data",
