@@ -78,10 +78,14 @@ def _take(data: Any, idx: np.ndarray) -> tuple:
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True,
-                      seed: int = 0, epoch: int = 0, drop_last: bool = False,
-                      comm=None) -> Iterator[Shard]:
+def partition_dataset(data: Any, global_batch_size: int, device=None, dtype=None, *,
+                      shuffle: bool = True, seed: int = 0, epoch: int = 0,
+                      drop_last: bool = False, comm=None):
     """This rank's share of every global batch of one epoch of ``data``.
+
+    Needle's shape: with ``device`` or ``dtype`` given (``partition_dataset(dataset, 128,
+    device=device, dtype="float32")``) it returns ``(loader, batch_size // size)`` as
+    ``distnn.torch.ddp.partition_dataset`` does (see there).
 
     Args:
         data: a tuple/list of tensors (or arrays) with the same first dimension, a
@@ -90,6 +94,7 @@ def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True
         global_batch_size: samples per global batch, all ranks together.
         shuffle, seed, epoch: the permutation is ``default_rng([seed, epoch])``'s.
         drop_last: skip a last global batch smaller than ``global_batch_size``.
+        device, dtype: select Needle's shape (above).
         comm: communicator (default ``distnn.distributed.get_comm()``).
 
     Yields:
@@ -99,6 +104,18 @@ def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True
         for x, y, n in dtorch.partition_dataset((xs, ys), 128, epoch=epoch):
             loss = F.cross_entropy(model(x), y, reduction="sum") / n
     """
+    if device is not None or dtype is not None:
+        from .ddp import partition_dataset as needle_partition
+        if epoch or drop_last:
+            raise ValueError("partition_dataset(..., device=/dtype=) returns Needle's "
+                             "(loader, batch size), which takes no epoch/drop_last: iterate "
+                             "the loader once per epoch")
+        return needle_partition(data, global_batch_size, device, dtype, shuffle=shuffle,
+                                seed=seed, comm=comm)
+    return _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm)
+
+
+def _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm) -> Iterator[Shard]:
     c = comm if comm is not None else dist.get_comm()
     if isinstance(data, torch.utils.data.TensorDataset):
         n = len(data.tensors[0])
