@@ -46,9 +46,12 @@ REMOTES: dict[str, list[fetch.Remote]] = {
                       for f, s in IDX_MD5["fashion_mnist"].items()],
     "cifar10": [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
                              ("md5", "c32a1d4ab5d03f1284b67883e8d87530"))],
+    "cifar10_python": [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                                    ("md5", "c58f30108f718f92721af3b95e74349a"))],
 }
 ALIASES = {"mnist": ("mnist",), "fashion_mnist": ("fashion_mnist", "fashion-mnist"),
-           "cifar10": ("cifar10", "cifar-10")}
+           "cifar10": ("cifar10", "cifar-10"),
+           "cifar10_python": ("cifar10_python", "cifar10", "cifar-10")}
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -213,7 +216,11 @@ def _cifar_archive(archive: Path) -> dict[str, bytes]:
 def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
                  download: bool = True) -> Splits:
     """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32). ``path`` may also be
-    the ``cifar-10-binary.tar.gz`` archive itself."""
+    the ``cifar-10-binary.tar.gz`` archive itself; a ``path`` holding the Python version
+    (``cifar-10-batches-py``, ``cifar-10-python.tar.gz``) is read as that (cifar_python.py)."""
+    from .cifar_python import is_python_version, read_cifar10_python
+    if path is not None and is_python_version(path):
+        return read_cifar10_python(path=path, preprocess=preprocess, download=False)
     if path is not None and Path(path).expanduser().is_file():
         archive = Path(path).expanduser()
         files = _cifar_archive(archive)
