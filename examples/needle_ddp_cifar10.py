@@ -5,10 +5,10 @@ and loop, with ``from distnn.torch import ddp`` in place of ``import ddp`` and t
 torch. Reads CIFAR-10's Python version (``cifar-10-batches-py``) as Needle does.
 
     mpiexec -n 2 python examples/needle_ddp_cifar10.py data/cifar-10-batches-py
-    mpiexec -n 2 python examples/needle_ddp_cifar10.py data/cifar-10-batches-py --epochs 1 --steps 20
+    mpiexec -n 2 python examples/needle_ddp_cifar10.py data/cifar-10-batches-py --steps 20
 
-The zoo has the same architecture for the distnn command:
-``mpiexec -n 2 distnn train --model resnet9 --dataset cifar10 --dataset_path data/cifar-10-batches-py``.
+The zoo has the same architecture for the distnn command: ``mpiexec -n 2 distnn train
+--model resnet9 --dataset cifar10 --dataset_path data/cifar-10-batches-py``.
 """
 from __future__ import annotations
 

@@ -27,6 +27,12 @@ from .base import ArrayDataset, DatasetError, Preprocess, Splits
 FOLDER = "cifar-10-batches-py"
 TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST = "test_batch"
+# The published MD5 sum (the CIFAR-10 page), as for the binary version (readers.REMOTES).
+REMOTES = [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                        ("md5", "c58f30108f718f92721af3b95e74349a"))]
+ALIASES = ("cifar10_python", "cifar10", "cifar-10")
+HOW_TO = (f"Put {FOLDER}/ (from cifar-10-python.tar.gz) in one of these folders, set "
+          f"${fetch.ENV_VAR} to a folder holding cifar10_python/, or pass path=<folder>.")
 _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
             ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.numeric", "_frombuffer"),
             ("numpy._core.numeric", "_frombuffer"),
@@ -45,7 +51,6 @@ def read_cifar_pickle(path: str | os.PathLike,
                       data: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Read one pickled CIFAR-10 batch: (N, 3, 32, 32) uint8 images and int64 labels
     (from ``data`` when given, ``path`` then only names it)."""
-    from .readers import _check_labels
     path = Path(path)
     raw = data if data is not None else path.read_bytes()
     try:
@@ -67,8 +72,16 @@ def read_cifar_pickle(path: str | os.PathLike,
     if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32:
         raise DatasetError(f"{path}: b'data' is {x.dtype} {x.shape}, expected uint8 (N, 3072) "
                            "rows of 32x32 RGB images; the file is corrupt")
-    labels = _check_labels(path, np.asarray(batch["labels"]), 10, len(x))
-    return np.ascontiguousarray(x).reshape(-1, 3, 32, 32), labels
+    labels = np.asarray(batch["labels"])
+    if labels.ndim != 1 or len(labels) != len(x) or labels.dtype.kind not in "iu":
+        raise DatasetError(f"{path}: b'labels' holds {labels.dtype} {labels.shape} for "
+                           f"{len(x)} images, expected one integer per image; the file is "
+                           "corrupt")
+    if len(labels) and (labels.min() < 0 or labels.max() >= 10):
+        bad = int(labels.max() if labels.max() >= 10 else labels.min())
+        raise DatasetError(f"{path}: label {bad} out of range [0, 10); the file is corrupt "
+                           "or of another dataset")
+    return np.ascontiguousarray(x).reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 def _folder(folder: Path) -> Path | None:
@@ -88,8 +101,7 @@ def _members(tar: tarfile.TarFile, archive: Path) -> dict[str, tarfile.TarInfo]:
 
 
 def _fetch(folder: Path) -> None:
-    from .readers import REMOTES
-    remote = REMOTES["cifar10_python"][0]
+    remote = REMOTES[0]
     archive = fetch.download(remote, folder / remote.filename)
     staging = Path(tempfile.mkdtemp(dir=folder, prefix=".extract."))
     try:
@@ -128,15 +140,14 @@ def read_cifar10_python(*, path=None, preprocess: Preprocess, seed: int = 0,
                         download: bool = True) -> Splits:
     """CIFAR-10 Python version: 50000 train / 10000 test, (3, 32, 32). ``path`` is the
     ``cifar-10-batches-py`` folder, a folder holding it, or ``cifar-10-python.tar.gz``."""
-    from .readers import ALIASES, _how_to
     if path is not None and Path(path).expanduser().is_file():
         archive = Path(path).expanduser()
         files = _archive(archive)
         parts = [read_cifar_pickle(archive / f, files[f]) for f in TRAIN]
         x_test, y_test = read_cifar_pickle(archive / TEST, files[TEST])
     else:
-        folder = fetch.locate("cifar10_python", ALIASES["cifar10_python"], path, _folder,
-                              _fetch if download else None, _how_to("cifar10_python"))
+        folder = fetch.locate("cifar10_python", ALIASES, path, _folder,
+                              _fetch if download else None, HOW_TO)
         parts = [read_cifar_pickle(folder / f) for f in TRAIN]
         x_test, y_test = read_cifar_pickle(folder / TEST)
     train = ArrayDataset(np.concatenate([p[0] for p in parts]),

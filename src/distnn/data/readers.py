@@ -46,12 +46,9 @@ REMOTES: dict[str, list[fetch.Remote]] = {
                       for f, s in IDX_MD5["fashion_mnist"].items()],
     "cifar10": [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
                              ("md5", "c32a1d4ab5d03f1284b67883e8d87530"))],
-    "cifar10_python": [fetch.Remote("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-                                    ("md5", "c58f30108f718f92721af3b95e74349a"))],
 }
 ALIASES = {"mnist": ("mnist",), "fashion_mnist": ("fashion_mnist", "fashion-mnist"),
-           "cifar10": ("cifar10", "cifar-10"),
-           "cifar10_python": ("cifar10_python", "cifar10", "cifar-10")}
+           "cifar10": ("cifar10", "cifar-10")}
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

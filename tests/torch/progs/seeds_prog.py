@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from distnn import distributed as dist
 from distnn.torch import ddp, opt
 
 torch.set_num_threads(1)
@@ -112,7 +113,7 @@ ref_adam = torch.optim.Adam(ref_n.parameters(), lr=0.01, weight_decay=0.001)
 loss_fn = torch.nn.CrossEntropyLoss()
 needle = []
 seen = []
-for epoch in range(2):
+for _ in range(2):
     for batch in loader:
         adam.reset_grad()
         Xb, yb = batch
@@ -120,7 +121,7 @@ for epoch in range(2):
         loss.backward()
         adam.step()
         # the global batch: every rank's share, in rank order
-        parts = ddp.dist.get_comm().allgather_obj((Xb.numpy(), yb.numpy()))
+        parts = dist.get_comm().allgather_obj((Xb.numpy(), yb.numpy()))
         xg = torch.from_numpy(np.concatenate([p[0] for p in parts]))
         yg = torch.from_numpy(np.concatenate([p[1] for p in parts]))
         seen.append(len(yb))
