@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import distnn.torch as hvd
+from distnn.data import ArrayDataset
 from distnn.torch import ddp, opt
 from torchjobs import PROGS, mpirun, needs_mpi
 
@@ -125,8 +126,19 @@ def test_needle_shapes_and_errors():
         ddp.partition_dataset((xs, ys), 4, device="cuda:0")
     with pytest.raises(ValueError, match="not a floating dtype"):
         ddp.partition_dataset((xs, ys), 4, dtype="int32")
+    with pytest.raises(ValueError, match="not a floating dtype"):
+        ddp.partition_dataset((xs, ys), 4, dtype=torch.int32)
     with pytest.raises(ValueError, match="global batch size"):
         ddp.partition_dataset((xs, ys), 0)
+    # a distnn dataset (load_dataset's splits): stored uint8 scaled per batch, as distnn does
+    images = np.random.default_rng(1).integers(0, 256, (10, 1, 2, 2), dtype=np.uint8)
+    ds = ArrayDataset(images, np.arange(10) % 3, 3)
+    loader, _ = ddp.partition_dataset(ds, 5, device=device, dtype=torch.float64)
+    for xb, yb in loader:
+        assert xb.dtype == torch.float64 and yb.dtype == torch.int64
+        for x1, y1 in zip(xb, yb):
+            i = int(np.flatnonzero((images == np.rint(x1.numpy() * 255)).all(axis=(1, 2, 3)))[0])
+            assert int(y1) == i % 3 and float(x1.max()) <= 1.0
     opt_ = ddp.DistributedOptimizer(torch.optim.SGD(_net().parameters(), lr=0.1))
     opt_.reset_grad()
     assert all(float(p.grad.abs().sum()) == 0 for g in opt_.param_groups for p in g["params"])

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import distributed as dist
+from ..data import ArrayDataset
 from ..data import Dataset as DistnnDataset
 from ..data import local_range
 from ..distributed import Communicator
@@ -193,9 +194,11 @@ def _device(device) -> torch.device:
 
 
 def _dtype(dtype) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         return dtype
-    key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    key = dtype if isinstance(dtype, str) else (
+        str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype)
+        else np.dtype(dtype).name)
     if key not in _DTYPES:
         raise ValueError(f"partition_dataset: dtype={dtype!r} is not a floating dtype; use "
                          f"one of {sorted(_DTYPES)}")
@@ -234,13 +237,20 @@ class Loader:
             t = t.to(self.dtype)
         return t.to(self.device)
 
+    def _items(self, idx: np.ndarray) -> tuple:
+        d = self.data
+        if isinstance(d, ArrayDataset):  # stored values (uint8) scaled per batch, as distnn's
+            x = d.preprocess.standardize_(d.preprocess.scale(d.x[idx], d.value_range))
+            return x, d.preprocess.labels(d.y[idx], d.num_classes)
+        return _take(d, idx)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
                  if self.shuffle else np.arange(self.n))[:self.used]
         self.epoch += 1
         for idx, _ in shard_indices(self.used, self.global_batch_size, rank=self.comm.rank,
                                     size=self.comm.size, shuffle=False):
-            yield tuple(self._tensor(t) for t in _take(self.data, order[idx]))
+            yield tuple(self._tensor(t) for t in self._items(order[idx]))
 
     def __repr__(self) -> str:
         return (f"Loader({self.n} samples, batch_size={self.batch_size} per rank, "
@@ -271,7 +281,7 @@ def needle_partition(dataset: Any, batch_size: int, device=None, dtype=None, *,
             or batch_size < c.size:
         raise ValueError(f"partition_dataset: batch_size={batch_size!r} is the global batch "
                          f"size and must be an integer >= the number of ranks ({c.size})")
-    if isinstance(dataset, DistnnDataset):
+    if isinstance(dataset, DistnnDataset) and not isinstance(dataset, ArrayDataset):
         dataset = dataset.arrays()
     if isinstance(dataset, torch.utils.data.TensorDataset):
         n = len(dataset.tensors[0])
