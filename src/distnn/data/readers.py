@@ -213,7 +213,11 @@ def _cifar_archive(archive: Path) -> dict[str, bytes]:
 def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
                  download: bool = True) -> Splits:
     """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32). ``path`` may also be
-    the ``cifar-10-binary.tar.gz`` archive itself."""
+    the ``cifar-10-binary.tar.gz`` archive itself; a ``path`` holding the Python version
+    (``cifar-10-batches-py``, ``cifar-10-python.tar.gz``) is read as that (cifar_python.py)."""
+    from .cifar_python import is_python_version, read_cifar10_python
+    if path is not None and is_python_version(path):
+        return read_cifar10_python(path=path, preprocess=preprocess, download=False)
     if path is not None and Path(path).expanduser().is_file():
         archive = Path(path).expanduser()
         files = _cifar_archive(archive)

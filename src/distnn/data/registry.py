@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from .base import Preprocess, Splits
+from .cifar_python import read_cifar10_python
 from .imagenet import read_imagenet
 from .readers import (read_cifar10, read_digits, read_fashion_mnist, read_hdf5, read_mnist,
                       read_synthetic)
@@ -17,6 +18,7 @@ DATASETS: dict[str, Reader] = {
     "mnist": read_mnist,
     "fashion_mnist": read_fashion_mnist,
     "cifar10": read_cifar10,
+    "cifar10_python": read_cifar10_python,
     "imagenet": read_imagenet,
     "hdf5": read_hdf5,
     "digits": read_digits,

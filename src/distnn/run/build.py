@@ -135,7 +135,8 @@ def build_augment(cfg: RunConfig) -> list:
     if d.flip_images:
         out.append(RandomFlip(d.flip_images_prob))
     if d.crop_images:
-        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob))
+        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob,
+                              d.crop_images_padding_mode))
     return out
 
 

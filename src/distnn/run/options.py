@@ -137,6 +137,9 @@ OPTIONS: list[Option] = [
        "random crop.", "data", "data", (TRAIN,)),
     _O("crop_images_prob", Float(0.0, 1.0), 0.5, "Probability of a crop.", "data", "data",
        (TRAIN,)),
+    _O("crop_images_padding_mode", Str(("constant", "symmetric", "reflect", "edge")),
+       "constant", "What the crop's padding holds: constant (zeros), symmetric (the border "
+       "mirrored, SINGA's augmentation), reflect or edge.", "data", "data", (TRAIN,)),
     _O("download", Bool(), True, "Download the dataset when it is not found (mnist, "
        "fashion_mnist, cifar10).", "data", "data"),
     _O("normalize", Bool(), True, "Scale stored pixel values to [0, 1].", "data", "data"),
