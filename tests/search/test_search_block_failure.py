@@ -69,3 +69,28 @@ def test_a_trial_failing_on_one_rank_of_a_block_fails_alone(tmp_path, monkeypatc
     assert all(t["value"] > 0 for t in trials[1:])
     assert re.search(rf"^trial +0 +block 0 .* FAILED: \[{who}\] RuntimeError: disk quota",
                      proc.stdout, re.M), proc.stdout
+
+
+HANGING = MODEL.replace('DONE.write_text("yes")\n                raise RuntimeError(f"disk quota '
+                        'exceeded on world rank {RANK}")',
+                        'import time\n                time.sleep(3600)  # hangs, never fails')
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpi
+@needs_data
+def test_a_rank_that_hangs_in_a_trial_ends_the_search_at_the_stall_timeout(tmp_path,
+                                                                           monkeypatch):
+    assert HANGING != MODEL
+    (tmp_path / "fragile.py").write_text(HANGING)
+    monkeypatch.setenv("FAIL_RANK", "2")
+    proc = distnn("search", *BASE, "--model", "fragile.py", "--block_size", 2,
+                  "--num_iterations", 3, "--output_dir", "out", "--stall_warning", 1,
+                  "--stall_timeout", 4, n=3, cwd=tmp_path, timeout=150)
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the block's waiting rank names the hung one (block rank 1) past --stall_warning
+    assert re.search(r"stall: waited \d+\.\d s in .*not arrived: rank 1 \(host", proc.stderr), \
+        proc.stderr[-3000:]
+    assert re.search(r"stall timeout: rank 1 did not arrive within 4 s", proc.stderr), \
+        proc.stderr[-3000:]

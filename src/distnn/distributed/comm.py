@@ -304,12 +304,11 @@ class MPIComm:
         stall = self.stall
         if stall is None:
             return fn(*args, **kwargs)
-        if stall.interruptible:  # distnn search's blocks: a failed rank must not hang them
-            from .stall import polled
-            stall.started()
-            return polled(stall, self.comm, fn.__name__, *args, **kwargs)
         stall.enter(stall.started())
         try:
+            if stall.interruptible:  # distnn search's blocks: a failed rank must not hang them
+                from .stall import polled
+                return polled(stall, self.comm, fn.__name__, *args, **kwargs)
             return fn(*args, **kwargs)
         finally:
             stall.leave()
