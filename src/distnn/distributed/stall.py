@@ -17,6 +17,12 @@ Reading other ranks from the watchdog needs ``MPI.THREAD_MULTIPLE`` (mpi4py asks
 MPICH grants it); at a lower level the report has this rank's own position only. Only the
 lowest-numbered rank that has arrived prints.
 
+Interruptible mode (``interruptible = True``; ``distnn search``'s blocks): the waits poll
+(the non-blocking twin of each collective, tested in a loop) and a rank that failed says so
+with ``fail()``, a ``Put`` into the others' FAILED slot; their waits then end with
+``PeerFailed`` instead of waiting for a rank that will never come (MPICH has no
+``MPIX_Comm_revoke`` to do this).
+
 Example:
     inspector = watch_stalls(comm, warning=60, timeout=600)
     inspector.phase("forward", step=12)
@@ -301,11 +307,15 @@ def polled(inspector: StallInspector, mpi_comm, name: str, *args, **kwargs):
     if name == "allgather":
         return objs
     op = kwargs.get("op", args[1] if len(args) > 1 else MPI.SUM)  # allreduce
-    combine = {MPI.SUM: lambda a, b: a + b, MPI.MAX: lambda a, b: b if b > a else a,
-               MPI.MIN: lambda a, b: b if b < a else a}[op]
+    if not (op == MPI.SUM or op == MPI.MAX or op == MPI.MIN):
+        raise ValueError(f"interruptible allreduce of objects: op must be MPI.SUM, MAX or "
+                         f"MIN, got {op!r}")
     total = objs[0]
-    for obj in objs[1:]:
-        total = combine(total, obj)
+    for obj in objs[1:]:  # mpi4py's meaning of the three on Python objects
+        if op == MPI.SUM:
+            total = total + obj
+        elif (obj > total) if op == MPI.MAX else (obj < total):
+            total = obj
     return total
 
 
