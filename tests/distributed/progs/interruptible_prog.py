@@ -9,7 +9,8 @@ import numpy as np
 from distnn import distributed as dist
 from distnn.distributed.stall import PeerFailed, watch_stalls
 
-comm = dist.init()
+world = dist.init()
+comm = world.split(0, world.rank)  # the "block": its failure leaves world sound
 rank, size = comm.rank, comm.size
 out = {}
 plain = {"allreduce_": comm.allreduce_(np.arange(5.0) * (rank + 1)).tolist(),
@@ -32,6 +33,9 @@ comm.barrier()
 handle = comm.iallreduce_(np.ones(4))
 out["handle"] = handle.wait().tolist()
 out["same"] = json.dumps(plain, sort_keys=True) == json.dumps(polled, sort_keys=True)
+# a rank can leave a collective before the others have (its last message still on the
+# way): the world's barrier makes sure every rank is done with the block's ones first
+world.barrier()
 # the last rank fails; the others are (or will be) waiting in a collective it never joins
 if rank == size - 1:
     inspector.fail()
@@ -42,7 +46,7 @@ else:
         out["raised"] = "completed?!"
     except PeerFailed as exc:
         out["raised"] = exc.rank
-new = comm.subgroup(range(size), tag=1)
+new = world.subgroup(range(size), tag=1)  # made over the sound parent, as search does
 inspector.close()
 out["after"] = new.allreduce_(np.ones(2)).tolist()
 with open(f"{sys.argv[1]}/r{rank}.json", "w") as f:
