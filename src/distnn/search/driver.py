@@ -191,6 +191,9 @@ def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
                 if any(o[0] != wanted for o in outcomes):
                     message = f"[block rank {rank}] {message}"
                 break
+        else:
+            if state == "peer failed":  # (no rank says why: cannot happen, but never hang)
+                state, message = "fail", "a rank of the block failed"
     end = time.time()
     value = float(np.mean(folds)) if state == "complete" else None
     return {"number": assignment["number"], "state": state, "value": value, "folds": folds,
