@@ -1,5 +1,6 @@
 """What the stall inspector costs per step: median step time of the same training with the
-inspector off and on (alternating rounds), under mpiexec, and the cost of one ``phase``.
+inspector off, on, and on with its waits polled (interruptible, as in ``distnn search``'s
+blocks) in alternating rounds, under mpiexec, and the cost of one ``phase``.
 
     .venv/bin/python benchmarks/stall.py                     # 2 ranks, simplemlp and simplecnn
     .venv/bin/python benchmarks/stall.py --ranks 3 --rounds 6 --steps 80
@@ -42,33 +43,36 @@ def worker(args) -> None:
         run = build_run(cfg, callbacks=[timer])
         comm = run.comm
         inspector = comm.stall
-        medians = {"off": [], "on": []}
-        steps = {"off": [], "on": []}
-        for r in range(2 * args.rounds + 2):
-            mode = ("off", "on")[r % 2]
-            comm.stall = inspector if mode == "on" else None
+        modes = ("off", "on", "polled")
+        medians = {m: [] for m in modes}
+        steps = {m: [] for m in modes}
+        for r in range(len(modes) * (args.rounds + 1)):
+            mode = modes[r % len(modes)]
+            comm.stall = inspector if mode != "off" else None
+            inspector.interruptible = mode == "polled"
             timer.times = []
             run.fit()
-            if r >= 2:  # the first round of each warms up (numba, caches)
+            if r >= len(modes):  # the first round of each warms up (numba, caches)
                 steps[mode] += timer.times[2:]
                 medians[mode].append(statistics.median(timer.times[2:]))
         comm.stall = inspector
+        inspector.interruptible = False
         t0 = time.perf_counter()
         for _ in range(100_000):
             inspector.phase("forward", step=1)
         phase_ns = (time.perf_counter() - t0) / 100_000 * 1e9
         rows.append((model, comm.size, len(steps["off"]),
                      1e3 * statistics.median(steps["off"]), 1e3 * statistics.median(steps["on"]),
-                     phase_ns))
+                     1e3 * statistics.median(steps["polled"]), phase_ns))
     if comm.rank == 0:
         print(f"\nStall inspector overhead ({comm.size} ranks, batch 32 per rank, "
               f"{args.rounds} alternating rounds of {args.steps} steps each)\n")
         print("| model | ranks | steps | median step off (ms) | median step on (ms) | "
-              "on / off | one phase() (ns) |")
-        print("|---|---|---|---|---|---|---|")
-        for model, ranks, n, off, on, ns in rows:
+              "on / off | polled, search blocks (ms) | polled / off | one phase() (ns) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for model, ranks, n, off, on, polled, ns in rows:
             print(f"| {model} | {ranks} | {n} | {off:.3f} | {on:.3f} | {on / off:.3f} | "
-                  f"{ns:.0f} |")
+                  f"{polled:.3f} | {polled / off:.3f} | {ns:.0f} |")
 
 
 def main() -> None:

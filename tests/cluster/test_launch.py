@@ -11,14 +11,13 @@ import time
 
 import numpy as np
 import pytest
-from cluster_util import DISTNN, MPIEXEC, ROOT, needs_cluster, run
+from cluster_util import DISTNN, MPIEXEC, NET, PREFIX, ROOT, needs_cluster, run
 
 from distnn.cluster import EmulatedCluster
 from distnn.training.checkpoint import load_checkpoint
 
-PREFIX, NET = "f", 19
 TRAIN = ["--dataset", "fashion_mnist", "--model", "simplemlp", "--dtype", "float64",
-         "--global_batch_size", "48", "--steps_per_epoch", "20", "--num_epochs", "2",
+         "--global_batch_size", "48", "--steps_per_epoch", "12", "--num_epochs", "2",
          "--validation_split", "0", "--random_seed", "7", "--learning_rate", "0.05",
          "--quiet"]
 

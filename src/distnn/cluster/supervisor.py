@@ -119,6 +119,10 @@ class Supervisor:
         self.distnn = distnn or os.path.join(bindir, "distnn")
         self.launcher_args = list(launcher_args)
         self.env = dict(os.environ if env is None else env)
+        if self.env.get("SLURM_JOB_ID"):
+            # a step of a lost host never ends (its slurmd is gone): the relaunch's srun
+            # (mpiexec's, for its proxies) and the probes share the CPUs it still holds
+            self.env.setdefault("SLURM_OVERLAP", "1")
         self.probe = probe or self._default_probe
         self.out = out
         self.proc: subprocess.Popen | None = None
@@ -134,6 +138,10 @@ class Supervisor:
         args = self.launcher_args
         if "-launcher-exec" in args and args.index("-launcher-exec") + 1 < len(args):
             argv = [args[args.index("-launcher-exec") + 1], host, "true"]
+        elif self.env.get("SLURM_JOB_ID") and shutil.which("srun", path=self.env.get("PATH")):
+            # inside an allocation mpiexec starts its proxies with srun: ask the same way
+            argv = ["srun", "--overlap", "--nodelist", host, "-N", "1", "-n", "1", "--quiet",
+                    "true"]
         else:
             argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "true"]
         try:

@@ -196,7 +196,10 @@ class _MPIHandle:
                 inspector, seq, peers = self._watch
                 inspector.enter(seq, peers)
                 try:
-                    self._request.Wait()
+                    if inspector.interruptible:
+                        inspector.poll(self._request, (self._arr, self._keep))
+                    else:
+                        self._request.Wait()
                 finally:
                     inspector.leave()
             else:
@@ -303,6 +306,9 @@ class MPIComm:
             return fn(*args, **kwargs)
         stall.enter(stall.started())
         try:
+            if stall.interruptible:  # distnn search's blocks: a failed rank must not hang them
+                from .stall import polled
+                return polled(stall, self.comm, fn.__name__, *args, **kwargs)
             return fn(*args, **kwargs)
         finally:
             stall.leave()
@@ -351,6 +357,15 @@ class MPIComm:
 
     def split(self, color, key=0):
         return MPIComm(self.comm.Split(color, key), fp16=self.fp16)
+
+    def subgroup(self, ranks, tag=0):
+        """A new communicator of ``ranks`` (of this one), made by those ranks only (the
+        others need not take part: ``MPI_Comm_create_group``)."""
+        group = self.comm.Get_group().Incl(list(ranks))
+        try:
+            return MPIComm(self.comm.Create_group(group, tag), fp16=self.fp16)
+        finally:
+            group.Free()
 
     # -- point to point (arrays; the rules in distnn.rules use them) ----------------------
     def send_(self, arr, dest, tag=0):

@@ -57,6 +57,8 @@ def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3) -> float:
         while pending:
             pending = [h for h in pending if not h.test()]
             if pending:
+                if watch is not None and watch[0].interruptible:
+                    watch[0].give_up(pending)  # a failed rank will not join (search blocks)
                 backoff.pause()
     finally:
         if watch is not None:

@@ -17,27 +17,34 @@ Reading other ranks from the watchdog needs ``MPI.THREAD_MULTIPLE`` (mpi4py asks
 MPICH grants it); at a lower level the report has this rank's own position only. Only the
 lowest-numbered rank that has arrived prints.
 
+Interruptible mode (``interruptible = True``; ``distnn search``'s blocks): the waits poll
+(the non-blocking twin of each collective, tested in a loop) and a rank that failed says so
+with ``fail()``, a ``Put`` into the others' FAILED slot; their waits then end with
+``PeerFailed`` instead of waiting for a rank that will never come (MPICH has no
+``MPIX_Comm_revoke`` to do this).
+
 Example:
     inspector = watch_stalls(comm, warning=60, timeout=600)
     inspector.phase("forward", step=12)
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Sequence
 
 import numpy as np
 
-__all__ = ["StallInspector", "watch_stalls", "PHASES", "EXIT_STALL"]
+__all__ = ["StallInspector", "PeerFailed", "watch_stalls", "PHASES", "EXIT_STALL"]
 
 EXIT_STALL = 4
 PHASES = ("start", "forward", "backward", "allreduce bucket", "optimizer step", "loss check",
           "epoch end", "evaluate", "checkpoint write", "collective", "waiting for master",
           "waiting for workers", "waiting for a peer", "done", "exchange")
 _CODES = {name: i for i, name in enumerate(PHASES)}
-STEP, PHASE, ARG, SINCE, STARTED, WAITING, BEAT = range(7)
-SLOTS = 7
+STEP, PHASE, ARG, SINCE, STARTED, WAITING, BEAT, FAILED = range(8)
+SLOTS = 8
 BEAT_S = 0.2  # the watchdog's period
 STALE = 1.0  # a rank whose watchdog has not beaten for this long is stopped (or its host)
 
@@ -69,11 +76,13 @@ class StallInspector:
         self._wcomm = comm.comm.Dup()
         self.win = self.MPI.Win.Allocate(SLOTS * 8, 8, comm=self._wcomm)
         self.state = np.frombuffer(self.win.tomemory(), dtype=np.float64)
-        self.state[:] = (0, 0, -1, time.time(), 0, -1, 0)
+        self.state[:] = (0, 0, -1, time.time(), 0, -1, 0, 0)
         self.win.Lock_all()
         self.seq = 0
         self.step = 0
         self._waiting = None
+        self.interruptible = False  # waits poll and end with PeerFailed (see ``fail``)
+        self._abandoned: list = []  # requests of waits given up (their buffers stay alive)
         # the watchdog reads other ranks' slots while the main thread is inside MPI
         self.threaded = self.MPI.Query_thread() == self.MPI.THREAD_MULTIPLE
         comm.stall = self
@@ -101,6 +110,48 @@ class StallInspector:
         self.seq += 1
         self.state[STARTED] = self.seq
         return self.seq
+
+    # -- a failure on some ranks only (distnn search's blocks) -----------------------------
+    def fail(self) -> None:
+        """Tell every other rank that this rank has failed and will join no more collectives
+        on this communicator: a ``Put`` into their FAILED slot, so that their interruptible
+        waits end with ``PeerFailed`` instead of waiting forever."""
+        me = self.comm.rank
+        self.state[FAILED] = me + 1
+        mark = np.array([me + 1], dtype=np.float64)
+        for r in range(self.comm.size):
+            if r != me:
+                self.win.Put(mark, r, target=FAILED)
+        self.win.Flush_all()
+
+    def check(self) -> None:
+        """Raise ``PeerFailed`` when another rank has said it failed (see ``fail``)."""
+        failed = int(self.state[FAILED]) - 1
+        if failed >= 0 and failed != self.comm.rank:
+            raise PeerFailed(failed)
+
+    def give_up(self, request, keep=None) -> None:
+        """``check``, keeping ``request`` and ``keep`` (what MPI may still use) alive when it
+        raises: that wait is abandoned, never completed."""
+        try:
+            self.check()
+        except PeerFailed:
+            self._abandoned.append((request, keep))
+            raise
+
+    def poll(self, request, keep=None) -> None:
+        """Complete ``request`` testing it (spinning for 50 ms, then sleeping up to 1 ms between
+        tests) and checking for a failed peer; a wait given up keeps ``keep`` alive."""
+        t0 = time.perf_counter()
+        delay = 1e-5
+        while not request.Test():
+            if self.state[FAILED]:
+                self.give_up(request, keep)
+            if time.perf_counter() - t0 > 0.05:  # MPI progresses only while tested
+                time.sleep(delay)
+                delay = min(delay * 2, 1e-3)
+            else:  # as MPICH's own waits do: let a rank sharing this core run
+                os.sched_yield()
 
     # -- waiting (the caller blocks in MPI; the watchdog thread watches the clock) --------
     def enter(self, seq: int | None = None, peers: Sequence[int] | None = None) -> None:
@@ -224,6 +275,60 @@ class StallInspector:
             self._wcomm.Free()
             self.win = None
             self.comm.stall = None
+
+
+_NONBLOCKING = {"Allreduce": "Iallreduce", "Bcast": "Ibcast", "Allgather": "Iallgather",
+                "Barrier": "Ibarrier"}
+
+
+def polled(inspector: StallInspector, mpi_comm, name: str, *args, **kwargs):
+    """The blocking collective ``name`` of ``mpi_comm`` (an mpi4py communicator) done as its
+    non-blocking twin completed by ``inspector.poll``: it ends with ``PeerFailed`` when a
+    rank that will never join has said so. The object collectives (bcast, allgather,
+    allreduce) send pickles: their sizes first, then the bytes."""
+    import pickle
+    if name in _NONBLOCKING:
+        inspector.poll(getattr(mpi_comm, _NONBLOCKING[name])(*args, **kwargs), args)
+        return None
+    MPI = inspector.MPI
+    if name == "bcast":
+        obj, root = args[0] if args else kwargs.get("obj"), kwargs.get("root", 0)
+        data = pickle.dumps(obj, -1) if mpi_comm.rank == root else b""
+        size = np.array([len(data)], dtype=np.int64)
+        inspector.poll(mpi_comm.Ibcast(size, root=root), size)
+        buf = np.frombuffer(data, np.uint8).copy() if data else np.empty(int(size[0]), np.uint8)
+        inspector.poll(mpi_comm.Ibcast(buf, root=root), buf)
+        return obj if mpi_comm.rank == root else pickle.loads(buf.tobytes())
+    data = np.frombuffer(pickle.dumps(args[0], -1), np.uint8)
+    sizes = np.zeros(mpi_comm.size, dtype=np.int64)
+    mine = np.array([data.size], dtype=np.int64)
+    inspector.poll(mpi_comm.Iallgather(mine, sizes), (mine, sizes))
+    out = np.empty(int(sizes.sum()), np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    inspector.poll(mpi_comm.Iallgatherv(data, [out, (sizes, offsets), MPI.BYTE]), (data, out))
+    objs = [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+    if name == "allgather":
+        return objs
+    op = kwargs.get("op", args[1] if len(args) > 1 else MPI.SUM)  # allreduce
+    if not (op == MPI.SUM or op == MPI.MAX or op == MPI.MIN):
+        raise ValueError(f"interruptible allreduce of objects: op must be MPI.SUM, MAX or "
+                         f"MIN, got {op!r}")
+    total = objs[0]
+    for obj in objs[1:]:  # mpi4py's meaning of the three on Python objects
+        if op == MPI.SUM:
+            total = total + obj
+        elif (obj > total) if op == MPI.MAX else (obj < total):
+            total = obj
+    return total
+
+
+class PeerFailed(RuntimeError):
+    """Another rank of the communicator failed (``StallInspector.fail``) while this one
+    waited for it; ``rank`` is its rank in that communicator."""
+
+    def __init__(self, rank: int):
+        super().__init__(f"rank {rank} of this communicator failed")
+        self.rank = rank
 
 
 def watch_stalls(comm, warning: float = 60.0, timeout: float | None = None,

@@ -98,6 +98,12 @@ class Channel:
         self.comm.bcast_obj(message, root=0)
 
 
+def watch_stalls_like(comm, inspector):
+    """A stall inspector on ``comm`` with the settings of ``inspector``."""
+    from ..distributed.stall import watch_stalls
+    return watch_stalls(comm, inspector.warning, inspector.timeout, inspector.hint)
+
+
 class BlockLayout:
     """This rank's place in a search world (made collectively by every rank).
 
@@ -119,6 +125,8 @@ class BlockLayout:
         self.sequential = world.size == 1
         self.channel: Channel | None = None
         self.channels: list[Channel] = []
+        self._left: list = []  # block communicators given up (see renew)
+        self._renewals = 0
         if self.sequential:
             self.block, self.comm, self.is_leader = 0, world, True
             return
@@ -136,6 +144,34 @@ class BlockLayout:
                 self.channels.append(Channel(pair))
             elif member:
                 self.channel = Channel(pair)
+
+    def watch(self) -> None:
+        """Install the stall inspector on this rank's block communicator, its waits made
+        interruptible: a trial that fails on some ranks only ends its block's waits with
+        ``PeerFailed`` instead of a hang (``driver.execute_trial``)."""
+        if self.comm is None or self.comm.size < 2:
+            return
+        from ..distributed.stall import watch_stalls
+        inspector = watch_stalls(self.comm)  # build_run sets --stall_warning/_timeout
+        if inspector is not None:
+            inspector.interruptible = True
+
+    def renew(self):
+        """A new block communicator for the next trial, after one failed on some of the
+        block's ranks: the old one may hold collectives that will never complete, so it is
+        left (with its requests) and the block's ranks make a new one by themselves
+        (``MPI_Comm_create_group``: the coordinator and the other blocks take no part)."""
+        old = self.comm
+        inspector = getattr(old, "stall", None)
+        self._left.append((old, inspector))
+        self._renewals += 1
+        first = 1 + self.block * self.block_size
+        self.comm = self.world.subgroup(range(first, first + self.block_size), self._renewals)
+        if inspector is not None:
+            inspector.close()  # collective on its own duplicate communicator, still sound
+            new = watch_stalls_like(self.comm, inspector)
+            new.interruptible = True
+        return self.comm
 
     @property
     def is_coordinator(self) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 from ..training.callback_base import Callback, metric_mode
 from ..training.evaluation import metric_key
 from ..distributed.coordination import Backoff, lazy_barrier
+from ..distributed.stall import PeerFailed
 from .blocks import POLL_S, BlockLayout, block_count
 from .report import TrialRecord, live_line
 from .study import SearchStudy
@@ -138,11 +139,21 @@ def _describe(exc: BaseException) -> str:
 
 
 def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
-                  train_fn: TrainFn, decide: Callable[[int, float], bool]) -> dict[str, Any]:
+                  train_fn: TrainFn, decide: Callable[[int, float], bool],
+                  renew: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Train one candidate on ``comm`` (all folds); every rank returns the same result:
-    number, state ("complete", "pruned" or "fail"), value, folds, message, start, end."""
+    number, state ("complete", "pruned" or "fail"), value, folds, message, start, end.
+
+    A rank whose trial raises while the others may be waiting for it in a collective tells
+    them so (``StallInspector.fail``, when ``comm``'s inspector is interruptible and
+    ``renew`` is given): their waits end with ``PeerFailed`` and every rank agrees on the
+    result over ``renew()``, a new communicator of the block."""
     start = time.time()
     state, message, folds = "complete", None, []
+    inspector = getattr(comm, "stall", None)
+    splittable = (renew is not None and inspector is not None
+                  and getattr(inspector, "interruptible", False))
+    broken = False
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for fold in range(settings.n_fold):
@@ -157,10 +168,22 @@ def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
                     raise ValueError(f"--objective {settings.objective!r} is not logged by "
                                      f"this run (logged: {', '.join(watch.logged) or 'none'})")
                 folds.append(float(watch.last))
+    except PeerFailed:  # another rank of the block failed and said so: it will not join
+        state, broken = "peer failed", True
     except Exception as exc:  # noqa: BLE001 - a failing trial is a result, not a crash
         state, message = "fail", _describe(exc)
+        if splittable and comm.size > 1:
+            inspector.fail()
+            broken = True
     if comm.size > 1:
-        outcomes = comm.allgather_obj((state, message))
+        outcomes = None
+        if not broken:
+            try:
+                outcomes = comm.allgather_obj((state, message))
+            except PeerFailed:
+                state, broken = "peer failed", True
+        if broken:
+            outcomes = renew().allgather_obj((state, message))
         for wanted in ("fail", "pruned"):
             found = [(r, o) for r, o in enumerate(outcomes) if o[0] == wanted]
             if found:
@@ -168,6 +191,9 @@ def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
                 if any(o[0] != wanted for o in outcomes):
                     message = f"[block rank {rank}] {message}"
                 break
+        else:
+            if state == "peer failed":  # (no rank says why: cannot happen, but never hang)
+                state, message = "fail", "a rank of the block failed"
     end = time.time()
     value = float(np.mean(folds)) if state == "complete" else None
     return {"number": assignment["number"], "state": state, "value": value, "folds": folds,
@@ -264,9 +290,10 @@ class Coordinator:
 
 
 def _serve_block(layout: BlockLayout, settings: SearchSettings, train_fn: TrainFn) -> None:
-    comm = layout.comm
+    layout.watch()
     message: tuple = ("ready",)
     while True:
+        comm = layout.comm  # a new one after a trial that failed on some ranks only
         assignment = layout.channel.request(message) if layout.is_leader else None
         lazy_barrier(comm)
         assignment = comm.bcast_obj(assignment, 0)
@@ -274,13 +301,14 @@ def _serve_block(layout: BlockLayout, settings: SearchSettings, train_fn: TrainF
             return
         number = assignment["number"]
 
-        def decide(step: int, value: float, number=number) -> bool:
+        def decide(step: int, value: float, number=number, comm=comm) -> bool:
             answer = (layout.channel.request(("epoch", number, step, value))
                       if layout.is_leader else None)
             lazy_barrier(comm)
             return bool(comm.bcast_obj(answer, 0))
 
-        message = ("done", execute_trial(assignment, comm, settings, train_fn, decide))
+        message = ("done", execute_trial(assignment, comm, settings, train_fn, decide,
+                                         layout.renew))
 
 
 def _coordinate(layout: BlockLayout, coordinator: Coordinator) -> None:
