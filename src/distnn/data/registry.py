@@ -9,7 +9,8 @@ import numpy as np
 from .base import Preprocess, Splits
 from .cifar_python import read_cifar10_python
 from .imagenet import read_imagenet
-from .readers import (read_cifar10, read_digits, read_fashion_mnist, read_hdf5, read_mnist,
+from .hdf5 import read_hdf5
+from .readers import (read_cifar10, read_digits, read_fashion_mnist, read_mnist,
                       read_synthetic)
 
 Reader = Callable[..., Splits]
