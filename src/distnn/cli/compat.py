@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..run.kinds import Bool, Int, Kind, Maybe, Str
+from ..run.kinds import Bool, Float, Int, Kind, Maybe, Str
 from ..run.options import OPTION_BY_NAME, TRAIN, ModelSpec, Option, canonical
 
 # -- their names of distnn's options --------------------------------------------------------
@@ -33,7 +33,7 @@ ALIASES = {
     "synthetic_train_samples": "num_samples", "optimizer_momentum": "momentum",
     "optimizer_nesterov": "nesterov", "optimizer_beta1": "beta1", "optimizer_beta2": "beta2",
     "optimizer_epsilon": "epsilon", "optimizer_rho": "rho", "schedulers": "lr_schedulers",
-    "tracer_output": "trace",
+    "tracer_output": "trace", "decay_rate": "decay",
     # NNLO
     "train_data": "train_list", "val_data": "val_list", "batch": "batch_size",
     "epochs": "num_epochs", "restore": "resume", "checkpoint_int": "checkpoint_freq",
@@ -50,10 +50,10 @@ METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
 # NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
 # model of the same kind (with a note).
 SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}
-# PyDTNN's names of the CIFAR-10 models of the zoo (the same architectures).
-PYDTNN_MODELS = {"alexnet_cifar10": "alexnet_cifar",
-                 **{f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
-                    for bn in ("", "bn")}}
+# PyDTNN's names of the CIFAR-10 models of the zoo (the same convolutions; PyDTNN's vggNbn
+# also normalizes its head). alexnet_cifar10 is in the zoo under its own name.
+PYDTNN_MODELS = {f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
+                 for bn in ("", "bn")}
 
 
 def _model_names():
@@ -159,6 +159,9 @@ FOREIGN_OPTIONS: list[Option] = [
        "computes in NCHW.", FOREIGN, FOREIGN),
     _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
        FOREIGN, FOREIGN, (TRAIN,)),
+    _O("effective_learning_rate", Maybe(Float(0.0)), None, "PyDTNN: the rate each step "
+       "applies (its learning_rate / global batch): --learning_rate with --lr_per_sample "
+       "false.", "optim", FOREIGN, (TRAIN,)),
     # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
     _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
        "--parallel data, easgd, gosgd = gossip).", FOREIGN, FOREIGN, (TRAIN,),
@@ -245,14 +248,15 @@ def _shell_value(raw: str) -> str:
 
 def _model_file(module: str, config_path: str) -> str:
     """MODELFILE for --model: a .py path as is; a dotted module (models.alex_net) as the
-    file models/alex_net.py when it is in the working folder or next to the config file,
-    else as the module to import."""
+    module it names, imported from the working folder when it is there, else from the
+    config file's folder (``DIR/models.alex_net``), so that it imports its package's other
+    modules (``import models.data.dataname``) as under Theano-MPI."""
     if module.endswith(".py") or "/" in module:
         return module
-    relative = module.replace(".", "/") + ".py"
+    relative = Path(*module.split("."))
     for base in (Path.cwd(), Path(config_path).resolve().parent):
-        if (base / relative).is_file():
-            return str(base / relative)
+        if (base / relative.with_suffix(".py")).is_file() or (base / relative).is_dir():
+            return module if base == Path.cwd() else f"{base}/{module}"
     return module
 
 
@@ -354,12 +358,69 @@ NOTES = {
 }
 
 
+# -- PyDTNN's per-sample learning rate ----------------------------------------------------
+# Flags only PyDTNN spells so: a command line with one of them is a PyDTNN command, whose
+# --learning_rate is per sample (each step applies it / the global batch size).
+PYDTNN_FLAGS = frozenset({
+    "dataset_train_path", "augment_flip", "augment_flip_prob", "crop_images_size",
+    "augment_crop_prob", "synthetic_input_shape", "synthetic_train_samples",
+    "optimizer_momentum", "optimizer_nesterov", "optimizer_beta1", "optimizer_beta2",
+    "optimizer_epsilon", "optimizer_rho", "schedulers", "tracer_output", "decay_rate",
+    "use_blocking_mpi", "blocking_mpi", "enable_gpu", "enable_gpudirect", "enable_nccl",
+    "tracing", "shared_storage", "tensor_format", "use_mpi_buffers",
+    "effective_learning_rate"})
+
+
+def pydtnn_spellings(values: dict[str, Any], spelled: frozenset[str]) -> list[str]:
+    """The PyDTNN-only spellings of a command line: its flags as typed (``spelled``) and
+    its values (a metrics-and-loss ``--loss_func`` list, a ``*_cifar10`` model name)."""
+    found = sorted(f for f in spelled
+                   if f.lstrip("-").replace("-", "_") in PYDTNN_FLAGS)
+    if "," in str(values.get("loss_func", "")):
+        found.append(f"--loss_func={values['loss_func']}")
+    if values.get("model") in (*PYDTNN_MODELS, "alexnet_cifar10"):
+        found.append(f"--model={values['model']}")
+    return found
+
+
+def _learning_rate(values: dict[str, Any], explicit: set[str],
+                   spelled: frozenset[str]) -> list[str]:
+    """--lr_per_sample from PyDTNN's spellings and --effective_learning_rate."""
+    effective = values.get("effective_learning_rate")
+    if effective is not None:
+        if values.get("lr_per_sample") and "lr_per_sample" in explicit:
+            raise ValueError(f"--effective_learning_rate {effective} is the rate applied "
+                             "each step; drop --lr_per_sample true (or give --learning_rate "
+                             "per sample instead)")
+        said = []
+        if "learning_rate" in explicit and values["learning_rate"] != effective:
+            said = [f"--learning_rate {values['learning_rate']}: not used, "
+                    f"--effective_learning_rate {effective} is the rate each step applies"]
+        values["learning_rate"], values["lr_per_sample"] = effective, False
+        return said
+    if "lr_per_sample" in explicit:
+        return []
+    found = pydtnn_spellings(values, spelled)
+    if not found:
+        return []
+    values["lr_per_sample"] = True
+    lr = values["learning_rate"]
+    batch = (f"--global_batch_size {values['global_batch_size']}"
+             if values.get("global_batch_size") else f"{values['batch_size']} x ranks")
+    return [f"--learning_rate {lr} is per sample, PyDTNN's meaning (this command line uses "
+            f"PyDTNN's {', '.join(found[:3])}): each step applies {lr} / global batch "
+            f"({batch}), PyDTNN's effective_learning_rate; --lr_per_sample false applies "
+            f"{lr} as given"]
+
+
 # -- from their options to distnn's ----------------------------------------------------------
-def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
+def translate(values: dict[str, Any], explicit: set[str],
+              spelled: frozenset[str] = frozenset()) -> list[str]:
     """Turn, in place, the foreign options and values in ``values`` (every option by name)
     into distnn's, removing the foreign options; return notes for what is done differently
-    here. Raises ValueError naming the option."""
-    notes: list[str] = []
+    here. ``spelled``: the command line's flags as typed. Raises ValueError naming the
+    option."""
+    notes: list[str] = _learning_rate(values, explicit, spelled)
     model = values.get("model")
     if isinstance(model, str) and model in PYDTNN_MODELS:
         values["model"] = PYDTNN_MODELS[model]

@@ -210,6 +210,10 @@ OPTIONS: list[Option] = [
        aliases=("lr",)),
     _O("learning_rate_scaling", Bool(), False, "Multiply the learning rate by the number of "
        "ranks (use with warm-up).", "optim", "optim", (TRAIN,)),
+    _O("lr_per_sample", Bool(), False, "--learning_rate is a rate per sample (PyDTNN's "
+       "meaning): each step applies it divided by the global batch size (batch_size x "
+       "ranks). The command sets it when its line uses PyDTNN's spellings (a note says so); "
+       "give true or false to decide.", "optim", "optim", (TRAIN,)),
     _O("momentum", Float(0.0), 0.9, "Momentum (sgd, rmsprop).", "optim", "optim", (TRAIN,)),
     _O("nesterov", Bool(), False, "Nesterov momentum (sgd).", "optim", "optim", (TRAIN,)),
     _O("decay", Maybe(Float(0.0)), None, "Weight decay (default: the optimizer's own).",
