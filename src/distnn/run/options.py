@@ -177,6 +177,10 @@ OPTIONS: list[Option] = [
        "each epoch); the results are printed on rank 0.", "train", "train", (TRAIN,)),
     _O("save_weights", Maybe(Str(metavar="FILE")), None, "Write the final weights "
        "(.npz) here (rank 0).", "train", "train", (TRAIN,)),
+    _O("weights_layout", Str(("distnn", "pydtnn")), "distnn", "Layout of the "
+       "--save_weights file: distnn ('layer/name' keys) or pydtnn (PyDTNN's "
+       "'1_Conv2D_w' keys, which PyDTNN loads; --weights_and_bias_filename reads either).",
+       "train", "train", (TRAIN,)),
     _O("every_rank_writes", Bool(), False, "Every rank writes its own copy of "
        "--history_file and --save_weights, and the first rank of every node its node's "
        "--checkpoint (for node-local disks; '{rank}' in a name is replaced by the rank); "
