@@ -23,7 +23,7 @@ needs_fashion = pytest.mark.skipif(not (FASHION / "train-images-idx3-ubyte.gz").
 PYDTNN_README = [
     "--model=simplecnn", "--dataset=mnist", f"--dataset_train_path={FASHION}",
     f"--dataset_test_path={FASHION}", "--test_as_validation=False", "--batch_size=64",
-    "--validation_split=0.2", "--num_epochs=1", "--evaluate=False", "--optimizer=Adam",
+    "--validation_split=0.2", "--num_epochs=1", "--evaluate=True", "--optimizer=Adam",
     "--learning_rate=0.1", "--loss_func=categorical_accuracy,categorical_cross_entropy",
     "--parallel=data", "--tracing=False", "--profile=False", "--enable_gpu=False",
     "--dtype=float32", "--download=False"]
