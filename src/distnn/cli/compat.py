@@ -415,12 +415,12 @@ def _learning_rate(values: dict[str, Any], explicit: set[str],
 
 # -- from their options to distnn's ----------------------------------------------------------
 def translate(values: dict[str, Any], explicit: set[str],
-              spelled: frozenset[str] = frozenset()) -> list[str]:
+              spelled: frozenset[str] = frozenset(), command: str = "train") -> list[str]:
     """Turn, in place, the foreign options and values in ``values`` (every option by name)
     into distnn's, removing the foreign options; return notes for what is done differently
-    here. ``spelled``: the command line's flags as typed. Raises ValueError naming the
-    option."""
-    notes: list[str] = _learning_rate(values, explicit, spelled)
+    here. ``spelled``: the command line's flags as typed; ``command``: train, evaluate...
+    (only training has a learning rate). Raises ValueError naming the option."""
+    notes: list[str] = _learning_rate(values, explicit, spelled) if command == "train" else []
     model = values.get("model")
     if isinstance(model, str) and model in PYDTNN_MODELS:
         values["model"] = PYDTNN_MODELS[model]

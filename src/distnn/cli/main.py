@@ -113,7 +113,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     notes: list[str] = []
     file_values = load_config(args.config, notes) if getattr(args, "config", None) else {}
     values = resolve_values(given_options(args, args.command), file_values, notes,
-                            spelled_flags(args))
+                            spelled_flags(args), args.command)
     return build_config(args.command, values, notes)
 
 

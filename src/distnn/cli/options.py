@@ -108,7 +108,8 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
 
 def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
                    notes: list[str] | None = None,
-                   spelled: frozenset[str] = frozenset()) -> dict[str, Any]:
+                   spelled: frozenset[str] = frozenset(),
+                   command: str = "train") -> dict[str, Any]:
     """Defaults < config file < command line, for every option; then ``compat.translate``
     turns the other systems' options and values into distnn's (its notes are appended to
     ``notes``). ``spelled``: the flags as typed (``--dataset_train_path``)."""
@@ -119,7 +120,7 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
             values[compat.name_of(key)] = value
             explicit.add(compat.name_of(key))
     try:
-        said = compat.translate(values, explicit, spelled)
+        said = compat.translate(values, explicit, spelled, command)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if notes is not None:
