@@ -71,6 +71,10 @@ def test_distnn_spelling_keeps_its_learning_rate_and_the_switch_works_both_ways(
                "--history_file=b.json", cwd=tmp_path, ranks=2)
     assert proc.returncode == 0, proc.stderr
     assert history(tmp_path / "b.json")["lr"] == [pytest.approx(0.05 / 32)]
+    proc = run("train", *synth, "--learning_rate=0.05", "--lr_per_sample=true",
+               "--history_file=b3.json", cwd=tmp_path, ranks=3)  # / (16 x 3)
+    assert proc.returncode == 0, proc.stderr
+    assert history(tmp_path / "b3.json")["lr"] == [pytest.approx(0.05 / 48)]
     # a PyDTNN command line (its --enable_gpu=False, --optimizer_momentum) choosing distnn's
     # meaning: as given, no note
     proc = run("train", *synth, "--learning_rate=0.05", "--enable_gpu=False",
@@ -183,8 +187,8 @@ def test_pydtnn_weights_files_round_trip_through_the_command(tmp_path):
 # -- Theano-MPI's MODELFILE, a module of a package ---------------------------------------------
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("where", ["session folder", "elsewhere"])
-def test_theano_mpi_modelfile_is_a_package_module(tmp_path, where):
+@pytest.mark.parametrize("where,ranks", [("session folder", 2), ("elsewhere", 3)])
+def test_theano_mpi_modelfile_is_a_package_module(tmp_path, where, ranks):
     # Theano-MPI's layout: models/modelfile.py imports models.data.dataname
     exp = tmp_path / "exp"
     (exp / "models" / "data").mkdir(parents=True)
@@ -203,7 +207,7 @@ def test_theano_mpi_modelfile_is_a_package_module(tmp_path, where):
     config = "session.cfg" if where == "session folder" else "exp/session.cfg"
     proc = run("train", f"-cfg={config}", "--dataset=synthetic", "--num_samples=64",
                "--num_classes=4", "--input_shape=1,6,6", "--batch_size=8", "--num_epochs=1",
-               "--history_file=h.json", cwd=cwd, ranks=2)
+               "--history_file=h.json", cwd=cwd, ranks=ranks)
     assert proc.returncode == 0, proc.stderr
     # 36*24+24 + 24*4+4 parameters: the class of the module, with its package's HIDDEN
     assert "(988 parameters)" in proc.stdout, proc.stdout
