@@ -23,6 +23,7 @@ from typing import Any
 
 from ..run.kinds import Bool, Float, Int, Kind, Maybe, Str
 from ..run.options import OPTION_BY_NAME, TRAIN, ModelSpec, Option, canonical
+from .pydtnn_rate import learning_rate
 
 # -- their names of distnn's options --------------------------------------------------------
 ALIASES = {
@@ -358,61 +359,6 @@ NOTES = {
 }
 
 
-# -- PyDTNN's per-sample learning rate ----------------------------------------------------
-# Flags only PyDTNN spells so: a command line with one of them is a PyDTNN command, whose
-# --learning_rate is per sample (each step applies it / the global batch size).
-PYDTNN_FLAGS = frozenset({
-    "dataset_train_path", "augment_flip", "augment_flip_prob", "crop_images_size",
-    "augment_crop_prob", "synthetic_input_shape", "synthetic_train_samples",
-    "optimizer_momentum", "optimizer_nesterov", "optimizer_beta1", "optimizer_beta2",
-    "optimizer_epsilon", "optimizer_rho", "schedulers", "tracer_output", "decay_rate",
-    "use_blocking_mpi", "blocking_mpi", "enable_gpu", "enable_gpudirect", "enable_nccl",
-    "tracing", "shared_storage", "tensor_format", "use_mpi_buffers",
-    "effective_learning_rate"})
-
-
-def pydtnn_spellings(values: dict[str, Any], spelled: frozenset[str]) -> list[str]:
-    """The PyDTNN-only spellings of a command line: its flags as typed (``spelled``) and
-    its values (a metrics-and-loss ``--loss_func`` list, a ``*_cifar10`` model name)."""
-    found = sorted(f for f in spelled
-                   if f.lstrip("-").replace("-", "_") in PYDTNN_FLAGS)
-    if "," in str(values.get("loss_func", "")):
-        found.append(f"--loss_func={values['loss_func']}")
-    if values.get("model") in (*PYDTNN_MODELS, "alexnet_cifar10"):
-        found.append(f"--model={values['model']}")
-    return found
-
-
-def _learning_rate(values: dict[str, Any], explicit: set[str],
-                   spelled: frozenset[str]) -> list[str]:
-    """--lr_per_sample from PyDTNN's spellings and --effective_learning_rate."""
-    effective = values.get("effective_learning_rate")
-    if effective is not None:
-        if values.get("lr_per_sample") and "lr_per_sample" in explicit:
-            raise ValueError(f"--effective_learning_rate {effective} is the rate applied "
-                             "each step; drop --lr_per_sample true (or give --learning_rate "
-                             "per sample instead)")
-        said = []
-        if "learning_rate" in explicit and values["learning_rate"] != effective:
-            said = [f"--learning_rate {values['learning_rate']}: not used, "
-                    f"--effective_learning_rate {effective} is the rate each step applies"]
-        values["learning_rate"], values["lr_per_sample"] = effective, False
-        return said
-    if "lr_per_sample" in explicit:
-        return []
-    found = pydtnn_spellings(values, spelled)
-    if not found:
-        return []
-    values["lr_per_sample"] = True
-    lr = values["learning_rate"]
-    batch = (f"--global_batch_size {values['global_batch_size']}"
-             if values.get("global_batch_size") else f"{values['batch_size']} x ranks")
-    return [f"--learning_rate {lr} is per sample, PyDTNN's meaning (this command line uses "
-            f"PyDTNN's {', '.join(found[:3])}): each step applies {lr} / global batch "
-            f"({batch}), PyDTNN's effective_learning_rate; --lr_per_sample false applies "
-            f"{lr} as given"]
-
-
 # -- from their options to distnn's ----------------------------------------------------------
 def translate(values: dict[str, Any], explicit: set[str],
               spelled: frozenset[str] = frozenset(), command: str = "train") -> list[str]:
@@ -420,7 +366,9 @@ def translate(values: dict[str, Any], explicit: set[str],
     into distnn's, removing the foreign options; return notes for what is done differently
     here. ``spelled``: the command line's flags as typed; ``command``: train, evaluate...
     (only training has a learning rate). Raises ValueError naming the option."""
-    notes: list[str] = _learning_rate(values, explicit, spelled) if command == "train" else []
+    notes: list[str] = []
+    if command == "train":
+        notes += learning_rate(values, explicit, spelled, {*PYDTNN_MODELS, "alexnet_cifar10"})
     model = values.get("model")
     if isinstance(model, str) and model in PYDTNN_MODELS:
         values["model"] = PYDTNN_MODELS[model]
