@@ -48,6 +48,20 @@ def _fmt_value(value) -> str:
     return "-" if value is None else str(value)
 
 
+def _model_label(cfg: RunConfig, model) -> str:
+    """--model as given, and the zoo net it built when the input size picked another
+    (``alexnet`` on ImageNet-sized images is ``alexnet_imagenet``)."""
+    from ..models import zoo_name
+    from ..models.files import is_model_spec
+    given = cfg.model.model
+    if is_model_spec(given) or getattr(model, "input_shape", None) is None:
+        return given
+    built = zoo_name(given, model.input_shape)
+    if built == zoo_name(given):
+        return given
+    return f"{given} (the zoo's {built}, for {'x'.join(map(str, model.input_shape))} images)"
+
+
 def print_header(console: Console, cfg: RunConfig, comm, model, splits, extra: dict) -> None:
     """One summary line; with --verbose the resolved parameters (PyDTNN style) and the
     model summary; rank 0 only."""
@@ -59,7 +73,8 @@ def print_header(console: Console, cfg: RunConfig, comm, model, splits, extra: d
     if not console.verbose:
         params = model.parameters_flat().size
         run = ", ".join(f"{k} {v}" for k, v in extra.items())
-        console.info(f"distnn {_version()} {cfg.command}: {cfg.model.model} ({params:,} "
+        label = _model_label(cfg, model)
+        console.info(f"distnn {_version()} {cfg.command}: {label} ({params:,} "
                      f"parameters) on {cfg.data.dataset} ({sizes}); {run} (--verbose lists "
                      "every option)")
         return

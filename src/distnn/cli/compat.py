@@ -21,8 +21,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..run.kinds import Bool, Int, Kind, Maybe, Str
+from ..run.kinds import Bool, Float, Int, Kind, Maybe, Str
 from ..run.options import OPTION_BY_NAME, TRAIN, ModelSpec, Option, canonical
+from .pydtnn_rate import learning_rate
 
 # -- their names of distnn's options --------------------------------------------------------
 ALIASES = {
@@ -33,7 +34,7 @@ ALIASES = {
     "synthetic_train_samples": "num_samples", "optimizer_momentum": "momentum",
     "optimizer_nesterov": "nesterov", "optimizer_beta1": "beta1", "optimizer_beta2": "beta2",
     "optimizer_epsilon": "epsilon", "optimizer_rho": "rho", "schedulers": "lr_schedulers",
-    "tracer_output": "trace",
+    "tracer_output": "trace", "decay_rate": "decay",
     # NNLO
     "train_data": "train_list", "val_data": "val_list", "batch": "batch_size",
     "epochs": "num_epochs", "restore": "resume", "checkpoint_int": "checkpoint_freq",
@@ -50,10 +51,10 @@ METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
 # NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
 # model of the same kind (with a note).
 SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}
-# PyDTNN's names of the CIFAR-10 models of the zoo (the same architectures).
-PYDTNN_MODELS = {"alexnet_cifar10": "alexnet_cifar",
-                 **{f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
-                    for bn in ("", "bn")}}
+# PyDTNN's names of the CIFAR-10 models of the zoo (the same convolutions; PyDTNN's vggNbn
+# also normalizes its head). alexnet_cifar10 is in the zoo under its own name.
+PYDTNN_MODELS = {f"vgg{d}{bn}_cifar10": f"vgg{d}{bn}" for d in (11, 13, 16, 19)
+                 for bn in ("", "bn")}
 
 
 def _model_names():
@@ -159,6 +160,9 @@ FOREIGN_OPTIONS: list[Option] = [
        "computes in NCHW.", FOREIGN, FOREIGN),
     _O("use_mpi_buffers", Maybe(Bool()), None, "PyDTNN: distnn always communicates buffers.",
        FOREIGN, FOREIGN, (TRAIN,)),
+    _O("effective_learning_rate", Maybe(Float(0.0)), None, "PyDTNN: the rate each step "
+       "applies (its learning_rate / global batch): --learning_rate with --lr_per_sample "
+       "false.", "optim", FOREIGN, (TRAIN,)),
     # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
     _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
        "--parallel data, easgd, gosgd = gossip).", FOREIGN, FOREIGN, (TRAIN,),
@@ -245,14 +249,15 @@ def _shell_value(raw: str) -> str:
 
 def _model_file(module: str, config_path: str) -> str:
     """MODELFILE for --model: a .py path as is; a dotted module (models.alex_net) as the
-    file models/alex_net.py when it is in the working folder or next to the config file,
-    else as the module to import."""
+    module it names, imported from the working folder when it is there, else from the
+    config file's folder (``DIR/models.alex_net``), so that it imports its package's other
+    modules (``import models.data.dataname``) as under Theano-MPI."""
     if module.endswith(".py") or "/" in module:
         return module
-    relative = module.replace(".", "/") + ".py"
+    relative = Path(*module.split("."))
     for base in (Path.cwd(), Path(config_path).resolve().parent):
-        if (base / relative).is_file():
-            return str(base / relative)
+        if (base / relative.with_suffix(".py")).is_file() or (base / relative).is_dir():
+            return module if base == Path.cwd() else f"{base}/{module}"
     return module
 
 
@@ -355,12 +360,16 @@ NOTES = {
 
 
 # -- from their options to distnn's ----------------------------------------------------------
-def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
+def translate(values: dict[str, Any], explicit: set[str],
+              spelled: frozenset[str] = frozenset(), command: str = "train") -> list[str]:
     """Turn, in place, the foreign options and values in ``values`` (every option by name)
     into distnn's, removing the foreign options; return notes for what is done differently
-    here. Raises ValueError naming the option."""
+    here. ``spelled``: the command line's flags as typed; ``command``: train, evaluate...
+    (only training has a learning rate). Raises ValueError naming the option."""
     from . import nnlo
     notes: list[str] = nnlo.model_file_data(values, explicit)
+    if command == "train":
+        notes += learning_rate(values, explicit, spelled, {*PYDTNN_MODELS, "alexnet_cifar10"})
     model = values.get("model")
     if values.get("trial_name") or values.get("timeline"):
         nnlo.trial_files(values, nnlo.model_name(model))

@@ -30,7 +30,7 @@ from .cluster import add_cluster_parser, run_cluster
 from .plot import add_plot_parser
 from .launch import add_launch_parser, run_launch
 from .options import (_argtype, add_options, explicit_options, given_options, load_config,
-                      resolve_values)
+                      resolve_values, spelled_flags)
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser, main_search
 
@@ -112,7 +112,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The validated RunConfig of a parsed train/evaluate/predict command line."""
     notes: list[str] = []
     file_values = load_config(args.config, notes) if getattr(args, "config", None) else {}
-    values = resolve_values(given_options(args, args.command), file_values, notes)
+    values = resolve_values(given_options(args, args.command), file_values, notes,
+                            spelled_flags(args), args.command)
     return build_config(args.command, values, notes)
 
 

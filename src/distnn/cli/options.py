@@ -44,6 +44,18 @@ def _default_text(value) -> str:
     return str(value)
 
 
+class _Store(argparse._StoreAction):
+    """argparse's store that also records the flag as typed (``namespace._spelled``), so
+    ``compat.translate`` knows whose spelling the command line uses."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        if option_string:
+            spelled = getattr(namespace, "_spelled", set())
+            spelled.add(option_string)
+            namespace._spelled = spelled
+
+
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """``--config`` and the options of ``command`` (distnn's and the foreign ones), grouped."""
     parser.add_argument("--config", "-cfg", metavar="FILE", default=argparse.SUPPRESS,
@@ -68,7 +80,7 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
             type=_argtype(option), metavar=option.kind.metavar,
             help=f"{option.help}{compat.HELP.get(option.name, '')}{choice_text} Default: "
                  f"{_default_text(option.default)}.",
-            **extra)
+            action=_Store, **extra)
 
 
 def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
@@ -95,10 +107,12 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
 
 
 def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
-                   notes: list[str] | None = None) -> dict[str, Any]:
+                   notes: list[str] | None = None,
+                   spelled: frozenset[str] = frozenset(),
+                   command: str = "train") -> dict[str, Any]:
     """Defaults < config file < command line, for every option; then ``compat.translate``
     turns the other systems' options and values into distnn's (its notes are appended to
-    ``notes``)."""
+    ``notes``). ``spelled``: the flags as typed (``--dataset_train_path``)."""
     values = {o.name: o.default for o in [*OPTIONS, *compat.FOREIGN_OPTIONS]}
     explicit = set()
     for source in (file_values or {}, given):
@@ -106,7 +120,7 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
             values[compat.name_of(key)] = value
             explicit.add(compat.name_of(key))
     try:
-        said = compat.translate(values, explicit)
+        said = compat.translate(values, explicit, spelled, command)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if notes is not None:
@@ -119,6 +133,11 @@ def given_options(args: argparse.Namespace, command: str,
     """The option values on the command line (distnn's names)."""
     return {o.name: getattr(args, o.name) for o in options(command)
             if o.name not in excluded and hasattr(args, o.name)}
+
+
+def spelled_flags(args: argparse.Namespace) -> frozenset[str]:
+    """The flags of the command line as the user typed them (``--optimizer_beta1``)."""
+    return frozenset(getattr(args, "_spelled", ()))
 
 
 def explicit_options(args: argparse.Namespace) -> frozenset[str]:

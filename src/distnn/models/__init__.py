@@ -49,6 +49,17 @@ def alexnet_cifar(num_classes=10):
             Dense(num_classes)]
 
 
+def alexnet_cifar10(num_classes=10):
+    """PyDTNN's AlexNet for CIFAR-10 (its ``alexnet_cifar10``): first convolution with
+    stride 2, three max pools, a 4096-4096 head, for 3x32x32 input."""
+    return [Conv2D(64, 3, strides=2, padding=1), ReLU(), MaxPool2D(2),
+            Conv2D(192, 3, padding=1), ReLU(), MaxPool2D(2),
+            Conv2D(384, 3, padding=1), ReLU(), Conv2D(256, 3, padding=1), ReLU(),
+            Conv2D(256, 3, padding=1), ReLU(), MaxPool2D(2), Flatten(),
+            Dense(4096), ReLU(), Dropout(0.5), Dense(4096), ReLU(), Dropout(0.5),
+            Dense(num_classes)]
+
+
 def alexnet_imagenet(num_classes=1000):
     """AlexNet for 3x227x227 (or 3x224x224) input."""
     return [Conv2D(96, 11, strides=4), ReLU(), MaxPool2D(3, strides=2),
@@ -188,6 +199,7 @@ MODELS: dict[str, tuple] = {
     "lenet": _spec(lenet, "mnist"),
     "alexnet_cifar": _spec(alexnet_cifar, "cifar"),
     "alexnet": _spec(alexnet_cifar, "cifar"),
+    "alexnet_cifar10": _spec(alexnet_cifar10, "cifar"),
     "alexnet_imagenet": _spec(alexnet_imagenet, "imagenet", 1000),
     "resnet9": _spec(resnet9, "cifar"),
     "densenet121": _spec(densenet, "imagenet", 1000, blocks=(6, 12, 24, 16)),
@@ -204,6 +216,25 @@ for _d in (18, 34, 50, 101, 152):
     MODELS[f"resnet{_d}"] = _spec(resnet, "imagenet", 1000, depth=_d, imagenet=True)
 
 
+# Names with a CIFAR-sized and an ImageNet-sized net: images of at least IMAGENET_SIDE
+# pixels a side get the ImageNet one (PyDTNN's alexnet, vgg16 are its ImageNet nets).
+IMAGENET_SIDE = 112
+BY_INPUT_SIZE = {"alexnet": "alexnet_imagenet",
+                 **{f"vgg{d}{bn}": f"vgg{d}{bn}_imagenet" for d in (11, 13, 16, 19)
+                    for bn in ("", "bn")}}
+
+
+def zoo_name(name: str, input_shape=None) -> str:
+    """The zoo key ``name`` builds for samples of ``input_shape``: ``alexnet`` and
+    ``vggN[bn]`` are the ImageNet nets (``*_imagenet``) for images of at least
+    ``IMAGENET_SIDE`` pixels a side, the CIFAR nets below."""
+    key = re.sub(r"[-\s]", "_", name.lower())
+    if (key in BY_INPUT_SIZE and input_shape is not None and len(input_shape) == 3
+            and min(input_shape[1:]) >= IMAGENET_SIDE):
+        return BY_INPUT_SIZE[key]
+    return key
+
+
 def get_model(name: str, input_shape=None, num_classes: int | None = None, *,
               dtype=np.float32, rng: np.random.Generator | int | None = 0,
               build: bool = True) -> Sequential:
@@ -211,12 +242,14 @@ def get_model(name: str, input_shape=None, num_classes: int | None = None, *,
 
     Args:
         name: a key of ``MODELS`` (e.g. "simplecnn", "vgg11bn", "resnet20").
-        input_shape: per-sample (C, H, W); default: the model's usual input.
+        input_shape: per-sample (C, H, W); default: the model's usual input. For
+            ``alexnet`` and ``vggN[bn]`` an ImageNet-sized shape picks the ImageNet net
+            (``zoo_name``).
         num_classes: outputs of the last layer; default 10 (1000 for ImageNet models).
         dtype, rng: passed to ``Sequential.build``.
         build: build at once (default) or return the unbuilt model.
     """
-    key = re.sub(r"[-\s]", "_", name.lower())
+    key = zoo_name(name, input_shape)
     if key not in MODELS:
         raise ValueError(f"model={name!r} is not in the zoo; choose one of {sorted(MODELS)}")
     builder, kind, classes, fixed = MODELS[key]

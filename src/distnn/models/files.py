@@ -3,6 +3,8 @@
 The file (or module) is imported and a callable in it builds the model:
 
 * ``file.py:name`` / ``module:name`` calls ``name`` (a function or a class);
+  ``DIR/package.module:name`` imports ``package.module`` from the folder DIR (Theano-MPI's
+  ``MODELFILE`` next to its session file);
 * ``file.py`` alone calls ``build_model``, else ``get_model`` (NNLO's example files).
 
 The callable gets, by keyword, those of ``input_shape``, ``num_classes``, ``dtype`` and
@@ -51,7 +53,24 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return target, (name or None)
 
 
+def _rooted_module(target: str) -> tuple[str, str] | None:
+    """(folder, module) of ``DIR/package.module`` (a module imported from DIR), else None."""
+    folder, leaf = os.path.split(target)
+    if target.endswith(".py") or not folder or not leaf:
+        return None
+    if not all(part.isidentifier() for part in leaf.split(".")):
+        return None
+    return folder, leaf
+
+
 def _import(spec: str, target: str):
+    rooted = _rooted_module(target)
+    if rooted is not None:
+        folder, module = rooted
+        if not os.path.isdir(folder):
+            raise ModelFileError(f"--model {spec!r}: folder {folder!r} does not exist; "
+                                 "DIR/package.module imports package.module from DIR")
+        return _import_module(spec, module, os.path.abspath(folder))
     is_file = target.endswith(".py") or os.path.sep in target
     if is_file:
         path = os.path.abspath(target)
@@ -76,18 +95,24 @@ def _import(spec: str, target: str):
             if added and folder in sys.path:
                 sys.path.remove(folder)
         return module
-    added = os.getcwd() not in sys.path  # MODULE:NAME relative to the working folder
+    return _import_module(spec, target, os.getcwd())  # relative to the working folder
+
+
+def _import_module(spec: str, target: str, root: str):
+    """Import the module ``target`` (package.module) with ``root`` first on the path, so
+    that it imports its own package's modules (``import models.data.dataname``)."""
+    added = root not in sys.path
     if added:
-        sys.path.insert(0, os.getcwd())
+        sys.path.insert(0, root)
     try:
         return importlib.import_module(target)
     except Exception as exc:
-        raise ModelFileError(f"--model {spec!r}: importing module {target!r} failed: "
-                             f"{type(exc).__name__}: {exc}; give a zoo name, FILE.py[:NAME] "
-                             "or an importable MODULE:NAME") from None
+        raise ModelFileError(f"--model {spec!r}: importing module {target!r} from {root!r} "
+                             f"failed: {type(exc).__name__}: {exc}; give a zoo name, "
+                             "FILE.py[:NAME] or an importable MODULE:NAME") from None
     finally:
-        if added and os.getcwd() in sys.path:
-            sys.path.remove(os.getcwd())
+        if added and root in sys.path:
+            sys.path.remove(root)
 
 
 def load_module(spec: str):

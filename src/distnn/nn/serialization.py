@@ -44,7 +44,8 @@ def save_weights(model, path: str | os.PathLike) -> None:
 
 
 def load_weights(model, path: str | os.PathLike) -> None:
-    """Load weights saved by ``save_weights`` into a built model of the same architecture.
+    """Load weights saved by ``save_weights`` (or by PyDTNN, in its layout:
+    ``nn.pydtnn_weights``) into a built model of the same architecture.
 
     Raises ValueError naming the first layer whose parameter is missing or differs in shape.
     """
@@ -55,6 +56,11 @@ def load_weights(model, path: str | os.PathLike) -> None:
         raise FileNotFoundError(f"weights file {path!r} does not exist") from None
     except Exception as exc:
         raise ValueError(f"weights file {path!r} is not a readable .npz file: {exc}") from None
+    from .pydtnn_weights import is_pydtnn_layout, load_pydtnn_weights
+    if is_pydtnn_layout(data.files):  # PyDTNN's own file (1_Conv2D_w, ...)
+        data.close()
+        load_pydtnn_weights(model, path)
+        return
     with data:
         arrays = model.named_arrays()
         extra = sorted(set(data.files) - set(arrays))

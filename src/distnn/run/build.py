@@ -261,7 +261,15 @@ class Run:
         from ..fileio import describe_write_failure
         target = rank_path(path, self.comm.rank)
         every = self.cfg.train.every_rank_writes
-        agreed(self.comm, "--save_weights", lambda: self.model.save_weights(target),
+
+        def write() -> None:
+            if self.cfg.train.weights_layout == "pydtnn":
+                from ..nn.pydtnn_weights import save_pydtnn_weights
+                save_pydtnn_weights(self.model, target)
+            else:
+                self.model.save_weights(target)
+
+        agreed(self.comm, "--save_weights", write,
                root=None if every else 0, describe=str if every else describe_write_failure)
         return target
 

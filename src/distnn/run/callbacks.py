@@ -35,13 +35,24 @@ OPTIMIZER_OPTIONS: dict[str, Callable] = {
 }
 
 
+def lr_factor(cfg: RunConfig, size: int) -> float:
+    """What ``--learning_rate`` is multiplied by on ``size`` ranks: ``size`` with
+    ``learning_rate_scaling``, divided by the global batch size with ``lr_per_sample``."""
+    factor = float(size if cfg.optim.learning_rate_scaling else 1)
+    if cfg.optim.lr_per_sample:
+        from ..training import resolve_batch_sizes
+        factor /= resolve_batch_sizes(cfg.train.batch_size, cfg.train.global_batch_size,
+                                      size)[1]
+    return factor
+
+
 def build_optimizer(cfg: RunConfig, model, size: int):
-    """The optimizer of ``cfg.optim`` over ``model`` (learning rate times ``size`` with
-    ``learning_rate_scaling``)."""
+    """The optimizer of ``cfg.optim`` over ``model`` (learning rate times ``lr_factor``:
+    ``learning_rate_scaling``, ``lr_per_sample``)."""
     from ..optim import get_optimizer
     o = cfg.optim
     hyper = {k: v for k, v in OPTIMIZER_OPTIONS[o.optimizer](o).items() if v is not None}
-    lr = o.learning_rate * (size if o.learning_rate_scaling else 1)
+    lr = o.learning_rate * lr_factor(cfg, size)
     return get_optimizer(o.optimizer, model, lr=lr, **hyper)
 
 

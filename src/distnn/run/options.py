@@ -187,6 +187,10 @@ OPTIONS: list[Option] = [
        "each epoch); the results are printed on rank 0.", "train", "train", (TRAIN,)),
     _O("save_weights", Maybe(Str(metavar="FILE")), None, "Write the final weights "
        "(.npz) here (rank 0).", "train", "train", (TRAIN,)),
+    _O("weights_layout", Str(("distnn", "pydtnn")), "distnn", "Layout of the "
+       "--save_weights file: distnn ('layer/name' keys) or pydtnn (PyDTNN's "
+       "'1_Conv2D_w' keys, which PyDTNN loads; --weights_and_bias_filename reads either).",
+       "train", "train", (TRAIN,)),
     _O("every_rank_writes", Bool(), False, "Every rank writes its own copy of "
        "--history_file and --save_weights, and the first rank of every node its node's "
        "--checkpoint (for node-local disks; '{rank}' in a name is replaced by the rank); "
@@ -220,6 +224,10 @@ OPTIONS: list[Option] = [
        aliases=("lr",)),
     _O("learning_rate_scaling", Bool(), False, "Multiply the learning rate by the number of "
        "ranks (use with warm-up).", "optim", "optim", (TRAIN,)),
+    _O("lr_per_sample", Bool(), False, "--learning_rate is a rate per sample (PyDTNN's "
+       "meaning): each step applies it divided by the global batch size (batch_size x "
+       "ranks). The command sets it when its line uses PyDTNN's spellings (a note says so); "
+       "give true or false to decide.", "optim", "optim", (TRAIN,)),
     _O("momentum", Float(0.0), 0.9, "Momentum (sgd, rmsprop).", "optim", "optim", (TRAIN,)),
     _O("nesterov", Bool(), False, "Nesterov momentum (sgd).", "optim", "optim", (TRAIN,)),
     _O("decay", Maybe(Float(0.0)), None, "Weight decay (default: the optimizer's own).",

@@ -267,7 +267,8 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
         raise RunError(f"--random_seed {cfg.model.random_seed}: {path} was trained with seed "
                         f"{seed}, which a resumed run keeps; drop --random_seed")
 
-    scale = comm.size if cfg.optim.learning_rate_scaling else 1
+    from .callbacks import lr_factor
+    scale = lr_factor(cfg, comm.size)
     stored_lr = run.get("learning_rate")
     lr = float(meta["lr"])
     base_lr = stored_lr if stored_lr is not None else cfg.optim.learning_rate
