@@ -391,8 +391,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                              f"{(g.dh, g.dw)}")
         from . import winograd
         x = np.ascontiguousarray(x)
-        y, kept = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, ws=ws)
-        return y, ConvCache(g, kept, False, x, True, True)
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
+        return y, ConvCache(g, None, False, x, True, True)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -456,7 +456,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
-                                 dw_out, db_out if need_db else None, need_dx, cache.col)
+                                 dw_out, db_out if need_db else None, need_dx)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
