@@ -55,9 +55,10 @@ KG = np.kron(G, G)
 
 def weights_transform(w: np.ndarray) -> np.ndarray:
     """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform: one GEMM
-    (an einsum measured 100 ms for 512x512 filters)."""
+    (an einsum measured 100 ms for 512x512 filters). U is the calling thread's scratch
+    (16 MB for 512x512 filters: a new array per call is retained by the allocator)."""
     f, c = w.shape[:2]
-    u = np.empty((16, f, c), w.dtype)
+    u = scratch("wino_u", (16, f, c), w.dtype)
     np.matmul(KG.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(16, f * c))
     return u
 
@@ -65,8 +66,10 @@ def weights_transform(w: np.ndarray) -> np.ndarray:
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
     """dw (F, C, 3, 3) = G^T dU G for dU (16, F, C), written into ``out``."""
     f, c = du.shape[1:]
-    dw = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype))
-    out[...] = dw.reshape(f, c, 3, 3)
+    if out.flags.c_contiguous:
+        np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype), out=out.reshape(f * c, 9))
+    else:
+        out[...] = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype)).reshape(out.shape)
     return out
 
 
@@ -141,8 +144,11 @@ def _run(blocks, workers: int, body):
     kernels, or split among ``workers`` threads with the serial ones; the results."""
     if workers == 1:
         return [body(range(len(blocks)), False)]
-    if not _pool or _pool[0]._max_workers < workers:
-        _pool[:] = [ThreadPoolExecutor(workers, thread_name_prefix="distnn-winograd")]
+    if not _pool or _pool[0]._max_workers < workers - 1:
+        # workers - 1 pool threads (the caller is the first worker): with more, a task
+        # submitted before the last one's thread went idle starts another thread, and every
+        # thread keeps its own scratch arrays and malloc arena
+        _pool[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="distnn-winograd")]
     parts = [range(i, len(blocks), workers) for i in range(workers)]
     with _one_blas_thread():
         futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
@@ -199,11 +205,14 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
 
     def body(indices, serial):
-        du = np.zeros((16, f, c), x.dtype)
-        part = np.empty((16, f, c), x.dtype)
+        # dU and its per-block part: this thread's scratch (16 MB each for 512x512 filters;
+        # new arrays per call were kept by each thread's malloc arena: +40 MiB peak RSS on
+        # vgg11bn at 2 threads)
+        du = scratch("wino_du", (16, f, c), x.dtype)
+        part = scratch("wino_part", (16, f, c), x.dtype) if len(indices) > 1 else None
         db64 = np.zeros(f, np.float64)
         dbpbuf = np.empty(f * k, np.float64)
-        for i in indices:
+        for j, i in enumerate(indices):
             n0, n1 = blocks[i]
             t = (n1 - n0) * th * tw
             v2, v = _work("wino_v", c, t, x.dtype)
@@ -212,17 +221,21 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
             _k(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
             _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            np.matmul(dm, v.transpose(0, 2, 1), out=part)
-            du += part
+            if j == 0:
+                np.matmul(dm, v.transpose(0, 2, 1), out=du)
+            else:
+                np.matmul(dm, v.transpose(0, 2, 1), out=part)
+                du += part
             if need_dx:
                 np.matmul(ut, dm, out=v)
                 _k(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
-        return du, db64
+        return (du if len(indices) else None), db64
 
     parts = _run(blocks, workers, body)
     du, db64 = parts[0]
     for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        du += du_i
+        if du_i is not None:
+            du += du_i
         db64 += db_i
     weights_transform_adjoint(du, dw_out)
     if db_out is not None:
