@@ -30,11 +30,10 @@ per layer shape against the float64 reference.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ._numba import get_num_threads, scratch
+from ._threads import kernel, run
 from ._winograd import (input_transform, input_transform_adjoint, output_transform,
                         output_transform_adjoint)
 
@@ -103,11 +102,8 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
     """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
     take whole blocks side by side.
 
-    With more than one thread, each thread takes every other block and runs it with the
-    serial kernels and one BLAS thread: no copies (disjoint samples of x, y, dx; its own
-    work arrays; dw and db summed after, in a fixed order) and one join per call, where a
-    parallel launch per kernel and a threaded GEMM would each be a barrier (and on a
-    loaded host every barrier waits for a preempted thread). With SPLIT_MNK set lower,
+    With more than one thread, each thread takes every other block (``_threads``). With
+    SPLIT_MNK set lower,
     blocks whose GEMMs are bigger run one after the other with every kernel split instead.
     """
     threads = get_num_threads()
@@ -127,37 +123,6 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
 
 
 SPLIT_MNK = 1 << 62
-_pool: list = []  # the ThreadPoolExecutor, made on first use
-_blas: list = []  # the threadpoolctl controller, made on first use
-
-
-def _one_blas_thread():
-    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
-    if not _blas:
-        from threadpoolctl import ThreadpoolController
-        _blas.append(ThreadpoolController())
-    return _blas[0].limit(limits=1, user_api="blas")
-
-
-def _run(blocks, workers: int, body):
-    """body(indices, serial) over the block indices: in this thread with the parallel
-    kernels, or split among ``workers`` threads with the serial ones; the results."""
-    if workers == 1:
-        return [body(range(len(blocks)), False)]
-    if not _pool or _pool[0]._max_workers < workers - 1:
-        # workers - 1 pool threads (the caller is the first worker): with more, a task
-        # submitted before the last one's thread went idle starts another thread, and every
-        # thread keeps its own scratch arrays and malloc arena
-        _pool[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="distnn-winograd")]
-    parts = [range(i, len(blocks), workers) for i in range(workers)]
-    with _one_blas_thread():
-        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
-        first = body(parts[0], True)
-        return [first] + [fu.result() for fu in futures]
-
-
-def _k(kernel, serial: bool):
-    return kernel.serial if serial else kernel
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
@@ -181,12 +146,12 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
             t = (n1 - n0) * th * tw
             v2, v = _work("wino_v", c, t, x.dtype)
             m2, m = _work("wino_m", f, t, x.dtype)
-            _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
             np.matmul(u, v, out=m)
-            _k(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th, tw,
-                                         y)
+            kernel(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
+                                             tw, y)
 
-    _run(blocks, workers, body)
+    run(len(blocks), workers, body)
     return y
 
 
@@ -218,9 +183,9 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
             v2, v = _work("wino_v", c, t, x.dtype)
             m2, dm = _work("wino_m", f, t, x.dtype)
             dbp = dbpbuf[:f * (n1 - n0)]
-            _k(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
+            kernel(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
-            _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
             if j == 0:
                 np.matmul(dm, v.transpose(0, 2, 1), out=du)
             else:
@@ -228,10 +193,10 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
                 du += part
             if need_dx:
                 np.matmul(ut, dm, out=v)
-                _k(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+                kernel(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
         return (du if len(indices) else None), db64
 
-    parts = _run(blocks, workers, body)
+    parts = run(len(blocks), workers, body)
     du, db64 = parts[0]
     for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
         if du_i is not None:
