@@ -37,6 +37,7 @@ if args.kernels:
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
+import distnn  # noqa: E402,F401  (before numpy, as the command: its BLAS thread-waiting default)
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 

@@ -11,6 +11,7 @@ layers used 4-9x their 1-thread CPU time that way).
 """
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 from ._numba import get_num_threads
@@ -25,6 +26,13 @@ def one_blas_thread():
         from threadpoolctl import ThreadpoolController
         _blas.append(ThreadpoolController())
     return _blas[0].limit(limits=1, user_api="blas")
+
+
+def blas_for(workers: int):
+    """One BLAS thread when the blocks are split among threads (also for the small GEMMs
+    around them: a threaded 16x9 by 9x4096 weight transform cost 4 ms of waiting on a
+    preempted BLAS thread per call on a loaded host, more than its work), else no change."""
+    return one_blas_thread() if workers > 1 else contextlib.nullcontext()
 
 
 def block_workers(n: int, k: int) -> tuple[int, int]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._numba import get_num_threads, scratch
-from ._threads import kernel, run
+from ._threads import blas_for, kernel, run
 from ._winograd import (input_transform, input_transform_adjoint, output_transform,
                         output_transform_adjoint)
 
@@ -135,8 +135,9 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     oh, ow = h + pt + pb - 2, wd + pl + pr - 2
     th, tw = tiles(oh, ow)
     x = np.ascontiguousarray(x)
-    u = weights_transform(w)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    with blas_for(workers):
+        u = weights_transform(w)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
 
@@ -164,9 +165,10 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     f, oh, ow = dy.shape[1:]
     th, tw = tiles(oh, ow)
     dy = np.ascontiguousarray(dy)
-    u = weights_transform(w)
-    ut = u.transpose(0, 2, 1)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    with blas_for(workers):
+        u = weights_transform(w)
+    ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
 
     def body(indices, serial):
@@ -202,7 +204,8 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         if du_i is not None:
             du += du_i
         db64 += db_i
-    weights_transform_adjoint(du, dw_out)
+    with blas_for(workers):
+        weights_transform_adjoint(du, dw_out)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out
