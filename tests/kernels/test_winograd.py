@@ -177,3 +177,20 @@ def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h
                 np.testing.assert_allclose(got, r, atol=1e-10)
     finally:
         kernels.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_empty_batch(threads):
+    """No samples: an empty y and dx, and zero weight and bias gradients."""
+    from distnn import kernels
+    x = np.zeros((0, 16, 8, 8), np.float32)
+    w = np.ones((8, 16, 3, 3), np.float32)
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        y, dx, dw, db = run(x, w, np.ones(8, np.float32), (1, 1, 1, 1),
+                            np.zeros((0, 8, 8, 8), np.float32))
+    finally:
+        kernels.set_num_threads(previous)
+    assert y.shape == (0, 8, 8, 8) and dx.shape == x.shape
+    assert not dw.any() and not db.any()

@@ -377,7 +377,10 @@ def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, n
         if dw_i is not None:
             dw2 += dw_i
         db64 += db_i
-    dw_out[...] = dw2.reshape(w.shape)
+    if dw2 is None:  # an empty batch
+        dw_out.fill(0)
+    else:
+        dw_out[...] = dw2.reshape(w.shape)
     db = None
     if need_db:
         db = db_out if db_out is not None else np.empty(f, dy.dtype)

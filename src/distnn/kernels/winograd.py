@@ -204,8 +204,11 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         if du_i is not None:
             du += du_i
         db64 += db_i
-    with blas_for(workers):
-        weights_transform_adjoint(du, dw_out)
+    if du is None:  # an empty batch
+        dw_out.fill(0)
+    else:
+        with blas_for(workers):
+            weights_transform_adjoint(du, dw_out)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out
