@@ -167,3 +167,21 @@ def test_thread_counts_agree(threads):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
     finally:
         kernels.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("m,k,n", [(64, 512, 512), (3, 5, 7), (600, 600, 600)])
+def test_matmul_small_on_one_blas_thread_same_result(m, k, n, threads):
+    """kernels.matmul gives np.matmul's result (into out= too) at 1 and 2 threads, whether
+    the product is small enough for one BLAS thread or not, and leaves BLAS's thread count
+    as it was."""
+    from threadpoolctl import threadpool_info
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    out = np.empty((m, n), np.float32)
+    np.testing.assert_allclose(kernels.matmul(a, b), a @ b, rtol=1e-5, atol=1e-4)
+    assert kernels.matmul(a.T.copy().T, b, out=out) is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before

@@ -67,3 +67,21 @@ def run(nblocks: int, workers: int, body) -> list:
 def kernel(k, serial: bool):
     """The serial twin of a dispatched compiled kernel when ``serial``, else the kernel."""
     return k.serial if serial else k
+
+
+# GEMMs up to this many multiply-adds run on one BLAS thread when 2+ threads are set: a
+# threaded 64x512x512 (vgg11bn's Dense) saves ~0.2 ms on an idle host, but its caller
+# spins until BLAS's second thread gets a core: on a loaded host vgg11bn's two 512x512 Dense
+# layers used 56 ms of CPU per step at 2 threads against 2.5 ms at 1.
+SMALL_GEMM = 1 << 26
+
+
+def matmul(a, b, out=None):
+    """np.matmul(a, b, out=out), on one BLAS thread when a and b are 2-D, the product is
+    small (m*n*k <= SMALL_GEMM) and more than one thread is set."""
+    import numpy as np
+    if (get_num_threads() > 1 and a.ndim == 2 and b.ndim == 2
+            and a.shape[0] * a.shape[1] * b.shape[1] <= SMALL_GEMM):
+        with one_blas_thread():
+            return np.matmul(a, b, out=out)
+    return np.matmul(a, b, out=out)
