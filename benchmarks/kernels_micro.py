@@ -6,7 +6,13 @@ The compiled path runs 3x3 stride-1 convolutions with C >= 16 as Winograd F(2x2,
 (``kernels/winograd.py``); the "im2col" columns force the compiled im2col + GEMM path on
 the same layers, so the two are side by side.
 
-    python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2]
+    python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2] [--clock cpu]
+
+``--clock cpu`` times the process's CPU time (all its threads) instead of wall time: on a
+host that other processes load, the 1-thread columns then give each kernel's own cost; at
+2 threads CPU time is the work of both threads (a kernel that splits perfectly costs what
+it costs at 1 thread, spinning and duplicated work cost more), not the time to the result.
+PyTorch's OpenMP threads spin between ops, so its 2-thread CPU columns mostly count spinning.
 
 Runs are interleaved (every variant once per round) so load from other processes hits all
 of them alike. Threads: BLAS through threadpoolctl, the compiled loops through
@@ -21,6 +27,7 @@ import subprocess
 import sys
 import time
 
+import distnn  # noqa: F401  (before numpy, as the command: its BLAS thread-waiting default)
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -120,6 +127,7 @@ def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
     wino = conv_kernels.WINOGRAD_MIN_CHANNELS
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     def run(v):
         kind, t = v
@@ -134,9 +142,9 @@ def measure(variants, args, step, tstep):
                 conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
                 fn = step
             fn()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            return time.perf_counter() - t0
+            return clock() - t0
 
     for v in variants:  # warm-up (and JIT/cache load)
         run(v)
@@ -153,6 +161,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time, or the process's CPU time (all threads)")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
@@ -171,7 +181,8 @@ def main(argv=None) -> None:
     if not args.no_torch and importlib.util.find_spec("torch") is not None:
         proc = subprocess.run([sys.executable, __file__, "--torch-only", "--batch",
                                str(args.batch), "--repeat", str(args.repeat), "--threads",
-                               args.threads], capture_output=True, text=True)
+                               args.threads, "--clock", args.clock],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"the PyTorch process failed:\n{proc.stderr[-2000:]}")
         torch_ms = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -181,7 +192,8 @@ def main(argv=None) -> None:
         head += [f"torch {t}t" for t in threads]
     ratio_heads = [f"numba÷numpy {t}t" for t in threads] + [f"torch÷numba {t}t"
                                                              for t in threads]
-    print(f"batch {args.batch}, float32, forward+backward, median ms over {args.repeat} "
+    print(f"batch {args.batch}, float32, forward+backward, median ms "
+          f"({'process CPU time' if args.clock == 'cpu' else 'wall time'}) over {args.repeat} "
           "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
           "first, in a process of its own; numba = the compiled default, Winograd where it "
           "applies; im2col = the compiled im2col path forced)")

@@ -4,6 +4,14 @@ Every leaf layer's forward and backward are timed (medians over ``--steps`` step
 ``--warmup``); conv layers also get their GFLOP/s and the share of the measured single-core
 sgemm peak (a 1024^3 float32 matmul at the same thread count). Prints a Markdown table.
 
+CPU time is measured next to wall time, because on a shared host wall time counts the
+minutes other processes held the core: "CPU ms" is the process's CPU time (all threads)
+per layer, and "main %" the calling thread's share of it. At 1 thread CPU ms is the
+load-independent cost of the layer; at 2 threads a layer whose work is split evenly has
+main % near 50, a serial one 100. The threads table after it gives each thread's CPU over
+the timed steps and the speedup that split allows (total CPU / the busiest thread's CPU).
+OpenBLAS threads spin-wait after a call, and that counts as their CPU time too.
+
     python benchmarks/layer_profile.py --model resnet20 --threads 1 [--kernels numpy|numba]
 """
 from __future__ import annotations
@@ -29,6 +37,7 @@ if args.kernels:
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
+import distnn  # noqa: E402,F401  (before numpy, as the command: its BLAS thread-waiting default)
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
@@ -62,6 +71,21 @@ def sgemm_peak() -> float:
     return 2 * 1024 ** 3 / float(np.median(ts)) / 1e9
 
 
+def thread_cpu() -> dict:
+    """{(tid, name): CPU seconds} of this process's threads (Linux /proc)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[(tid, name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def main() -> None:
     shape = SHAPES.get(args.model, (3, 32, 32))
     model = get_model(args.model, input_shape=shape, num_classes=10, dtype=np.float32, rng=0)
@@ -70,6 +94,7 @@ def main() -> None:
     y = rng.integers(0, 10, args.batch)
     lossfn = CategoricalCrossEntropy()
     times = defaultdict(lambda: [[], []])
+    cpu = defaultdict(lambda: [0.0, 0.0])  # per layer: process CPU, main-thread CPU
     order = []
     conv_shapes = {}
     for i, layer in enumerate(leaves(model)):
@@ -78,17 +103,21 @@ def main() -> None:
         fwd, bwd = layer.forward, layer.backward
 
         def tf(xx, training=False, _f=fwd, _k=key, _l=layer):
-            t0 = time.perf_counter()
+            p0, m0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
             out = _f(xx, training)
             times[_k][0].append(time.perf_counter() - t0)
+            cpu[_k][0] += time.process_time() - p0
+            cpu[_k][1] += time.thread_time() - m0
             if isinstance(_l, Conv2D):
                 conv_shapes[_k] = (xx.shape, out.shape)
             return out
 
         def tb(dy, _b=bwd, _k=key):
-            t0 = time.perf_counter()
+            p0, m0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
             out = _b(dy)
             times[_k][1].append(time.perf_counter() - t0)
+            cpu[_k][0] += time.process_time() - p0
+            cpu[_k][1] += time.thread_time() - m0
             return out
 
         layer.forward, layer.backward = tf, tb
@@ -96,11 +125,14 @@ def main() -> None:
     for s in range(args.warmup + args.steps):
         if s == args.warmup:
             times.clear()
+            cpu.clear()
+            threads0, proc0 = thread_cpu(), time.process_time()
         t0 = time.perf_counter()
         logits = model.forward(x, training=True)
         _, dy = lossfn(logits, y)
         model.backward(dy)
         steps.append(time.perf_counter() - t0)
+    threads1, proc_cpu = thread_cpu(), (time.process_time() - proc0) / args.steps
     peak = sgemm_peak()
     step_ms = 1e3 * float(np.median(steps[args.warmup:]))
     rows = []
@@ -116,23 +148,36 @@ def main() -> None:
             rate = flop / ((fm + bm) * 1e-3) / 1e9
             gf, pct = f"{rate:.1f}", f"{100 * rate / peak:.0f}%"
             desc = f"{c}->{fo} {kh}x{kw} {h}x{w}" + ("" if layer.need_dx else " (no dx)")
-        rows.append((fm + bm, key, desc, fm, bm, gf, pct))
+        pc, mc = cpu[key]
+        share = f"{100 * mc / pc:.0f}%" if pc > 0 else ""
+        rows.append((fm + bm, key, desc, fm, bm, gf, pct, 1e3 * pc / args.steps, share))
     total = sum(r[0] for r in rows)
     print(f"model {args.model}, batch {args.batch}, {args.threads} thread(s), kernels "
           f"{kernels.backend()}, step {step_ms:.1f} ms (sum of layers {total:.1f} ms), "
-          f"sgemm 1024^3 peak {peak:.0f} GFLOP/s")
+          f"process CPU {1e3 * proc_cpu:.1f} ms per step, sgemm 1024^3 peak {peak:.0f} GFLOP/s")
     print()
-    print("| layer | config | fwd ms | bwd ms | share | conv GFLOP/s | % of peak |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| layer | config | fwd ms | bwd ms | share | conv GFLOP/s | % of peak | CPU ms "
+          "| main % |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     shown = sorted(rows, reverse=True)[:args.top] if args.top else rows
-    for tot, key, desc, fm, bm, gf, pct in shown:
-        print(f"| {key} | {desc} | {fm:.2f} | {bm:.2f} | {100 * tot / total:.0f}% | {gf} | {pct} |")
+    for tot, key, desc, fm, bm, gf, pct, pc, share in shown:
+        print(f"| {key} | {desc} | {fm:.2f} | {bm:.2f} | {100 * tot / total:.0f}% | {gf} | "
+              f"{pct} | {pc:.2f} | {share} |")
     by_kind = defaultdict(float)
     for tot, key, *_ in rows:
         by_kind[key.split()[1]] += tot
     print()
     print("by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in
                                  sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    used = {k: (v - threads0.get(k, 0.0)) / args.steps for k, v in threads1.items()}
+    used = {k: v for k, v in used.items() if v > 0}
+    if used:
+        busiest = max(used.values())
+        print()
+        print(f"threads over the timed steps (CPU ms per step; the split allows at most "
+              f"{sum(used.values()) / busiest:.2f}x over one thread doing all of it):")
+        for (tid, name), v in sorted(used.items(), key=lambda kv: -kv[1]):
+            print(f"  {name} ({tid}): {1e3 * v:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -33,10 +33,22 @@ def both(fn):
     return out
 
 
+@pytest.fixture
+def threads(request):
+    """kernels.set_num_threads(request.param) for the test, restored after."""
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(request.param)
+    yield request.param
+    kernels.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
 @pytest.mark.parametrize("chunk", [None, 1])
 @pytest.mark.parametrize("xs,ws,stride,pads,dil", CONV_CASES)
-def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, monkeypatch):
+def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, threads,
+                            monkeypatch):
+    """With 2 threads each thread takes whole blocks of samples (kept columns included)."""
     if chunk is not None:  # one sample per column block, nothing kept for backward
         monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
         monkeypatch.setattr(C, "KEEP_COLUMNS_BYTES", 0)
@@ -54,6 +66,33 @@ def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, monkey
     for r, g in zip(ref, got):
         assert g.dtype == r.dtype and g.shape == r.shape
         np.testing.assert_allclose(g, r, rtol=tol, atol=tol * 10)
+
+
+def test_conv_kept_columns_when_the_thread_count_changes_before_backward():
+    """Columns kept in blocks for 2 threads, backward on 1 (or the reverse): the blocks no
+    longer match, so backward builds the columns again and still gives the reference."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 9, 8))
+    w = rng.standard_normal((4, 3, 3, 3))
+    dy = rng.standard_normal((5, 4, 9, 8))
+    previous, backend = kernels.get_num_threads(), kernels.backend()
+    try:
+        kernels.set_backend("numpy")
+        y_ref, cache = C.conv2d_forward(x, w, None, (1, 1), (1, 1, 1, 1))
+        ref = C.conv2d_backward(dy, cache, w, need_db=False)
+        kernels.set_backend("numba")
+        for fwd_threads, bwd_threads in ((2, 1), (1, 2)):
+            kernels.set_num_threads(fwd_threads)
+            y, cache = C.conv2d_forward(x, w, None, (1, 1), (1, 1, 1, 1), ws={})
+            assert cache.col is not None  # kept
+            kernels.set_num_threads(bwd_threads)
+            got = C.conv2d_backward(dy, cache, w, need_db=False)
+            np.testing.assert_allclose(y, y_ref, atol=1e-12)
+            for g, r in zip(got[:2], ref[:2]):
+                np.testing.assert_allclose(g, r, atol=1e-12)
+    finally:
+        kernels.set_num_threads(previous)
+        kernels.set_backend(backend)
 
 
 @pytest.mark.parametrize("xs,pool,stride,pad", [
@@ -128,3 +167,21 @@ def test_thread_counts_agree(threads):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
     finally:
         kernels.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("m,k,n", [(64, 512, 512), (3, 5, 7), (600, 600, 600)])
+def test_matmul_small_on_one_blas_thread_same_result(m, k, n, threads):
+    """kernels.matmul gives np.matmul's result (into out= too) at 1 and 2 threads, whether
+    the product is small enough for one BLAS thread or not, and leaves BLAS's thread count
+    as it was."""
+    from threadpoolctl import threadpool_info
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    out = np.empty((m, n), np.float32)
+    np.testing.assert_allclose(kernels.matmul(a, b), a @ b, rtol=1e-5, atol=1e-4)
+    assert kernels.matmul(a.T.copy().T, b, out=out) is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before

@@ -22,7 +22,7 @@ def _compiled_only(kernel_backend):
 
 def run(x, w, b, pads, dy, need_dx=True, ws=None):
     y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method="winograd", ws=ws)
-    assert cache.winograd and (cache.col is not None) == (ws is not None)  # V kept in ws
+    assert cache.winograd and cache.col is None  # nothing but x kept for backward
     dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx, ws=ws)
     return y, dx, dw, db
 
@@ -59,8 +59,8 @@ def test_winograd_channels_batch_one_and_fused_relu(c, f):
     w = rng.standard_normal((f, c, 3, 3))
     b = rng.standard_normal(f)
     y_ref = ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1))
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1)[0], y_ref, atol=1e-11)
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True)[0],
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1), y_ref, atol=1e-11)
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True),
                                np.maximum(y_ref, 0), atol=1e-11)
 
 
@@ -158,8 +158,8 @@ def test_choice_keeps_im2col_where_winograd_loses():
 def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h, w, pads,
                                                   monkeypatch):
     """Two threads either take whole blocks each (the default) or split every kernel
-    (SPLIT_MNK below the GEMM size); both give the reference result, with and without V
-    kept from forward."""
+    (SPLIT_MNK below the GEMM size); both give the reference result, with and without a
+    layer's work-array dict."""
     from distnn import kernels
     monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
     rng = np.random.default_rng(n + c)
@@ -177,3 +177,20 @@ def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h
                 np.testing.assert_allclose(got, r, atol=1e-10)
     finally:
         kernels.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_empty_batch(threads):
+    """No samples: an empty y and dx, and zero weight and bias gradients."""
+    from distnn import kernels
+    x = np.zeros((0, 16, 8, 8), np.float32)
+    w = np.ones((8, 16, 3, 3), np.float32)
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        y, dx, dw, db = run(x, w, np.ones(8, np.float32), (1, 1, 1, 1),
+                            np.zeros((0, 8, 8, 8), np.float32))
+    finally:
+        kernels.set_num_threads(previous)
+    assert y.shape == (0, 8, 8, 8) and dx.shape == x.shape
+    assert not dw.any() and not db.any()

@@ -278,6 +278,7 @@ class ConvCache(NamedTuple):
     xf: np.ndarray | None = None
     compiled: bool = False
     winograd: bool = False
+    chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -289,9 +290,13 @@ CHUNK_BYTES = 2 << 20
 KEEP_COLUMNS_BYTES = 8 << 20
 
 
-def _chunks(n: int, per_sample: int):
-    k = max(1, min(n, CHUNK_BYTES // max(per_sample, 1)))
-    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
+def _chunks(n: int, per_sample: int, keep: bool):
+    """(samples per block, blocks (n0, n1), workers) of the compiled path: blocks of about
+    CHUNK_BYTES of columns, or the whole batch when its columns are kept; with 2+ threads
+    each thread takes whole blocks (``_threads``)."""
+    from ._threads import block_workers
+    k, workers = block_workers(n, n if keep else CHUNK_BYTES // max(per_sample, 1))
+    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], workers
 
 
 def _im2col_args(g: ConvGeometry):
@@ -299,62 +304,82 @@ def _im2col_args(g: ConvGeometry):
 
 
 def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
+    from ._threads import kernel, run
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     x = np.ascontiguousarray(x)
     w2 = w.reshape(f, ckk)
     keep = ckk * g.n * p * x.itemsize <= KEEP_COLUMNS_BYTES
-    k, chunks = (g.n, [(0, g.n)]) if keep else _chunks(g.n, ckk * p * x.itemsize)
-    colbuf = _buffer(ws, "col", (ckk * g.n * p,), x.dtype) if keep else \
-        fast.scratch("col", (ckk * k * p,), x.dtype)
-    ywbuf = fast.scratch("yw", (f * k * p,), x.dtype)
+    k, chunks, workers = _chunks(g.n, ckk * p * x.itemsize, keep)
+    # kept columns: block (n0, n1) is colbuf[ckk*n0*p : ckk*n1*p] as (ckk, (n1-n0)*p)
+    colbuf = _buffer(ws, "col", (ckk * g.n * p,), x.dtype) if keep else None
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     y3 = y.reshape(g.n, f, p)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
-    for n0, n1 in chunks:
-        m = (n1 - n0) * p
-        col = colbuf[:ckk * m].reshape(ckk, m)
-        yw = ywbuf[:f * m].reshape(f, m)
-        fast.im2col(x, n0, n1, *_im2col_args(g), col)
-        np.matmul(w2, col, out=yw)
-        fast.cols_to_nchw(yw, bias, b is not None, y3, n0)
-    return y, ConvCache(g, colbuf.reshape(ckk, g.n * p) if keep else None, False, x, True)
+
+    def body(indices, serial):
+        for i in indices:
+            n0, n1 = chunks[i]
+            m = (n1 - n0) * p
+            col = colbuf[ckk * n0 * p:ckk * n1 * p].reshape(ckk, m) if keep else \
+                fast.scratch("col", (ckk, m), x.dtype)
+            yw = fast.scratch("yw", (f, m), x.dtype)
+            kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
+            np.matmul(w2, col, out=yw)
+            kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
+
+    run(len(chunks), workers, body)
+    return y, ConvCache(g, colbuf if keep else None, False, x, True, False, tuple(chunks))
 
 
 def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
+    from ._threads import kernel, run
     g, kept, _, x = cache[:4]
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     dy = np.ascontiguousarray(dy)
     dy3 = dy.reshape(g.n, f, p)
     w2t = w.reshape(f, ckk).T
-    k, chunks = (g.n, [(0, g.n)]) if kept is not None else _chunks(g.n, ckk * p * dy.itemsize)
-    colbuf = None if kept is not None else fast.scratch("col", (ckk * k * p,), dy.dtype)
-    ywbuf = fast.scratch("yw", (f * k * p,), dy.dtype)
+    k, chunks, workers = _chunks(g.n, ckk * p * dy.itemsize, kept is not None)
+    if kept is not None and tuple(chunks) != cache.chunks:
+        kept = None  # the thread count changed since forward: build the columns again
+        k, chunks, workers = _chunks(g.n, ckk * p * dy.itemsize, False)
     if dw_out is None:
         dw_out = np.empty(w.shape, dy.dtype)
-    dw2 = dw_out.reshape(f, ckk) if dw_out.flags.c_contiguous else np.empty((f, ckk), dy.dtype)
-    part = np.empty((f, ckk), dy.dtype) if len(chunks) > 1 else None
-    db64 = np.zeros(f, np.float64)
     dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype) if need_dx else None
-    for i, (n0, n1) in enumerate(chunks):
-        m = (n1 - n0) * p
-        dyw = ywbuf[:f * m].reshape(f, m)
-        fast.nchw_to_cols(dy3, n0, dyw, db64, need_db)
-        if kept is not None:
-            col = kept
-        else:
-            col = colbuf[:ckk * m].reshape(ckk, m)
-            fast.im2col(x, n0, n1, *_im2col_args(g), col)
-        if i == 0:
-            np.matmul(dyw, col.T, out=dw2)
-        else:
-            np.matmul(dyw, col.T, out=part)
-            dw2 += part
-        if need_dx:
-            np.matmul(w2t, dyw, out=col)
-            fast.col2im(col, n0, n1, *_im2col_args(g), dx)
-    if dw2.base is not dw_out and dw2 is not dw_out:
+
+    def body(indices, serial):
+        # this thread's dw (scratch: it is summed below before any other call) and db
+        dw2 = fast.scratch("conv_dw", (f, ckk), dy.dtype)
+        part = fast.scratch("conv_dw_part", (f, ckk), dy.dtype) if len(indices) > 1 else None
+        db64 = np.zeros(f, np.float64)
+        for j, i in enumerate(indices):
+            n0, n1 = chunks[i]
+            m = (n1 - n0) * p
+            dyw = fast.scratch("yw", (f, m), dy.dtype)
+            kernel(fast.nchw_to_cols, serial)(dy3, n0, dyw, db64, need_db)
+            if kept is not None:
+                col = kept[ckk * n0 * p:ckk * n1 * p].reshape(ckk, m)
+            else:
+                col = fast.scratch("col", (ckk, m), dy.dtype)
+                kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
+            np.matmul(dyw, col.T, out=dw2 if j == 0 else part)
+            if j:
+                dw2 += part
+            if need_dx:
+                np.matmul(w2t, dyw, out=col)
+                kernel(fast.col2im, serial)(col, n0, n1, *_im2col_args(g), dx)
+        return (dw2 if len(indices) else None), db64
+
+    parts = run(len(chunks), workers, body)
+    dw2, db64 = parts[0]
+    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+        if dw_i is not None:
+            dw2 += dw_i
+        db64 += db_i
+    if dw2 is None:  # an empty batch
+        dw_out.fill(0)
+    else:
         dw_out[...] = dw2.reshape(w.shape)
     db = None
     if need_db:
@@ -391,8 +416,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                              f"{(g.dh, g.dw)}")
         from . import winograd
         x = np.ascontiguousarray(x)
-        y, kept = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, ws=ws)
-        return y, ConvCache(g, kept, False, x, True, True)
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
+        return y, ConvCache(g, None, False, x, True, True)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -456,7 +481,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
-                                 dw_out, db_out if need_db else None, need_dx, cache.col)
+                                 dw_out, db_out if need_db else None, need_dx)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)

@@ -30,11 +30,10 @@ per layer shape against the float64 reference.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ._numba import get_num_threads, scratch
+from ._threads import blas_for, kernel, run
 from ._winograd import (input_transform, input_transform_adjoint, output_transform,
                         output_transform_adjoint)
 
@@ -55,9 +54,10 @@ KG = np.kron(G, G)
 
 def weights_transform(w: np.ndarray) -> np.ndarray:
     """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform: one GEMM
-    (an einsum measured 100 ms for 512x512 filters)."""
+    (an einsum measured 100 ms for 512x512 filters). U is the calling thread's scratch
+    (16 MB for 512x512 filters: a new array per call is retained by the allocator)."""
     f, c = w.shape[:2]
-    u = np.empty((16, f, c), w.dtype)
+    u = scratch("wino_u", (16, f, c), w.dtype)
     np.matmul(KG.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(16, f * c))
     return u
 
@@ -65,8 +65,10 @@ def weights_transform(w: np.ndarray) -> np.ndarray:
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
     """dw (F, C, 3, 3) = G^T dU G for dU (16, F, C), written into ``out``."""
     f, c = du.shape[1:]
-    dw = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype))
-    out[...] = dw.reshape(f, c, 3, 3)
+    if out.flags.c_contiguous:
+        np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype), out=out.reshape(f * c, 9))
+    else:
+        out[...] = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype)).reshape(out.shape)
     return out
 
 
@@ -83,14 +85,11 @@ MIN_TILES = 256
 PAD = 16
 
 
-# forward keeps V for backward (in the layer's work arrays) up to this size; above it,
-# backward transforms the input again (16->16 at 32x32, batch 64: 16 MB a layer)
-KEEP_BYTES = 16 << 20
-
-
-def _kept(kept: np.ndarray, i: int, rows: int, t: int):
-    """Block i of a kept V: the (16, S) array the kernels take and its GEMM view."""
-    return kept[i], kept[i][:, :rows * t].reshape(16, rows, t)
+# Backward transforms the input again instead of keeping V from forward: V is 4x the
+# input (16 values per 2x2 tile) and every layer's V was alive at the end of forward
+# (resnet20 batch 64: peak RSS 558 -> 350 MiB without it), for 0-4% more time per layer
+# (measured, thread CPU time, fwd+bwd batch 64: 16->16 32x32 16.1 ms kept vs 16.8 ms
+# recomputed, 32->32 16x16 11.1 vs 10.8, 256->256 8x8 80.4 vs 82.0).
 
 
 def _work(name: str, rows: int, t: int, dtype):
@@ -103,11 +102,8 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
     """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
     take whole blocks side by side.
 
-    With more than one thread, each thread takes every other block and runs it with the
-    serial kernels and one BLAS thread: no copies (disjoint samples of x, y, dx; its own
-    work arrays; dw and db summed after, in a fixed order) and one join per call, where a
-    parallel launch per kernel and a threaded GEMM would each be a barrier (and on a
-    loaded host every barrier waits for a preempted thread). With SPLIT_MNK set lower,
+    With more than one thread, each thread takes every other block (``_threads``). With
+    SPLIT_MNK set lower,
     blocks whose GEMMs are bigger run one after the other with every kernel split instead.
     """
     threads = get_num_threads()
@@ -127,119 +123,92 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
 
 
 SPLIT_MNK = 1 << 62
-_pool: list = []  # the ThreadPoolExecutor, made on first use
-_blas: list = []  # the threadpoolctl controller, made on first use
-
-
-def _one_blas_thread():
-    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
-    if not _blas:
-        from threadpoolctl import ThreadpoolController
-        _blas.append(ThreadpoolController())
-    return _blas[0].limit(limits=1, user_api="blas")
-
-
-def _run(blocks, workers: int, body):
-    """body(indices, serial) over the block indices: in this thread with the parallel
-    kernels, or split among ``workers`` threads with the serial ones; the results."""
-    if workers == 1:
-        return [body(range(len(blocks)), False)]
-    if not _pool or _pool[0]._max_workers < workers:
-        _pool[:] = [ThreadPoolExecutor(workers, thread_name_prefix="distnn-winograd")]
-    parts = [range(i, len(blocks), workers) for i in range(workers)]
-    with _one_blas_thread():
-        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
-        first = body(parts[0], True)
-        return [first] + [fu.result() for fu in futures]
-
-
-def _k(kernel, serial: bool):
-    return kernel.serial if serial else kernel
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
-            pr: int, relu: bool = False, ws: dict | None = None
-            ) -> tuple[np.ndarray, np.ndarray | None]:
+            pr: int, relu: bool = False) -> np.ndarray:
     """y (N, F, OH, OW) = conv2d(x, w) + b (then ReLU when ``relu``) for w (F, C, 3, 3),
-    stride 1, zero padding (top, bottom, left, right), and the transformed input V kept
-    for ``backward`` (None when it is over KEEP_BYTES or no ``ws`` dict holds it)."""
+    stride 1, zero padding (top, bottom, left, right). The work arrays are per-thread
+    scratch shared by all layers (one block of V and one of M)."""
     n, c, h, wd = x.shape
     f = w.shape[0]
     oh, ow = h + pt + pb - 2, wd + pl + pr - 2
     th, tw = tiles(oh, ow)
     x = np.ascontiguousarray(x)
-    u = weights_transform(w)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    with blas_for(workers):
+        u = weights_transform(w)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
-    kept = None
-    if ws is not None and 16 * c * n * th * tw * x.itemsize <= KEEP_BYTES:
-        shape = (len(blocks), 16, c * k * th * tw + PAD)
-        kept = ws.get("wino_v")
-        if kept is None or kept.shape != shape or kept.dtype != x.dtype:
-            kept = ws["wino_v"] = np.empty(shape, x.dtype)
 
     def body(indices, serial):
         for i in indices:
             n0, n1 = blocks[i]
             t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
+            v2, v = _work("wino_v", c, t, x.dtype)
             m2, m = _work("wino_m", f, t, x.dtype)
-            _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
             np.matmul(u, v, out=m)
-            _k(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th, tw,
-                                         y)
+            kernel(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
+                                             tw, y)
 
-    _run(blocks, workers, body)
-    return y, kept
+    run(len(blocks), workers, body)
+    return y
 
 
 def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
-             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
-             kept: np.ndarray | None = None
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool
              ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
     """(dx or None, dw, db or None) of ``forward`` (without ReLU) for dy (N, F, OH, OW):
-    the exact adjoint of the Winograd map. dw and db are overwritten into the outputs.
-    ``kept``: the V that forward kept (it is overwritten: one backward per forward)."""
+    the exact adjoint of the Winograd map. dw and db are overwritten into the outputs."""
     n, c, h, wd = x.shape
     f, oh, ow = dy.shape[1:]
     th, tw = tiles(oh, ow)
     dy = np.ascontiguousarray(dy)
-    u = weights_transform(w)
-    ut = u.transpose(0, 2, 1)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
-    if kept is not None and kept.shape != (len(blocks), 16, c * k * th * tw + PAD):
-        kept = None  # blocked differently (the thread count changed): transform again
+    with blas_for(workers):
+        u = weights_transform(w)
+    ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
 
     def body(indices, serial):
-        du = np.zeros((16, f, c), x.dtype)
-        part = np.empty((16, f, c), x.dtype)
+        # dU and its per-block part: this thread's scratch (16 MB each for 512x512 filters;
+        # new arrays per call were kept by each thread's malloc arena: +40 MiB peak RSS on
+        # vgg11bn at 2 threads)
+        du = scratch("wino_du", (16, f, c), x.dtype)
+        part = scratch("wino_part", (16, f, c), x.dtype) if len(indices) > 1 else None
         db64 = np.zeros(f, np.float64)
         dbpbuf = np.empty(f * k, np.float64)
-        for i in indices:
+        for j, i in enumerate(indices):
             n0, n1 = blocks[i]
             t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype) if kept is None else _kept(kept, i, c, t)
+            v2, v = _work("wino_v", c, t, x.dtype)
             m2, dm = _work("wino_m", f, t, x.dtype)
             dbp = dbpbuf[:f * (n1 - n0)]
-            _k(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
+            kernel(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
-            if kept is None:
-                _k(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            np.matmul(dm, v.transpose(0, 2, 1), out=part)
-            du += part
+            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            if j == 0:
+                np.matmul(dm, v.transpose(0, 2, 1), out=du)
+            else:
+                np.matmul(dm, v.transpose(0, 2, 1), out=part)
+                du += part
             if need_dx:
                 np.matmul(ut, dm, out=v)
-                _k(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
-        return du, db64
+                kernel(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+        return (du if len(indices) else None), db64
 
-    parts = _run(blocks, workers, body)
+    parts = run(len(blocks), workers, body)
     du, db64 = parts[0]
     for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        du += du_i
+        if du_i is not None:
+            du += du_i
         db64 += db_i
-    weights_transform_adjoint(du, dw_out)
+    if du is None:  # an empty batch
+        dw_out.fill(0)
+    else:
+        with blas_for(workers):
+            weights_transform_adjoint(du, dw_out)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import kernels as K
 from .base import Layer, check_input
 
 
@@ -45,16 +46,16 @@ class Dense(Layer):
     def forward(self, x, training=False):
         check_input(self, x)
         self._x = x
-        y = x @ self.params["w"]
+        y = K.matmul(x, self.params["w"])
         if self.use_bias:
             y += self.params["b"]
         return y
 
     def backward(self, dy):
-        np.matmul(self._x.T, dy, out=self.grads["w"])
+        K.matmul(self._x.T, dy, out=self.grads["w"])
         if self.use_bias:
             np.sum(dy, axis=0, out=self.grads["b"])
-        return dy @ self.params["w"].T if self.need_dx else None
+        return K.matmul(dy, self.params["w"].T) if self.need_dx else None
 
     def describe(self):
         return f"units={self.units}" + ("" if self.use_bias else ", use_bias=False")

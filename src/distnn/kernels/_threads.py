@@ -1,0 +1,87 @@
+"""Whole blocks of samples split among threads, for the compiled convolution kernels.
+
+A convolution over a batch is a loop over blocks of samples (transform or im2col, GEMM,
+write back). With more than one thread, each thread takes every ``workers``-th block and
+runs it with the serial kernels and one BLAS thread: no copies (the blocks touch disjoint
+samples of x, y and dx; each thread has its own scratch work arrays; weight gradients are
+summed after, in a fixed order) and one join per call. Splitting every kernel instead
+costs a barrier per kernel and per threaded GEMM, and numba's OpenMP threads then share
+the cores with OpenBLAS's spinning ones (measured on resnet20 at 2 threads: the im2col
+layers used 4-9x their 1-thread CPU time that way).
+"""
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
+from ._numba import get_num_threads
+
+_pool: list = []  # the ThreadPoolExecutor, made on first use
+_blas: list = []  # the threadpoolctl controller, made on first use
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
+    if not _blas:
+        from threadpoolctl import ThreadpoolController
+        _blas.append(ThreadpoolController())
+    return _blas[0].limit(limits=1, user_api="blas")
+
+
+def blas_for(workers: int):
+    """One BLAS thread when the blocks are split among threads (also for the small GEMMs
+    around them: a threaded 16x9 by 9x4096 weight transform cost 4 ms of waiting on a
+    preempted BLAS thread per call on a loaded host, more than its work), else no change."""
+    return one_blas_thread() if workers > 1 else contextlib.nullcontext()
+
+
+def block_workers(n: int, k: int) -> tuple[int, int]:
+    """(samples per block, workers) for n samples in blocks of up to k: with 2+ threads
+    and at least one sample per thread, at most ceil(n / threads) samples a block so that
+    every thread gets work."""
+    threads = get_num_threads()
+    k = max(1, min(n, k))
+    if threads > 1 and n >= threads:
+        return min(k, -(-n // threads)), threads
+    return k, 1
+
+
+def run(nblocks: int, workers: int, body) -> list:
+    """body(indices, serial) over range(nblocks): in this thread with the parallel kernels
+    (workers == 1), or split round-robin among ``workers`` threads with the serial ones
+    (this thread takes the first share); the results in worker order."""
+    if workers == 1:
+        return [body(range(nblocks), False)]
+    if not _pool or _pool[0]._max_workers < workers - 1:
+        # workers - 1 pool threads (the caller is the first worker): with more, a task
+        # submitted before the last one's thread went idle starts another thread, and every
+        # thread keeps its own scratch arrays and malloc arena
+        _pool[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="distnn-blocks")]
+    parts = [range(i, nblocks, workers) for i in range(workers)]
+    with one_blas_thread():
+        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
+        first = body(parts[0], True)
+        return [first] + [fu.result() for fu in futures]
+
+
+def kernel(k, serial: bool):
+    """The serial twin of a dispatched compiled kernel when ``serial``, else the kernel."""
+    return k.serial if serial else k
+
+
+# GEMMs up to this many multiply-adds run on one BLAS thread when 2+ threads are set: a
+# threaded 64x512x512 (vgg11bn's Dense) saves ~0.2 ms on an idle host, but its caller
+# spins until BLAS's second thread gets a core: on a loaded host vgg11bn's two 512x512 Dense
+# layers used 56 ms of CPU per step at 2 threads against 2.5 ms at 1.
+SMALL_GEMM = 1 << 26
+
+
+def matmul(a, b, out=None):
+    """np.matmul(a, b, out=out), on one BLAS thread when a and b are 2-D, the product is
+    small (m*n*k <= SMALL_GEMM) and more than one thread is set."""
+    import numpy as np
+    if (get_num_threads() > 1 and a.ndim == 2 and b.ndim == 2
+            and a.shape[0] * a.shape[1] * b.shape[1] <= SMALL_GEMM):
+        with one_blas_thread():
+            return np.matmul(a, b, out=out)
+    return np.matmul(a, b, out=out)
