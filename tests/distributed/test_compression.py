@@ -148,3 +148,15 @@ def test_adasum_with_compression_is_refused():
     with pytest.raises(ValueError, match="Adasum combines parameter deltas"):
         DistributedOptimizer(SGD(model, lr=0.1), model, comm=LocalComm(), op="adasum",
                              compression="topk:0.1")
+
+
+def test_vgg11bn_bytes_per_step_at_most_a_fiftieth_of_dense(tmp_path):
+    if MPIEXEC is None or not _mpi4py_importable():
+        pytest.skip("needs mpiexec and mpi4py")
+    proc = mpirun(2, "compression_bytes_prog.py", str(tmp_path), timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(tmp_path / "bytes.pkl", "rb") as f:
+        out = pickle.load(f)
+    for spec, (sent, dense, n_params) in out.items():
+        assert dense == n_params * 4  # one step of float32 gradients
+        assert 0 < sent <= dense / 50, (spec, dense / sent)
