@@ -34,7 +34,20 @@ from .powersgd import LowRankStep, matrix_dims, matrix_view, worth_compressing
 SPECS = "none, fp16, topk:RATIO, threshold:VALUE or powersgd:RANK"
 
 
-class TopK:
+class _Stateful:
+    """Horovod's per-tensor ``compress``/``decompress`` do not apply: these compressions
+    keep residuals across steps and exchange whole buffers (DistributedOptimizer only)."""
+
+    @classmethod
+    def compress(cls, *args, **kwargs):
+        raise ValueError(f"Compression.{cls.__name__.lower()} works inside "
+                         "DistributedOptimizer (it keeps residuals between steps); pass "
+                         "Compression.fp16 or Compression.none to allreduce and friends")
+
+    decompress = compress
+
+
+class TopK(_Stateful):
     """Send the ``ratio`` share of each tensor's entries largest in magnitude.
 
     Args:
@@ -63,7 +76,7 @@ class TopK:
         return f"TopK({self.ratio:g})"
 
 
-class Threshold:
+class Threshold(_Stateful):
     """Send the entries with ``|g| >= value`` (each rank its own count).
 
     Args:
@@ -89,7 +102,7 @@ class Threshold:
         return f"Threshold({self.value:g})"
 
 
-class PowerSGD:
+class PowerSGD(_Stateful):
     """Rank-``rank`` PowerSGD (see ``powersgd.py``).
 
     Args:

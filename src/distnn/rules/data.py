@@ -46,8 +46,6 @@ class DataParallel(Rule):
         self.error_feedback = error_feedback
         self.compression_warmup_steps = compression_warmup_steps
         self._residuals = None
-        self._resume = None
-        self.notes: list[str] = []
 
     def bind(self, trainer, optimizer):
         if not isinstance(optimizer, dist.DistributedOptimizer):
@@ -79,15 +77,12 @@ class DataParallel(Rule):
         return {"compression": comp.state_dict(residuals)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the compression state (what a resume does with it on another number of
+        ranks or under another compression: ``resume_note``)."""
         stored = state.get("compression")
         comp = self._compressor()
         if stored and comp is not None:
-            note = comp.load_state_dict(stored)
-            if note:
-                self.notes.append(note)
-        elif stored:
-            self.notes.append(f"gradient compression state of {stored.get('spec')} dropped "
-                              "(this run does not compress)")
+            comp.load_state_dict(stored)
 
     def resume_note(self, stored: dict[str, Any], size: int) -> str | None:
         """What a resume does with the compression state of a checkpoint's rule state
