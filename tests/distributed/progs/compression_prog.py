@@ -51,7 +51,7 @@ def invariant(comm, train, compression, error_feedback=True, steps=8):
                                     compression=compression, error_feedback=error_feedback)
     comp = opt.compressor
     x, y = train.arrays()
-    x = x.astype(np.float64) / 16.0
+    x = x.astype(np.float64)  # preprocessed: scaled to [0, 1]
     loss = CategoricalCrossEntropy()
     sizes = [37] * (steps - 1) + [5]  # uneven shards; the last batch leaves ranks empty
     out = {"invariant": [], "vs_sum": [], "vs_sum_compressed": [], "differ": [],

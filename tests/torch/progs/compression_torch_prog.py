@@ -23,7 +23,7 @@ def run(compression, steps: int = 8):
                                    named_parameters=model.named_parameters(), op=hvd.Sum,
                                    compression=compression)
     x, y = load_dataset("digits", dtype=np.float64).train.arrays()
-    x = torch.from_numpy(x.astype(np.float64) / 16.0)
+    x = torch.from_numpy(x.astype(np.float64))  # preprocessed: scaled to [0, 1]
     y = torch.from_numpy(y)
     start = 0
     for b in [37] * (steps - 1) + [5]:
