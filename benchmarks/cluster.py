@@ -14,10 +14,16 @@ configurations alternated; bytes per step read off the qdisc counters of every l
 
 Part "accuracy": simplecnn on Fashion-MNIST (60000 train, test split as validation, SGD lr
 0.01 momentum 0.9, batch 64 per rank, benchmarks/rules.py's worker) on 2 hosts x 1 rank:
-epochs and training time until the test accuracy first reaches 85%, for each rule
-(data, data + fp16 compression, localsgd, easgd, downpour, gossip) and for PyTorch DDP
-(gloo) on the same links (benchmarks/workers/ddp_main_job.py, one torchrun per host,
-c10d rendezvous on host 1's address).
+epochs and training time until the test accuracy first reaches 85%, for each row of
+``--rules``: distnn's rules (data; data with fp16, top-k 1% or PowerSGD rank-2 gradients;
+partial with 4 chunks; localsgd, easgd, downpour, gossip) and PyTorch DDP (gloo) without
+and with its PowerSGD hook (rank 2, the same dense warm-up steps as distnn's), on the same
+links (benchmarks/workers/ddp_main_job.py, one torchrun per host, c10d rendezvous on host
+1's address).
+
+    python benchmarks/cluster.py --part accuracy --rates 1gbit,10gbit --epochs 4 \
+        --rules data,data+fp16,data+topk,data+powersgd,partial,localsgd,ddp,ddp+powersgd
+    python benchmarks/cluster.py --part accuracy --smoke --rates 1gbit --rules partial,ddp
 
 Every measurement checks that its data crossed the links (bytes sent >= what the
 gradients alone need); a run that did not is reported as failed, never as a number.
@@ -39,9 +45,23 @@ ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 MARKER = "BENCH_JSON "
 PARAMS = {"simplecnn": 149_210, "resnet20": 272_474, "vgg11bn": 9_753_674}
+POWERSGD_WARMUP = 10  # dense steps before PowerSGD, in distnn and in DDP's hook
+# The rows of the accuracy part: (name, --parallel rule, the rule's options).
 RULE_RUNS = [("data", "data", {}), ("data+fp16", "data", {"compression": "fp16"}),
+             ("data+topk", "data", {"compression": "topk:0.01"}),
+             ("data+powersgd", "data", {"compression": "powersgd:2",
+                                        "compression_warmup_steps": POWERSGD_WARMUP}),
+             ("partial", "partial", {"chunks": 4}),
              ("localsgd", "localsgd", {}), ("easgd", "easgd", {}),
              ("downpour", "downpour", {}), ("gossip", "gossip", {})]
+# PyTorch DDP rows: (name, extra arguments of ddp_main_job.py).
+DDP_RUNS = [("ddp", []),
+            ("ddp+powersgd", ["--powersgd", "2", "--powersgd-start", str(POWERSGD_WARMUP)])]
+LABELS = {"data+topk": "data+topk:0.01", "data+powersgd": "data+powersgd:2",
+          "partial": "partial (4 chunks)", "ddp": "DDP (gloo)",
+          "ddp+powersgd": "DDP (gloo) + PowerSGD hook rank 2"}
+ROWS = [r[0] for r in RULE_RUNS] + [r[0] for r in DDP_RUNS]
+FMNIST_TRAIN, BATCH = 60_000, 64
 
 
 def host_load() -> dict:
@@ -59,9 +79,28 @@ def steal_share(a: dict, b: dict) -> float:
     return (b["steal_ticks"] - a["steal_ticks"]) / total if total else 0.0
 
 
+CLUSTER = {"prefix": "bc", "net": 66}  # --prefix/--net move it (two benchmarks at once)
+
+
 def cluster(hosts: int, rate: str | None):
     from distnn.cluster import EmulatedCluster
-    return EmulatedCluster(hosts, rate=rate, prefix="bc", net=66, cores="split")
+    return EmulatedCluster(hosts, rate=rate, cores="split", **CLUSTER)
+
+
+def steps_run(args, hosts: int = 2) -> int:
+    """Training steps of one accuracy run (every rank takes each)."""
+    per_epoch = -(-FMNIST_TRAIN // (BATCH * hosts))
+    if args.steps_per_epoch:
+        per_epoch = min(per_epoch, args.steps_per_epoch)
+    return per_epoch * args.epochs
+
+
+def crossed(sent: int, least: float, what: str) -> str | None:
+    """None when ``sent`` bytes crossed the links, at least ``least``; else the failure."""
+    if sent >= least and sent > 0:
+        return None
+    return (f"only {sent} bytes crossed the links, {what} need at least {least:.0f}: the "
+            "run did not train over the network")
 
 
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
@@ -92,10 +131,15 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
 
 
 def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) -> dict:
+    from distnn.rules import get_rule
+    try:  # before a cluster comes up: can this checkout build the row's rule at all?
+        get_rule(rule, **options)
+    except (TypeError, ValueError) as exc:
+        return {"error": f"this distnn cannot build --parallel {rule} {options}: {exc}"}
     out = tmp / f"{name}_{rate}.json"
     cmd = [sys.executable, str(HERE / "rules.py"), "--run", rule, "--out", str(out),
-           "--epochs", str(args.epochs), "--batch", "64", "--lr", "0.01",
-           "--options", json.dumps(options)]
+           "--epochs", str(args.epochs), "--batch", str(BATCH), "--lr", "0.01",
+           "--options", json.dumps(options), "--steps-per-epoch", str(args.steps_per_epoch)]
     with cluster(2, rate) as c:
         before = c.link_bytes()
         t = time.perf_counter()
@@ -110,17 +154,26 @@ def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) ->
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     res = json.loads(out.read_text())
     hist = res["history"]
+    # Every byte a rank counts as sent goes to the rank on the other host; at least half
+    # of what the busiest rank counted must be on the wire, and 1 kB a step.
+    counted = max(st.get("bytes", 0) for st in res["stats"])
+    steps = res.get("steps") or steps_run(args)
+    failed = crossed(sent, max(0.5 * counted, 1000 * steps),
+                     f"the {counted:.0f} bytes the ranks' counters say were sent")
+    if failed:
+        return {"error": failed}
     reach = next((h for h in hist if h["val_accuracy"] >= args.target), None)
     return {"epochs_to_target": reach and reach["epoch"],
             "time_to_target": reach and sum(h["time"] for h in hist
                                             if h["epoch"] <= reach["epoch"]),
             "final_acc": hist[-1]["val_accuracy"], "wall": wall, "epochs": len(hist),
-            "bytes_per_epoch": sent / len(hist)}
+            "bytes_per_epoch": sent / len(hist), "bytes_per_step": sent / steps,
+            "counted_per_epoch": counted / len(hist)}
 
 
-def run_ddp(rate: str, args, tmp: Path) -> dict:
+def run_ddp(name: str, extra: list[str], rate: str, args, tmp: Path) -> dict:
     torchrun = BIN / "torchrun"
-    out = tmp / f"ddp_{rate}.json"
+    out = tmp / f"{name}_{rate}.json"
     with cluster(2, rate) as c:
         before = c.link_bytes()
         master = c.hosts[0].address
@@ -132,7 +185,8 @@ def run_ddp(rate: str, args, tmp: Path) -> dict:
             argv = [str(torchrun), "--nnodes", "2", "--nproc_per_node", "1",
                     "--node_rank", str(i), "--master_addr", master, "--master_port", "29577",
                     str(HERE / "workers" / "ddp_main_job.py"), str(out), "--epochs",
-                    str(args.epochs), "--test-as-validation"]
+                    str(args.epochs), "--test-as-validation", "--steps-per-epoch",
+                    str(args.steps_per_epoch), *extra]
             procs.append(subprocess.Popen(c.exec_argv(h.name, argv), env=env, cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
@@ -142,6 +196,14 @@ def run_ddp(rate: str, args, tmp: Path) -> dict:
         sent = total_sent(before, c.link_bytes())
     if any(p.returncode for p in procs) or not out.exists():
         return {"error": [o.strip().splitlines()[-1:] for o in outs]}
+    steps = steps_run(args)
+    if extra:  # PowerSGD: at least the P and Q factors of Linear(1152, 128) after warm-up
+        least = (steps - POWERSGD_WARMUP) * 2 * (1152 + 128) * 4
+    else:  # the whole gradient every step
+        least = steps * PARAMS["simplecnn"] * 4
+    failed = crossed(sent, least, f"{steps} steps")
+    if failed:
+        return {"error": failed}
     st = json.loads(out.read_text())
     acc = st["val_accuracy"]
     k = next((i for i, a in enumerate(acc) if a >= args.target), None)
@@ -150,7 +212,7 @@ def run_ddp(rate: str, args, tmp: Path) -> dict:
             "time_to_target": None if k is None else sum(
                 st["epoch_train_end"][e] - st["epoch_start"][e] for e in range(k + 1)),
             "final_acc": acc[-1], "wall": wall, "epochs": len(acc),
-            "bytes_per_epoch": sent / len(acc)}
+            "bytes_per_epoch": sent / len(acc), "bytes_per_step": sent / steps}
 
 
 def med(values):
@@ -207,24 +269,38 @@ def accuracy_part(args) -> dict:
                 results[f"{name}/{rate}"] = run_rule(name, rule, options, rate, args, Path(tmp))
                 print(f"  {name} {rate}: {results[f'{name}/{rate}']}", file=sys.stderr,
                       flush=True)
-            if not args.no_ddp:
-                results[f"DDP (gloo)/{rate}"] = run_ddp(rate, args, Path(tmp))
-                print(f"  DDP {rate}: {results[f'DDP (gloo)/{rate}']}", file=sys.stderr,
+            for name, extra in [r for r in DDP_RUNS if r[0] in args.rules]:
+                results[f"{name}/{rate}"] = run_ddp(name, extra, rate, args, Path(tmp))
+                print(f"  {name} {rate}: {results[f'{name}/{rate}']}", file=sys.stderr,
                       flush=True)
+    steps = (f", at most {args.steps_per_epoch} steps an epoch (smoke test)"
+             if args.steps_per_epoch else "")
     print(f"\n### simplecnn on Fashion-MNIST, 2 hosts x 1 rank: time to "
-          f"{args.target:.0%} test accuracy\n")
+          f"{args.target:.0%} test accuracy{steps}\n")
     print("| system | link | epochs to target | training time to target s | final acc "
-          f"({args.epochs} epochs) | wall s (launch to exit) | MB on the wire/epoch |")
-    print("|---|---|---|---|---|---|---|")
+          f"({args.epochs} epochs) | wall s (launch to exit) | MB on the wire/epoch | "
+          "kB on the wire/step |")
+    print("|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         name, rate = key.split("/")
+        name = LABELS.get(name, name)
         if "error" in r:
-            print(f"| {name} | {rate} | failed: {r['error']} | | | | |")
+            print(f"| {name} | {rate} | failed: {r['error']} | | | | | |")
             continue
         tt = f"{r['time_to_target']:.1f}" if r["time_to_target"] else "not reached"
         print(f"| {name} | {rate} | {r['epochs_to_target'] or '-'} | {tt} | "
-              f"{r['final_acc']:.4f} | {r['wall']:.1f} | {r['bytes_per_epoch'] / 1e6:.0f} |")
+              f"{r['final_acc']:.4f} | {r['wall']:.1f} | {r['bytes_per_epoch'] / 1e6:.0f} | "
+              f"{r['bytes_per_step'] / 1e3:.1f} |")
     return results
+
+
+def listed(values: list[str], choices: list[str], option: str) -> list[str]:
+    """Words given space- or comma-separated, each one of ``choices``."""
+    out = [w for v in values for w in v.split(",") if w]
+    bad = [w for w in out if w not in choices]
+    if bad:
+        sys.exit(f"benchmarks/cluster.py: {option}: unknown {bad}; choose from {choices}")
+    return out
 
 
 def main() -> None:
@@ -240,11 +316,29 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--no-four", action="store_true", help="skip 4 hosts")
-    ap.add_argument("--no-ddp", action="store_true")
-    ap.add_argument("--rules", nargs="+", default=[r[0] for r in RULE_RUNS],
-                    choices=[r[0] for r in RULE_RUNS])
+    ap.add_argument("--no-ddp", action="store_true", help="drop the PyTorch DDP rows")
+    ap.add_argument("--rules", nargs="+", default=ROWS, metavar="ROW",
+                    help=f"rows of the accuracy part (space or comma separated): {ROWS}")
+    ap.add_argument("--steps-per-epoch", type=int, default=0,
+                    help="accuracy part: train (and validate) at most this many steps an "
+                         "epoch (0: all)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny run to check the harness: 1 epoch of 30 steps, 1 repetition, "
+                         "2 windows of 3 steps")
+    ap.add_argument("--prefix", default=CLUSTER["prefix"], help="emulated cluster's name "
+                    "prefix (its namespaces and links)")
+    ap.add_argument("--net", type=int, default=CLUSTER["net"], help="its addresses: "
+                    "198.18.NET.0/24")
     ap.add_argument("--json", help="write every run's raw results here")
     args = ap.parse_args()
+    args.rules = listed(args.rules, ROWS, "--rules")
+    if args.no_ddp:
+        args.rules = [r for r in args.rules if r not in dict(DDP_RUNS)]
+    args.rates = [w for v in args.rates for w in v.split(",") if w]
+    if args.smoke:
+        args.epochs, args.steps_per_epoch = 1, args.steps_per_epoch or 30
+        args.reps, args.warmup, args.windows, args.steps = 1, 1, 2, 3
+    CLUSTER.update(prefix=args.prefix, net=args.net)
     from distnn.cluster import unavailable_reason
     why = unavailable_reason()
     if why:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RULES = ["data", "localsgd", "downpour", "easgd", "gossip", "gem"]
+RULES = ["data", "localsgd", "downpour", "easgd", "gossip", "gem", "partial"]
 
 
 def run_rank(args) -> None:
@@ -48,12 +48,14 @@ def run_rank(args) -> None:
                           seed=0)
         t0 = time.perf_counter()
         history = trainer.fit(splits.train, epochs=args.epochs, batch_size=args.batch,
-                              validation=splits.val)
+                              validation=splits.val, steps_per_epoch=args.steps_per_epoch,
+                              validation_steps=args.steps_per_epoch)
         wall = time.perf_counter() - t0
         stats = comm.allgather_obj(rule.stats())
         if comm.rank == 0:
             Path(args.out).write_text(json.dumps({
                 "history": history.records, "stats": stats, "wall": wall,
+                "steps": trainer.global_step,
                 "size": comm.size, "rule": repr(rule)}))
 
 
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--steps-per-epoch", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         run_rank(args)

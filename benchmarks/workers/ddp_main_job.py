@@ -1,12 +1,14 @@
 """The README main job's recipe as a plain PyTorch DDP (gloo) script, for benchmarks/main_job.py.
 
     torchrun --standalone --nproc_per_node 2 benchmarks/workers/ddp_main_job.py OUT.json
-        [--epochs 3] [--first-step-only]
+        [--epochs 3] [--first-step-only] [--powersgd RANK [--powersgd-start STEPS]]
 
 Recipe (distnn train's defaults): simplecnn, Fashion-MNIST scaled to [0, 1], the last 20% of
 the training images held out for validation, batch 64 per rank, SGD lr 0.01 momentum 0.9,
 cross-entropy, 3 epochs, a fresh shuffle every epoch sharded rank::size, validation after
 every epoch and the test split at the end (both sharded, counts summed with all_reduce).
+``--powersgd RANK``: DDP's PowerSGD communication hook (torch.distributed.algorithms.
+ddp_comm_hooks.powerSGD_hook; error feedback, warm start, ``--powersgd-start`` dense steps).
 Written the way a PyTorch user writes it: tensors indexed by a permutation (no per-sample
 DataLoader collation, which would only slow PyTorch down). Rank 0 writes OUT.json with
 wall-clock (time.time) stamps: first step done, each epoch's end, the end.
@@ -64,6 +66,13 @@ def main() -> None:
     ap.add_argument("--test-as-validation", action="store_true",
                     help="train on all 60000 images and validate on the test split "
                          "(benchmarks/cluster.py, as benchmarks/rules.py does)")
+    ap.add_argument("--powersgd", type=int, default=0, metavar="RANK",
+                    help="register DDP's PowerSGD communication hook with this "
+                         "matrix_approximation_rank (0: plain DDP)")
+    ap.add_argument("--powersgd-start", type=int, default=10, metavar="STEPS",
+                    help="PowerSGD's start_powerSGD_iter: dense all-reduce steps first")
+    ap.add_argument("--steps-per-epoch", type=int, default=0,
+                    help="train at most this many steps an epoch (0: all; smoke tests)")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -76,6 +85,12 @@ def main() -> None:
         x_tr, y_tr, x_val, y_val = x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:]
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(build())
+    if args.powersgd:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(process_group=None,
+                                       matrix_approximation_rank=args.powersgd,
+                                       start_powerSGD_iter=args.powersgd_start)
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     lossf = nn.CrossEntropyLoss()
     stamps = {"start": T_START, "epochs": [], "val_accuracy": []}
@@ -87,6 +102,8 @@ def main() -> None:
         perm = torch.randperm(len(x_tr), generator=torch.Generator().manual_seed(epoch))
         shard = perm[rank::size]
         for b in range(0, len(shard), batch):
+            if args.steps_per_epoch and b >= args.steps_per_epoch * batch:
+                break
             idx = shard[b:b + batch]
             opt.zero_grad(set_to_none=True)
             lossf(model(x_tr[idx]), y_tr[idx]).backward()

@@ -206,8 +206,9 @@ def test_nnlo_readme_command(tmp_path):
                "--batch", "10", "--target-metric", "val_acc,>,1.1", cwd=tmp_path, ranks=3)
     assert proc.returncode == 0, proc.stderr
     assert "note: --model mnist" in proc.stderr
-    # --trial-name names the history file as NNLO does (model_trial_history.json)
-    h = history(tmp_path / "simplecnn_n3g1epoch3_history.json")
+    # --trial-name names the history file as NNLO does (MODELFILE_TRIAL_history.json; its
+    # --model mnist is the file model_mnist_tf.py)
+    h = history(tmp_path / "model_mnist_tf_n3g1epoch3_history.json")
     assert h["epoch"] == [1, 2] and {"val_loss", "val_accuracy"} <= set(h)
     assert h["loss"][1] < h["loss"][0]
 

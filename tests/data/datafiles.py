@@ -119,3 +119,62 @@ def write_h5_list(folder: Path, name: str, sizes, shape=(1, 8, 8), num_classes: 
     list_file = folder / f"{name}.list"
     list_file.write_text("\n".join(names) + "\n")
     return list_file, np.concatenate(xs), np.concatenate(ys)
+
+
+def _py2_pickle(obj) -> bytes:
+    """``obj`` pickled as Python 2's cPickle (protocol 2) wrote the published CIFAR-10
+    batches: strings as BINSTRING, NumPy arrays as numpy.core.multiarray._reconstruct with
+    the version-1 state tuple. Handles bytes, ints, None, False, lists, dicts, uint8 arrays."""
+    if isinstance(obj, bytes):
+        return (b"U" + bytes([len(obj)]) + obj if len(obj) < 256
+                else b"T" + struct.pack("<i", len(obj)) + obj)
+    if obj is None:
+        return b"N"
+    if obj is False:
+        return b"\x89"
+    if isinstance(obj, int):
+        return b"K" + bytes([obj]) if 0 <= obj < 256 else b"J" + struct.pack("<i", obj)
+    if isinstance(obj, list):
+        return b"](" + b"".join(map(_py2_pickle, obj)) + b"e"
+    if isinstance(obj, dict):
+        return b"}(" + b"".join(_py2_pickle(k) + _py2_pickle(v) for k, v in obj.items()) + b"u"
+    if isinstance(obj, tuple):
+        return b"(" + b"".join(map(_py2_pickle, obj)) + b"t"
+    assert isinstance(obj, np.ndarray) and obj.dtype == np.uint8
+    dtype = (b"cnumpy\ndtype\n" + _py2_pickle((b"u1", 0, 1)) + b"R"
+             + _py2_pickle((3, b"|", None, None, None, -1, -1, 0)) + b"b")
+    state = (b"(" + _py2_pickle(1) + _py2_pickle(tuple(obj.shape)) + dtype + b"\x89"
+             + _py2_pickle(np.ascontiguousarray(obj).tobytes()) + b"t")
+    return (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n"
+            + _py2_pickle((0,)) + _py2_pickle(b"b") + b"\x87R" + state + b"b")
+
+
+def write_cifar_python(folder: Path, per_file: int = 7, seed: int = 0,
+                       py2: bool = True) -> dict[str, np.ndarray]:
+    """CIFAR-10's Python version as the published files are: Python 2 pickles (protocol 2)
+    of dicts with keys 'batch_label', 'labels' (a list of ints), 'data' (uint8 (N, 3072))
+    and 'filenames'; ``py2=False`` writes them with Python 3's pickle, bytes keys."""
+    import pickle
+    dump = (lambda o: b"\x80\x02" + _py2_pickle(o) + b".") if py2 else (
+        lambda o: pickle.dumps(o, protocol=2))
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for k, name in enumerate(names):
+        x = rng.integers(0, 256, (per_file, 3, 32, 32), dtype=np.uint8)
+        y = rng.integers(0, 10, per_file)
+        label = f"training batch {k + 1} of 5" if k < 5 else "testing batch 1 of 1"
+        batch = {b"batch_label": label.encode(), b"labels": [int(v) for v in y],
+                 b"data": x.reshape(per_file, -1),
+                 b"filenames": [f"img_{k}_{i}.png".encode() for i in range(per_file)]}
+        (folder / name).write_bytes(dump(batch))
+        xs.append(x)
+        ys.append(y)
+    meta = {b"num_cases_per_batch": per_file, b"num_vis": 3072,
+            b"label_names": [n.encode() for n in ("airplane", "automobile", "bird", "cat",
+                                                  "deer", "dog", "frog", "horse", "ship",
+                                                  "truck")]}
+    (folder / "batches.meta").write_bytes(dump(meta))
+    return {"x_train": np.concatenate(xs[:5]), "y_train": np.concatenate(ys[:5]),
+            "x_test": xs[5], "y_test": ys[5]}

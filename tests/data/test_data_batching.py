@@ -263,3 +263,34 @@ def test_augment_rejects_non_images():
     for bad in (lambda: RandomFlip(1.5), lambda: RandomCrop(-1), lambda: RandomCrop(2, prob=2)):
         with pytest.raises(ValueError):
             bad()
+
+
+def _singa_augmentation(x, offsets, flips):
+    """SINGA's CNN examples' loop: symmetric padding by 4, a crop per sample, a flip."""
+    xpad = np.pad(x, [[0, 0], [0, 0], [4, 4], [4, 4]], "symmetric")
+    out = x.copy()
+    for i, ((top, left), flip) in enumerate(zip(offsets, flips)):
+        out[i] = xpad[i, :, top:top + x.shape[2], left:left + x.shape[3]]
+        if flip:
+            out[i] = out[i, :, :, ::-1]
+    return out
+
+
+def test_random_crop_symmetric_padding_is_singas_augmentation():
+    x = np.random.default_rng(3).random((64, 1, 28, 28)).astype(np.float32) + 0.5
+    crop, flip = RandomCrop(4, padding_mode="symmetric"), RandomFlip()
+    rng = np.random.default_rng(7)
+    out = flip(crop(x.copy(), rng), rng)
+    # the same draws, replayed: crop offsets (top, left), keep mask, then flips
+    replay = np.random.default_rng(7)
+    top, left = replay.integers(0, 9, 64), replay.integers(0, 9, 64)
+    replay.random(64)
+    flips = replay.random(64) < 0.5
+    np.testing.assert_array_equal(out, _singa_augmentation(x, zip(top, left), flips))
+    # mirrored borders hold image pixels, never the zeros of the default padding
+    assert out.min() >= 0.5 and len(set(zip(top, left))) > 20
+    zero = RandomCrop(4)(x.copy(), np.random.default_rng(7))
+    assert zero.min() == 0.0
+    with pytest.raises(ValueError, match=r"padding_mode must be one of .*'symmetric'"):
+        RandomCrop(4, padding_mode="mirror")
+    assert "symmetric" in repr(crop)

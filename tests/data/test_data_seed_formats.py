@@ -64,6 +64,34 @@ def test_hdf5_each_rank_reads_its_part_and_every_sample_is_used_once(tmp_path, f
     assert len(sizes) == parts[0].num_batches(8) and sum(sizes) == len(y_all)
 
 
+@pytest.mark.parametrize("files,ranks", [(4, 3), (1, 3), (2, 4)])
+def test_hdf5_parts_of_the_workers_serve_training_and_the_whole_job(tmp_path, files, ranks):
+    # Parameter-server rules: rank 0 (the master) trains on nothing, so the training
+    # files are split among ranks 1..N-1 (train_part); evaluation asks every rank.
+    n = [23, 17, 9, 30][:files]
+    list_file, _, y_all = write_h5_list(tmp_path, "train", n)
+    workers = ranks - 1
+    parts = [load_dataset("hdf5", path=list_file, rank=r, size=ranks,
+                          train_part=(None if r == 0 else r - 1, workers)).train
+             for r in range(ranks)]
+    assert parts[0].rank is None and parts[0].local_len() == 0
+    assert parts[0].input_shape == parts[1].input_shape == (1, 8, 8)
+    owners = [p.rank for p in parts]
+    sizes = [p.local_len() for p in parts[1:]]
+    for r, p in enumerate(parts):
+        p.set_parts(sizes, 10, owners=owners, job_rank=r)
+    assert {len(p) for p in parts} == {len(y_all)}
+    for view in ("workers", "job"):
+        runs = [list(p._raw_batches(8, True, 5, *((p.rank, workers) if view == "workers"
+                                                   else (r, ranks)), False))
+                for r, p in enumerate(parts) if view == "job" or p.rank is not None]
+        assert len({len(run) for run in runs}) == 1  # the same number of steps everywhere
+        ids = np.sort(np.concatenate([b[0] for run in runs for b in run]))
+        np.testing.assert_array_equal(ids, np.arange(len(y_all)))  # each sample once
+    with pytest.raises(ValueError, match="cannot give batches for rank 0 of 2"):
+        next(parts[-1]._raw_batches(8, False, 0, 0, 2, False))  # neither of its views
+
+
 def test_part_dataset_refuses_a_batch_smaller_than_the_ranks(tmp_path):
     list_file, _, _ = write_h5_list(tmp_path, "train", [5, 5, 5])
     parts = [load_dataset("hdf5", path=list_file, rank=r, size=3).train for r in range(3)]

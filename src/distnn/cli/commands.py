@@ -109,6 +109,7 @@ def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> i
     splits = load_data(cfg, comm)
     preflight.check_weights_file(cfg, comm)
     run = build_run(cfg, comm, splits=splits)
+    preflight.check_model_outputs(cfg, run.model, run.train)
     trainer, callbacks = run.trainer, run.callbacks
     names = list(trainer.metrics.names)
     preflight.check_monitors(cfg, names + [f"val_{k}" for k in names if splits.val is not None]
@@ -201,7 +202,9 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
     preflight.check_outputs(cfg, comm)
     splits = load_data(cfg, comm)
     preflight.check_weights_file(cfg, comm)
-    trainer = build_run(cfg, comm, splits=splits).trainer
+    run = build_run(cfg, comm, splits=splits)
+    preflight.check_model_outputs(cfg, run.model, run.train)
+    trainer = run.trainer
     console.info(f"Evaluating {cfg.model.model} with weights "
                  f"{cfg.model.weights_and_bias_filename} on {cfg.data.dataset} (test, "
                  f"{comm.size} rank{'s' * (comm.size != 1)})")

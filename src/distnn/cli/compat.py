@@ -141,8 +141,8 @@ FOREIGN_OPTIONS: list[Option] = [
     _O("shared_storage", Bool(), True, "PyDTNN: false = --every_rank_writes (every rank "
        "writes its own copy of the history and weights files); true = rank 0 writes them.",
        "output", FOREIGN, (TRAIN,)),
-    _O("timeline", Bool(), False, "NNLO: the Chrome trace, to MODEL_TRIAL_timeline.json "
-       "unless --trace FILE.", FOREIGN, FOREIGN, (TRAIN,)),
+    _O("timeline", Bool(), False, "NNLO: the Chrome trace of every rank in one file, "
+       "MODEL_TRIAL_timeline.json unless --trace FILE.", FOREIGN, FOREIGN, (TRAIN,)),
     _O("n_processes", Maybe(Int(1)), None, "NNLO: processes per worker; here each rank is "
        "one worker.", FOREIGN, FOREIGN, (TRAIN,)),
     _O("n_masters", Maybe(Int(1)), None, "NNLO: number of masters; here rank 0 is the one "
@@ -337,7 +337,7 @@ LAUNCHER_FLAGS = {"rule": "RULE", "modelfile": "MODELFILE", "modelclass": "MODEL
 # -- options with no counterpart: what distnn does instead ----------------------------------
 NOTES = {
     "timeline": "NNLO's activity timeline is distnn's Chrome trace (layers and "
-                "communication per rank; open it in Perfetto)",
+                "communication of every rank, gathered into one file; open it in Perfetto)",
     "n_processes": "every distnn rank is one worker training on its share of each global "
                    "batch; start more ranks with mpiexec -n instead of processes per worker",
     "n_masters": "distnn's parameter-server rules (--parallel downpour, easgd, gem) have one "
@@ -359,8 +359,11 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
     """Turn, in place, the foreign options and values in ``values`` (every option by name)
     into distnn's, removing the foreign options; return notes for what is done differently
     here. Raises ValueError naming the option."""
-    notes: list[str] = []
+    from . import nnlo
+    notes: list[str] = nnlo.model_file_data(values, explicit)
     model = values.get("model")
+    if values.get("trial_name") or values.get("timeline"):
+        nnlo.trial_files(values, nnlo.model_name(model))
     if isinstance(model, str) and model in PYDTNN_MODELS:
         values["model"] = PYDTNN_MODELS[model]
     if isinstance(model, str) and model in SEED_MODELS:
@@ -377,12 +380,6 @@ def translate(values: dict[str, Any], explicit: set[str]) -> list[str]:
         elif values["dataset"] != "hdf5":
             raise ValueError(f"--train_list/--train_data lists HDF5 files: use it with "
                              f"--dataset hdf5, got --dataset {values['dataset']}")
-    if values.get("trial_name") and not values.get("history_file"):
-        stem = Path(str(values["model"]).split(":")[0]).stem
-        values["history_file"] = f"{stem}_{values['trial_name']}_history.json"
-    if values.get("timeline") and not values.get("trace"):
-        stem = Path(str(values["model"]).split(":")[0]).stem
-        values["trace"] = f"{stem}_{values.get('trial_name') or 'train'}_timeline.json"
     for name, note in NOTES.items():
         value = values.get(name)
         if value not in (None, False) and not (name == "n_processes" and value == 1):

@@ -23,8 +23,11 @@ from ..run import (OPTION_BY_NAME, OPTIONS, ConfigError, Option, RunConfig, RunE
                    build_config, build_run, load_data, load_toml)
 from ..run.kinds import Bool, Int, Maybe, Str
 from ..run.options import TRAIN
+from ..run.preflight import check_model_outputs
+from ..models.files import check_model_args, is_model_spec
 from . import compat
 from .builders import make_comm, threads
+from .nnlo import as_options
 from .options import (_argtype, _default_text, add_options, aliases_of, given_options,
                       resolve_values)
 
@@ -185,21 +188,33 @@ def load_search_toml(path: str) -> tuple[dict, dict, dict | None]:
 
 
 def _check_param(name: str, value: Any) -> Any:
-    return OPTION_BY_NAME[compat.name_of(name)].kind.check(value)
+    option = OPTION_BY_NAME.get(compat.name_of(name))
+    return value if option is None else option.kind.check(value)  # None: a model argument
 
 
-def _space_table(table: Any, where: str) -> dict:
+def _space_table(table: Any, where: str, model: str = "") -> dict:
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table like learning_rate = {{log_uniform = "
                           f"[1e-4, 1e-1]}}, got {table!r}")
     out = {}
+    model_keys = [k for k in table if OPTION_BY_NAME.get(compat.name_of(k)) is None]
+    if model_keys and is_model_spec(model):  # the model file's own hyper-parameters
+        try:
+            check_model_args(model, model_keys)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {model_keys} are not options of distnn train, so "
+                              f"they go to the model file's callable: {exc}") from None
     for key, value in table.items():
         name = compat.name_of(key)
         option = OPTION_BY_NAME.get(name)
+        if key in model_keys and is_model_spec(model):
+            out[key] = value
+            continue
         if option is None or TRAIN not in option.commands:
             raise ConfigError(f"{where}: {key!r} is not an option of distnn train; the keys "
                               "of [space] are option names (e.g. learning_rate, optimizer, "
-                              "batch_size, momentum)")
+                              "batch_size, momentum), or with --model FILE.py parameters of "
+                              "its model callable (NNLO's get_model(**args))")
         if name in EXCLUDED or name == "parallel":
             raise ConfigError(f"{where}: --{name} cannot be searched (it is not a property "
                               "of one candidate)")
@@ -235,7 +250,8 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     else:
         table, space_from, where = DEFAULT_SPACE, "default", "the default space"
     try:
-        space = SearchSpace.from_dict(_space_table(table, where), where, _check_param)
+        space = SearchSpace.from_dict(_space_table(table, where, base.model.model), where,
+                                      _check_param)
         if s["sampler"] == "grid":
             space.grid()
         key, direction = parse_objective(s["objective"])
@@ -283,7 +299,8 @@ class CandidateTrainer:
 
     def config(self, params: dict[str, Any], fold: int | None = None) -> RunConfig:
         # --tensorboard DIR: each trial is its own run under DIR (see _tensorboard).
-        values = {**self.values, **params, "quiet": True, "tensorboard": None}
+        values = {**self.values, **as_options(self.values, params), "quiet": True,
+                  "tensorboard": None}
         if fold is not None:  # the folds replace the validation split
             values.update(validation_split=0.0, test_as_validation=False)
         return build_config(TRAIN, values)
@@ -305,9 +322,11 @@ class CandidateTrainer:
         if fold is not None:
             train, val = agreed(comm, "--n_fold", lambda: kfold_split(
                 splits.train, self.n_fold, fold, cfg.model.random_seed))
-        return build_run(cfg, comm, splits=splits, train=train, val=val,
-                         callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
-                                                                  cfg, comm)]).fit()
+        run = build_run(cfg, comm, splits=splits, train=train, val=val,
+                        callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
+                                                                 cfg, comm)])
+        check_model_outputs(cfg, run.model, train)  # a failed trial, with its reason
+        return run.fit()
 
     def _tensorboard(self, params, fold, callbacks, cfg: RunConfig, comm) -> list:
         """With --tensorboard DIR, a TensorBoard callback writing DIR/trial_NNNN (or
@@ -395,6 +414,7 @@ def _prepare_study(cfg: SearchConfig):
 def _best_values(cfg: SearchConfig, params: dict) -> dict[str, Any]:
     """The options of a candidate that differ from distnn train's defaults (and the main
     ones always), as TOML-able values."""
+    params = as_options(cfg.values, params)
     values = {**cfg.values, **params}
     out = {}
     for o in OPTIONS:

@@ -10,6 +10,7 @@ Example:
 from .augment import RandomCrop, RandomFlip
 from .base import (ArrayDataset, Batch, Dataset, DatasetError, Preprocess, Splits,
                    local_range, prefetched)
+from .cifar_python import read_cifar_pickle
 from .fetch import Remote, download
 from .imagenet import Shard, ShardedDataset
 from .readers import read_cifar_bin, read_idx
@@ -21,5 +22,6 @@ __all__ = [
     "ArrayDataset", "Batch", "DATASETS", "Dataset", "DatasetError", "Preprocess", "RandomCrop",
     "RandomFlip", "Remote", "Shard", "ShardedDataset", "Splits", "convert_imagenet_tfrecords",
     "crc32c", "download", "encode_example", "load_dataset", "local_range", "parse_example",
-    "prefetched", "read_cifar_bin", "read_idx", "read_tfrecord", "write_tfrecord",
+    "prefetched", "read_cifar_bin", "read_cifar_pickle",
+    "read_idx", "read_tfrecord", "write_tfrecord",
 ]

@@ -45,25 +45,38 @@ class RandomFlip:
         return x
 
 
+PADDING_MODES = ("constant", "symmetric", "reflect", "edge")
+
+
 class RandomCrop:
-    """Pad each image with ``padding`` zeros on every side and crop it back at a random offset.
+    """Pad each image with ``padding`` pixels on every side and crop it back at a random offset.
 
     Args:
-        padding: zero pixels added on each side; offsets are drawn in [0, 2 * padding].
+        padding: pixels added on each side; offsets are drawn in [0, 2 * padding].
         prob: probability that a sample is shifted; the others keep their position.
+        padding_mode: what the added pixels hold, as ``np.pad``'s modes: "constant" (zeros,
+            the default), "symmetric" (the border mirrored including its edge pixel:
+            SINGA's CNN examples pad this way), "reflect" (mirrored without it), "edge"
+            (the edge pixel repeated).
 
     Example:
         RandomCrop(4)  # the usual CIFAR-10 shift augmentation
+        RandomCrop(4, padding_mode="symmetric")  # SINGA's
     """
 
-    def __init__(self, padding: int = 4, prob: float = 1.0):
+    def __init__(self, padding: int = 4, prob: float = 1.0, padding_mode: str = "constant"):
         if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
             raise ValueError(f"padding must be an int >= 0, got {padding!r}")
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got "
+                             f"{padding_mode!r}")
         self.padding = int(padding)
         self.prob = _check_prob(prob)
+        self.padding_mode = padding_mode
 
     def __repr__(self) -> str:
-        return f"RandomCrop(padding={self.padding}, prob={self.prob})"
+        mode = "" if self.padding_mode == "constant" else f", padding_mode={self.padding_mode!r}"
+        return f"RandomCrop(padding={self.padding}, prob={self.prob}{mode})"
 
     def __call__(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         _check_batch("RandomCrop", x)
@@ -76,7 +89,7 @@ class RandomCrop:
         keep = rng.random(n) >= self.prob
         top[keep] = p
         left[keep] = p
-        padded = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+        padded = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), mode=self.padding_mode)
         # (N, C, 2p+1, 2p+1, H, W) view of every crop; pick one offset per sample
         windows = sliding_window_view(padded, (h, w), axis=(2, 3))
         return np.ascontiguousarray(windows[np.arange(n), :, top, left])

@@ -5,6 +5,12 @@ A reader builds ``PartDataset`` from this rank's rows before the sizes of the ot
 are known; the caller that has the communicator then all-gathers ``part_info()`` and calls
 ``set_parts`` (``distnn.run.load_data`` does). Nothing here communicates.
 
+The parts may be spread over fewer ranks than the job has: under the parameter-server
+rules rank 0 trains on nothing, so the training files are split among the workers only and
+rank 0 holds no part (``rank=None``). ``set_parts`` then also learns which rank holds which
+part (``owners``), so that the same dataset gives batches both to the workers' shards
+(training) and to every rank of the job (evaluation, the master's share being empty).
+
 Batches: in step k of an epoch rank r contributes the next ``min(s_r, left_r)`` samples of
 its part, ``s_r`` being its ``np.array_split`` share of the global batch, so every sample is
 used once per epoch. Every rank computes the global size of each step from the part sizes,
@@ -27,7 +33,8 @@ class PartDataset(Dataset):
     Args:
         x, y: this rank's samples and integer labels.
         num_classes: the number of classes, or None until ``set_parts`` gives it.
-        rank, size: this rank and the number of ranks the data is spread over.
+        rank, size: the part this rank holds and the number of parts; rank None: this
+            rank holds no part (x, y empty: a master that trains on nothing).
         value_range, preprocess: as for ``ArrayDataset``.
 
     Example:
@@ -36,7 +43,8 @@ class PartDataset(Dataset):
         part.set_parts([n for n, _ in infos], max(top for _, top in infos))
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int | None, *, rank: int,
+    def __init__(self, x: np.ndarray, y: np.ndarray, num_classes: int | None, *,
+                 rank: int | None,
                  size: int, value_range: float | None = None,
                  preprocess: Preprocess | None = None):
         y = np.asarray(y)
@@ -48,10 +56,14 @@ class PartDataset(Dataset):
                                   value_range=value_range, preprocess=preprocess)
         super().__init__(self.local.input_shape, self.local.num_classes,
                          value_range=self.local.value_range, preprocess=preprocess)
-        if not 0 <= rank < size:
-            raise ValueError(f"rank must be in [0, {size}), got {rank}")
-        self.rank, self.size = int(rank), int(size)
+        if rank is None and len(y):
+            raise ValueError(f"a rank holding no part (rank=None) got {len(y)} samples")
+        if rank is not None and not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, {size}) or None, got {rank}")
+        self.rank, self.size = (None if rank is None else int(rank)), int(size)
         self.part_sizes: list[int] | None = None
+        self.owners: list[int | None] | None = None  # the part of every rank of the job
+        self.job_rank: int | None = None
 
     # -- completing the dataset --------------------------------------------------------
     def local_len(self) -> int:
@@ -66,13 +78,29 @@ class PartDataset(Dataset):
         """Complete the dataset from the sizes of all parts (rank order)."""
         self.set_parts(sizes, None)
 
-    def set_parts(self, sizes: Sequence[int], num_classes: int | None) -> None:
+    def set_parts(self, sizes: Sequence[int], num_classes: int | None, *,
+                  owners: Sequence[int | None] | None = None,
+                  job_rank: int | None = None) -> None:
         """Complete the dataset: the sizes of all parts and the number of classes over all
-        parts (ignored when the reader was given it)."""
+        parts (ignored when the reader was given it). ``owners``: the part every rank of
+        the job holds (None: none) and ``job_rank`` this rank in the job, when they differ
+        from the parts' numbering (default: rank r holds part r)."""
         sizes = [int(n) for n in sizes]
-        if len(sizes) != self.size or sizes[self.rank] != len(self.local):
-            raise ValueError(f"part sizes {sizes} do not fit rank {self.rank} of {self.size} "
+        if len(sizes) != self.size or (self.rank is not None
+                                       and sizes[self.rank] != len(self.local)):
+            raise ValueError(f"part sizes {sizes} do not fit part {self.rank} of {self.size} "
                              f"holding {len(self.local)} samples")
+        if owners is None:
+            if self.rank is None:
+                raise ValueError("a rank holding no part needs owners= and job_rank=")
+            owners, job_rank = list(range(self.size)), self.rank
+        owners = [None if p is None else int(p) for p in owners]
+        if (job_rank is None or not 0 <= job_rank < len(owners)
+                or owners[job_rank] != self.rank
+                or sorted(p for p in owners if p is not None) != list(range(self.size))):
+            raise ValueError(f"owners {owners} do not give each of the {self.size} parts to "
+                             f"one rank with part {self.rank} on rank {job_rank}")
+        self.owners, self.job_rank = owners, int(job_rank)
         if num_classes is not None and not self.fixed_classes:
             self.num_classes = self.local.num_classes = int(num_classes)
         self.part_sizes = sizes
@@ -81,35 +109,48 @@ class PartDataset(Dataset):
     def __len__(self) -> int:
         return sum(self.part_sizes) if self.part_sizes is not None else len(self.local)
 
-    def _shares(self, batch_size: int) -> list[int]:
-        return [hi - lo for lo, hi in (local_range(batch_size, r, self.size)
-                                       for r in range(self.size))]
+    @staticmethod
+    def _shares(batch_size: int, size: int) -> list[int]:
+        return [hi - lo for lo, hi in (local_range(batch_size, r, size) for r in range(size))]
+
+    def _view(self, rank: int, size: int) -> list[int]:
+        """The sizes of the data of the ``size`` shards when asked for shard ``rank``: the
+        parts themselves, or the parts of the job's ranks (0 for a rank holding none)."""
+        if self.rank is not None and (rank, size) == (self.rank, self.size):
+            return self.part_sizes
+        if (rank, size) == (self.job_rank, len(self.owners)):
+            return [0 if p is None else self.part_sizes[p] for p in self.owners]
+        raise ValueError(f"this dataset holds part {self.rank} of {self.size} (on rank "
+                         f"{self.job_rank} of {len(self.owners)}); it cannot give batches "
+                         f"for rank {rank} of {size}")
+
+    @staticmethod
+    def _steps(sizes: list[int], shares: list[int], drop_last: bool) -> int:
+        if any(n and not s for n, s in zip(sizes, shares)):
+            raise ValueError(f"global batch size {sum(shares)} is smaller than the "
+                             f"{sum(1 for n in sizes if n)} ranks holding parts of the data; "
+                             "use a larger batch")
+        steps = [(n // s if drop_last else math.ceil(n / s))
+                 for n, s in zip(sizes, shares) if s]
+        return (min(steps) if drop_last else max(steps)) if steps else 0
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         if self.part_sizes is None:
             return self.local.num_batches(batch_size, drop_last)
-        shares = self._shares(batch_size)
-        if any(n and not s for n, s in zip(self.part_sizes, shares)):
-            raise ValueError(f"global batch size {batch_size} is smaller than the {self.size} "
-                             f"ranks holding parts of the data; use a larger batch")
-        steps = [(n // s if drop_last else math.ceil(n / s))
-                 for n, s in zip(self.part_sizes, shares) if s]
-        return (min(steps) if drop_last else max(steps)) if steps else 0
+        return self._steps(self.part_sizes, self._shares(batch_size, self.size), drop_last)
 
     def _raw_batches(self, batch_size, shuffle, seed, rank, size, drop_last):
         if self.part_sizes is None:
             yield from self.local._raw_batches(batch_size, shuffle, seed, rank, size, drop_last)
             return
-        if (rank, size) != (self.rank, self.size):
-            raise ValueError(f"this dataset holds the part of rank {self.rank} of {self.size}; "
-                             f"it cannot give batches for rank {rank} of {size}")
+        sizes = self._view(rank, size)
         n = len(self.local)
         order = (np.random.default_rng([seed, rank]).permutation(n) if shuffle
                  else np.arange(n))
-        offset = sum(self.part_sizes[:rank])
-        shares = self._shares(batch_size)
-        for k in range(self.num_batches(batch_size, drop_last)):
-            takes = [max(0, min(s, p - k * s)) for s, p in zip(shares, self.part_sizes)]
+        offset = sum(self.part_sizes[:self.rank or 0])
+        shares = self._shares(batch_size, size)
+        for k in range(self._steps(sizes, shares, drop_last)):
+            takes = [max(0, min(s, p - k * s)) for s, p in zip(shares, sizes)]
             start = k * shares[rank]
             ids = order[start:start + takes[rank]]
             yield ids + offset, self.local.x[ids], self.local.y[ids], sum(takes)

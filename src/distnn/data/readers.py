@@ -213,7 +213,11 @@ def _cifar_archive(archive: Path) -> dict[str, bytes]:
 def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
                  download: bool = True) -> Splits:
     """CIFAR-10 binary version: 50000 train / 10000 test, (3, 32, 32). ``path`` may also be
-    the ``cifar-10-binary.tar.gz`` archive itself."""
+    the ``cifar-10-binary.tar.gz`` archive itself; a ``path`` holding the Python version
+    (``cifar-10-batches-py``, ``cifar-10-python.tar.gz``) is read as that (cifar_python.py)."""
+    from .cifar_python import is_python_version, read_cifar10_python
+    if path is not None and is_python_version(path):
+        return read_cifar10_python(path=path, preprocess=preprocess, download=False)
     if path is not None and Path(path).expanduser().is_file():
         archive = Path(path).expanduser()
         files = _cifar_archive(archive)
@@ -229,7 +233,11 @@ def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
     return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
 
 
-def _h5_files(list_file: Path) -> list[Path]:
+def _h5_files(list_file: Path | tuple[Path, ...]) -> list[Path]:
+    if isinstance(list_file, tuple):  # the files themselves (a model file's get_train())
+        if not list_file:
+            raise DatasetError("the list of HDF5 files is empty; give at least one file")
+        return list(list_file)
     if not list_file.is_file():
         raise DatasetError(f"file list {list_file} does not exist; give train_list/val_list/"
                            f"test_list as a text file of HDF5 paths, one per line")
@@ -263,17 +271,21 @@ def _h5_open(file: Path, list_file: Path, features_name: str, labels_name: str):
 
 
 def _h5_rows(file: Path, list_file: Path, features_name: str, labels_name: str,
-             part: tuple[int, int] | None):
+             part: tuple[int | None, int] | None, layout: str = "nchw"):
     """(x, integer labels, one-hot width or None) of one file: all rows, or only rows
-    ``np.array_split``-share ``part = (rank, size)`` of them (only those rows are read)."""
+    ``np.array_split``-share ``part = (rank, size)`` of them (only those rows are read;
+    none for rank None: the shapes only)."""
     with _h5_open(file, list_file, features_name, labels_name) as h5:
         lo, hi = 0, len(h5[labels_name])
         if part is not None:
-            lo, hi = local_range(hi, *part)
+            lo, hi = (0, 0) if part[0] is None else local_range(hi, *part)
         x, y = h5[features_name][lo:hi], h5[labels_name][lo:hi]
-    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+    if layout != "nhwc" and x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
         # channels-last images (Keras' default, as NNLO's GetData writes them) -> NCHW
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    elif layout == "nhwc" and x.ndim == 4 and x.shape[1] in (1, 3) \
+            and x.shape[-1] not in (1, 3):  # channels-first images for an NHWC model
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     width = None
     if y.ndim == 2:
         if not (np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1)):
@@ -289,32 +301,43 @@ def _h5_rows(file: Path, list_file: Path, features_name: str, labels_name: str,
     return x, y, width
 
 
-def _read_h5_list(list_file: Path, features_name: str, labels_name: str, rank: int = 0,
-                  size: int = 1):
-    """[(file, x, labels, one-hot width)] of this rank's part of the listed files: every
-    file with one rank; with several, whole files round-robin when there are at least as
-    many files as ranks, else this rank's rows of every file."""
+def _read_h5_list(list_file: Path, features_name: str, labels_name: str,
+                  rank: int | None = 0, size: int = 1, layout: str = "nchw"):
+    """[(file, x, labels, one-hot width)] of part ``rank`` of ``size`` of the listed files:
+    every file for one part; with several, whole files round-robin when there are at least
+    as many files as parts, else this part's rows of every file; rank None: no rows (of
+    the first file, for the shapes)."""
     files = _h5_files(list_file)
-    if size == 1:
+    if rank is None:
+        chosen, part = files[:1], (None, size)
+    elif size == 1:
         chosen, part = files, None
     elif len(files) >= size:
         chosen, part = files[rank::size], None
     else:
         chosen, part = files, (rank, size)
-    return [(f, *_h5_rows(f, list_file, features_name, labels_name, part)) for f in chosen]
+    where = "the list of files given" if isinstance(list_file, tuple) else list_file
+    return [(f, *_h5_rows(f, where, features_name, labels_name, part, layout))
+            for f in chosen]
 
 
 def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=None,
               val_list=None, test_list=None, features_name: str = "features",
               labels_name: str = "labels", num_classes: int | None = None, rank: int = 0,
-              size: int = 1) -> Splits:
+              size: int = 1, train_part: tuple[int | None, int] | None = None,
+              data_layout: str = "auto") -> Splits:
     """NNLO-style HDF5: text files listing HDF5 paths (relative to the list or absolute).
 
     ``path`` is the train list file, or a folder that relative list names are resolved in.
-    Images stored channels-last (N, H, W, 1|3), as Keras writes them, are read as NCHW.
+    Images stored channels-last (N, H, W, 1|3), as Keras writes them, are read as NCHW
+    (``data_layout`` "auto" or "nchw"); with "nhwc" they are kept so (and channels-first
+    ones transposed to NHWC), for a model written for NHWC input.
     With ``size`` > 1 only the part of rank ``rank`` is read (whole files when the list has
     at least ``size`` of them, else its rows of each) into ``PartDataset``s, which the
     caller completes with the other parts' sizes (``PartDataset.set_parts``).
+    ``train_part``: (part, parts) of the training files this rank reads when they are
+    split otherwise than over the ``size`` ranks (the workers of a parameter-server rule
+    share them; the master, part None, reads none).
     """
     base = Path(path).expanduser() if path is not None else Path.cwd()
     if base.is_file():
@@ -327,7 +350,13 @@ def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=No
     if not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, size={size}), got {rank}")
     lists = {"train": train_list, "val": val_list, "test": test_list}
-    loaded = {k: _read_h5_list(base / v, features_name, labels_name, rank, size)
+    lists = {k: (tuple(base / Path(f).expanduser() for f in v)
+                 if isinstance(v, (list, tuple)) else v) for k, v in lists.items()}
+    parts_of = {"train": train_part or (rank, size)}
+    if data_layout not in ("auto", "nchw", "nhwc"):
+        raise ValueError(f"data_layout must be auto, nchw or nhwc, got {data_layout!r}")
+    loaded = {k: _read_h5_list(v if isinstance(v, tuple) else base / v, features_name,
+                               labels_name, *parts_of.get(k, (rank, size)), data_layout)
               for k, v in lists.items() if v is not None}
     widths = {w for parts in loaded.values() for *_, w in parts if w is not None}
     if num_classes is None and widths:
@@ -337,7 +366,8 @@ def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=No
         x = np.concatenate([x for _, x, _, _ in parts])
         y = np.concatenate([y for _, _, y, _ in parts])
         if size > 1:
-            out[split] = PartDataset(x, y, num_classes, rank=rank, size=size,
+            part, n_parts = parts_of.get(split, (rank, size))
+            out[split] = PartDataset(x, y, num_classes, rank=part, size=n_parts,
                                      preprocess=preprocess)
             continue
         top = num_classes

@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from .base import Preprocess, Splits
+from .cifar_python import read_cifar10_python
 from .imagenet import read_imagenet
 from .readers import (read_cifar10, read_digits, read_fashion_mnist, read_hdf5, read_mnist,
                       read_synthetic)
@@ -17,6 +18,7 @@ DATASETS: dict[str, Reader] = {
     "mnist": read_mnist,
     "fashion_mnist": read_fashion_mnist,
     "cifar10": read_cifar10,
+    "cifar10_python": read_cifar10_python,
     "imagenet": read_imagenet,
     "hdf5": read_hdf5,
     "digits": read_digits,
@@ -71,7 +73,9 @@ def load_dataset(name: str, *, path=None, dtype=np.float32, validation_split: fl
             raise ValueError(f"dataset {key!r} already has a validation split; drop "
                              f"validation_split={validation_split}")
         count = len(train) - int(len(train) * (1.0 - validation_split))
-        if count == 0 or count == len(train):
+        # A rank that holds no part of the data (a parameter-server master) splits nothing.
+        holds_none = getattr(train, "rank", 0) is None
+        if (count == 0 or count == len(train)) and not holds_none:
             raise ValueError(f"validation_split={validation_split} of {len(train)} training "
                              f"samples leaves {count} for validation; choose another fraction")
         train, val = train.split_tail(count)

@@ -139,6 +139,21 @@ def resnet(depth=20, num_classes=10, imagenet=None):
     return layers + [GlobalAvgPool2D(), Dense(num_classes)]
 
 
+def _needle_conv_bn(filters, k, stride):
+    return [Conv2D(filters, k, strides=stride, padding=k // 2), BatchNormalization(), ReLU()]
+
+
+def resnet9(num_classes=10):
+    """Needle's ResNet9 (the model of Needle's apps/ddp): ConvBN blocks (k x k convolution
+    with bias and padding k // 2, BatchNorm, ReLU) of 16 (7x7, stride 4) and 32 (stride 2)
+    channels, a residual pair of 32, then 64 and 128 (stride 2), a residual pair of 128,
+    Flatten, Dense(128), ReLU, Dense(classes). For 3x32x32 input (Flatten sees 128x1x1)."""
+    cb = _needle_conv_bn
+    return (cb(16, 7, 4) + cb(32, 3, 2) + [Add(cb(32, 3, 1) + cb(32, 3, 1), [])]
+            + cb(64, 3, 2) + cb(128, 3, 2) + [Add(cb(128, 3, 1) + cb(128, 3, 1), [])]
+            + [Flatten(), Dense(128), ReLU(), Dense(num_classes)])
+
+
 def densenet(blocks=(6, 12, 24, 16), growth=32, num_classes=1000, imagenet=True):
     """DenseNet-BC with concatenation blocks; densenet121 is blocks (6, 12, 24, 16)."""
     ch = 2 * growth
@@ -174,6 +189,7 @@ MODELS: dict[str, tuple] = {
     "alexnet_cifar": _spec(alexnet_cifar, "cifar"),
     "alexnet": _spec(alexnet_cifar, "cifar"),
     "alexnet_imagenet": _spec(alexnet_imagenet, "imagenet", 1000),
+    "resnet9": _spec(resnet9, "cifar"),
     "densenet121": _spec(densenet, "imagenet", 1000, blocks=(6, 12, 24, 16)),
 }
 for _d in (11, 13, 16, 19):

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 DEFAULT_NAMES = ("build_model", "get_model")
+OFFERED = ("input_shape", "num_classes", "dtype", "seed")  # what distnn gives by name
 
 
 class ModelFileError(ValueError):
@@ -89,6 +90,13 @@ def _import(spec: str, target: str):
             sys.path.remove(os.getcwd())
 
 
+def load_module(spec: str):
+    """The module a ``--model`` file or module spec names, imported (``ModelFileError`` when
+    it cannot be): for what a file defines besides its model (NNLO's ``get_train()``)."""
+    target, _ = split_spec(spec)
+    return _import(spec, target)
+
+
 def _find(spec: str, target: str, module, name: str | None) -> tuple[str, Callable]:
     if name is not None:
         if not hasattr(module, name):
@@ -111,14 +119,51 @@ def _find(spec: str, target: str, module, name: str | None) -> tuple[str, Callab
                          "a torch.nn.Module, or name the callable: --model FILE.py:NAME")
 
 
-def _call(spec: str, name: str, fn: Callable, offered: dict[str, Any]):
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter]:
     try:
-        params = inspect.signature(fn).parameters
+        return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        params = {}
+        return {}
+
+
+def _takes(params: dict[str, inspect.Parameter], name: str) -> bool:
+    """Whether a callable with ``params`` takes the keyword ``name`` (by name or **kw)."""
+    named = name in params and params[name].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)
+    return named or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def model_callable(spec: str) -> tuple[str, Callable]:
+    """(name, callable) that builds the model of a file or module spec (imported)."""
+    target, name = split_spec(spec)
+    return _find(spec, target, _import(spec, target), name)
+
+
+def check_model_args(spec: str, names) -> None:
+    """``ModelFileError`` unless the callable of ``spec`` takes every keyword in ``names``
+    (by name, or through ``**kwargs`` as NNLO's ``get_model(**args)``)."""
+    name, fn = model_callable(spec)
+    params = _parameters(fn)
+    reserved = sorted(set(names) & set(OFFERED))
+    if reserved:
+        raise ModelFileError(f"--model {spec!r}: {reserved} are given by distnn (from the "
+                             "dataset and options); they cannot be model arguments")
+    refused = [n for n in names if not _takes(params, n)]
+    if refused:
+        taken = [k for k, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        raise ModelFileError(f"--model {spec!r}: {name}() takes no argument {refused} (its "
+                             f"parameters: {taken}); name one of them, or give it **kwargs")
+
+
+def _call(spec: str, name: str, fn: Callable, offered: dict[str, Any],
+          extra: dict[str, Any] | None = None):
+    params = _parameters(fn)
     kwargs = {k: v for k, v in offered.items()
               if k in params and params[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                     inspect.Parameter.KEYWORD_ONLY)}
+    if extra:
+        check_model_args(spec, list(extra))
+        kwargs.update(extra)
     missing = [k for k, p in params.items()
                if k not in kwargs and p.default is inspect.Parameter.empty
                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -139,7 +184,7 @@ def _is_torch_module(obj) -> bool:
 
 
 def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
-                    seed: int = 0):
+                    seed: int = 0, model_args: dict[str, Any] | None = None):
     """Build the model ``spec`` names (see the module doc) for a dataset.
 
     Args:
@@ -149,6 +194,8 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         dtype: float32 or float64.
         seed: offered to the callable; also seeds torch's generator before the call
             when the file imports torch, and a Sequential's initial weights.
+        model_args: more keyword arguments for the callable (``--model_args``; the
+            callable must take each, by name or through ``**kwargs``).
 
     Returns:
         a built distnn ``Sequential``, or the ``torch.nn.Module`` the file made (the run
@@ -163,7 +210,7 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         torch.manual_seed(seed)
     offered = {"input_shape": tuple(input_shape), "num_classes": int(num_classes),
                "dtype": np.dtype(dtype), "seed": int(seed)}
-    model = _call(spec, name, fn, offered)
+    model = _call(spec, name, fn, offered, model_args)
     label = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target
     if isinstance(model, Sequential):
         if not model.built:

@@ -17,14 +17,17 @@ from .easgd import EASGD
 from .gem import GEM
 from .gossip import Gossip
 from .localsgd import LocalSGD
+from .partial import PartialUpdate
 
 RULES: dict[str, type[Rule]] = {
-    cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM)
+    cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM,
+                              PartialUpdate)
 }
-ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd"}
+ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
+           "partial_update": "partial"}
 
 __all__ = ["Rule", "DataParallel", "LocalSGD", "Downpour", "EASGD", "Gossip", "GEM", "RULES",
-           "ALIASES", "rule_name", "get_rule", "build_rule"]
+           "ALIASES", "rule_name", "get_rule", "build_rule", "PartialUpdate"]
 
 
 def rule_name(name: str) -> str:

@@ -90,8 +90,7 @@ class MasterWorker(Rule):
     def is_master(self, trainer) -> bool:
         return trainer.comm.rank == 0
 
-    def data_shard(self, trainer):
-        comm = trainer.comm
+    def shard_of(self, comm):
         need_ranks(self.name, comm, self.min_ranks)
         return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
 

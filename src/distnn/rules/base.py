@@ -55,7 +55,12 @@ class Rule:
     def data_shard(self, trainer) -> tuple[int | None, int]:
         """(share, shares): this rank trains on share ``share`` of ``np.array_split(batch,
         shares)`` of every global batch; ``share`` None means no data (it ``serve``s)."""
-        return trainer.comm.rank, trainer.comm.size
+        return self.shard_of(trainer.comm)
+
+    def shard_of(self, comm) -> tuple[int | None, int]:
+        """``data_shard`` of the rank of ``comm``, known before any trainer exists (the
+        readers that read only this rank's part of the files ask it)."""
+        return comm.rank, comm.size
 
     def loss_denominator(self, batch) -> int:
         """What the loss of a batch is divided by: the global batch size (gradients are

@@ -73,10 +73,10 @@ class EASGD(MasterWorker):
     def min_ranks(self) -> int:
         return 1 if self.synchronous else 2
 
-    def data_shard(self, trainer):
+    def shard_of(self, comm):
         if self.synchronous:
-            return trainer.comm.rank, trainer.comm.size
-        return super().data_shard(trainer)
+            return comm.rank, comm.size
+        return super().shard_of(comm)
 
     def is_master(self, trainer) -> bool:
         return not self.synchronous and trainer.comm.rank == 0

@@ -65,7 +65,7 @@ def rank_path(path: str, rank: int) -> str:
 
 # -- data ----------------------------------------------------------------------------------
 READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name",
-                  "labels_name", "input_shape", "num_classes", "num_samples")
+                  "labels_name", "input_shape", "num_classes", "num_samples", "data_layout")
 
 
 def load_splits(cfg: RunConfig, comm):
@@ -78,6 +78,9 @@ def load_splits(cfg: RunConfig, comm):
                       if name in accepted and getattr(d, name) is not None}
     if "rank" in accepted:  # readers that read only this rank's part (hdf5)
         reader_options.update(rank=comm.rank, size=comm.size)
+        if "train_part" in accepted and cfg.command == TRAIN and comm.size > 1:
+            # the training files are split among the ranks that train (the workers)
+            reader_options.update(train_part=build_rule(cfg, comm).shard_of(comm))
     from ..nn.losses import CategoricalCrossEntropy, get_loss
     from ..nn.metrics import get_metric, mean_absolute_error, mean_squared_error
     # mse, mae and bce (losses or metrics) compare the outputs with targets of their
@@ -111,11 +114,16 @@ def load_data(cfg: RunConfig, comm):
     parts = {id(ds): ds for ds in (splits.train, splits.val, splits.test)
              if getattr(ds, "part_sizes", ()) is None}
     if parts:
-        infos = {key: comm.allgather_obj(ds.part_info()) if comm.size > 1
-                 else [ds.part_info()] for key, ds in parts.items()}
-        num_classes = max(top for info in infos.values() for _, top in info)
+        infos = {key: comm.allgather_obj((ds.rank, *ds.part_info())) if comm.size > 1
+                 else [(ds.rank, *ds.part_info())] for key, ds in parts.items()}
+        num_classes = max(top for info in infos.values() for _, _, top in info)
         for key, ds in parts.items():
-            ds.set_parts([n for n, _ in infos[key]], num_classes)
+            sizes = [0] * ds.size
+            for part, n, _ in infos[key]:
+                if part is not None:
+                    sizes[part] = n
+            ds.set_parts(sizes, num_classes, owners=[p for p, _, _ in infos[key]],
+                         job_rank=comm.rank)
     return splits
 
 
@@ -127,19 +135,20 @@ def build_augment(cfg: RunConfig) -> list:
     if d.flip_images:
         out.append(RandomFlip(d.flip_images_prob))
     if d.crop_images:
-        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob))
+        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob,
+                              d.crop_images_padding_mode))
     return out
 
 
 # -- model and rule ------------------------------------------------------------------------
 def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
-                    seed: int = 0, num_threads: int = 0):
+                    seed: int = 0, num_threads: int = 0, model_args=()):
     """The model a model file makes (``models.files.load_model_spec``), a torch module
     wrapped in ``distnn.torch.TorchModel`` with ``num_threads`` intra-op threads (0: torch's
     default), so the Trainer gets a ``distnn.nn.Model`` either way."""
     from ..models.files import ModelFileError, load_model_spec
     model = load_model_spec(spec, input_shape=input_shape, num_classes=num_classes,
-                            dtype=dtype, seed=seed)
+                            dtype=dtype, seed=seed, model_args=dict(model_args))
     if hasattr(model, "named_arrays"):
         return model
     import torch
@@ -164,9 +173,14 @@ def build_model(cfg: RunConfig, dataset, comm):
     if is_model_spec(m.model):
         model = model_from_spec(m.model, input_shape=dataset.input_shape,
                                 num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
-                                seed=m.random_seed,
+                                seed=m.random_seed, model_args=m.model_args,
                                 num_threads=cfg.parallel.threads or default_threads(comm))
     else:
+        if m.model_args:
+            given = ",".join(f"{k}={v}" for k, v in m.model_args)
+            raise ConfigError(f"--model_args {given}: arguments for a model file's "
+                              f"callable; --model {m.model} is a zoo model (give --model "
+                              "FILE.py)")
         model = get_model(m.model, input_shape=dataset.input_shape,
                           num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
                           rng=m.random_seed)
@@ -303,11 +317,15 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     from ..training import Trainer
-    trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func, metrics=cfg.optim.metrics,
-                      comm=comm, callbacks=[*validate, *configured, *callbacks],
-                      progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
-                      seed=cfg.model.random_seed, profiler=profiler,
-                      rule=build_rule(cfg, comm) if cfg.command == TRAIN else None,
-                      ignore_nan=cfg.train.ignore_nan)
+    rule = build_rule(cfg, comm) if cfg.command == TRAIN else None
+    try:
+        trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func,
+                          metrics=cfg.optim.metrics, comm=comm,
+                          callbacks=[*validate, *configured, *callbacks],
+                          progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
+                          seed=cfg.model.random_seed, profiler=profiler, rule=rule,
+                          ignore_nan=cfg.train.ignore_nan)
+    except ValueError as exc:  # the rule does not fit the model (same on every rank)
+        raise ConfigError(f"--parallel {cfg.parallel.parallel}: {exc}") from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
     return Run(cfg, comm, splits, model, trainer, train, val, profiler, configured)

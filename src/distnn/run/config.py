@@ -72,6 +72,9 @@ class DataConfig:
     def _check(self):
         if self.validation_split is None:  # hdf5 --val_list has its own validation files
             object.__setattr__(self, "validation_split", 0.0 if self.val_list else 0.2)
+        if self.data_layout == "nhwc" and (self.flip_images or self.crop_images):
+            raise ConfigError("--flip_images and --crop_images work on NCHW images; drop them "
+                              "or use --data_layout nchw (got --data_layout nhwc)")
 
 
 

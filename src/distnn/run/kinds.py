@@ -138,6 +138,68 @@ class List(Kind):
         return tuple(items)
 
 
+class FileList(Kind):
+    """A text file listing files (its path), or the files themselves as a list (TOML, a
+    model file's NNLO ``get_train()``); a list comes back as a tuple."""
+
+    metavar = "FILE"
+
+    def check(self, value):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+            if not value:
+                raise ValueError("must list at least one file, got []")
+            return tuple(value)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"must be a file listing files, or a list of files; got "
+                             f"{value!r}")
+        return value
+
+
+class KeyValues(Kind):
+    """``NAME=VALUE,...`` (values read as int, float, true/false or text), or a table in
+    TOML; comes back as a tuple of (name, value) pairs in the order given."""
+
+    metavar = "K=V,..."
+
+    @staticmethod
+    def _value(text: str):
+        text = text.strip()
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    def check(self, value):
+        if isinstance(value, str):
+            pairs = []
+            for item in (v for v in value.split(",") if v.strip()):
+                name, sep, text = item.partition("=")
+                if not sep or not name.strip():
+                    raise ValueError(f"must be NAME=VALUE pairs separated by commas, got "
+                                     f"{item.strip()!r} in {value!r}")
+                pairs.append((name.strip(), self._value(text)))
+        elif isinstance(value, dict):
+            pairs = list(value.items())
+        elif isinstance(value, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+            pairs = [tuple(p) for p in value]
+        else:
+            raise ValueError(f"must be NAME=VALUE pairs, got {value!r}")
+        names = [n for n, _ in pairs]
+        if not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(f"names must be Python identifiers, got {names}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a name is given twice in {value!r}")
+        for n, v in pairs:
+            if not isinstance(v, (bool, int, float, str)):
+                raise ValueError(f"{n}: values must be numbers, true/false or text, got {v!r}")
+        return tuple(pairs)
+
+
 class Shape(Kind):
     metavar = "C,H,W"
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import Bool, Float, Int, Kind, List, Maybe, Shape, Str
+from .kinds import Bool, FileList, Float, Int, KeyValues, Kind, List, Maybe, Shape, Str
 
 
 # -- registries the choices come from (imported lazily: --help stays fast) ---------------
@@ -123,6 +123,9 @@ OPTIONS: list[Option] = [
        "model", "model", aliases=("weights",)),
     _O("random_seed", Int(0), 0, "Seed of the initial weights, shuffles and augmentation.",
        "model", "model", aliases=("seed",)),
+    _O("model_args", KeyValues(), (), "Keyword arguments for the --model file's callable: "
+       "NAME=VALUE,... (e.g. dense=100,dropout=0.25); distnn search sets the keys of its "
+       "space that are the callable's parameters, not options.", "model", "model"),
     # Dataset
     _O("dataset", Str(_datasets), "fashion_mnist", "Dataset: fashion_mnist, mnist, cifar10, "
        "imagenet, hdf5, digits, synthetic.", "data", "data"),
@@ -147,23 +150,30 @@ OPTIONS: list[Option] = [
        "random crop.", "data", "data", (TRAIN,)),
     _O("crop_images_prob", Float(0.0, 1.0), 0.5, "Probability of a crop.", "data", "data",
        (TRAIN,)),
+    _O("crop_images_padding_mode", Str(("constant", "symmetric", "reflect", "edge")),
+       "constant", "What the crop's padding holds: constant (zeros), symmetric (the border "
+       "mirrored, SINGA's augmentation), reflect or edge.", "data", "data", (TRAIN,)),
     _O("download", Bool(), True, "Download the dataset when it is not found (mnist, "
        "fashion_mnist, cifar10).", "data", "data"),
     _O("normalize", Bool(), True, "Scale stored pixel values to [0, 1].", "data", "data"),
     _O("prefetch", Bool(), True, "Prepare the next batch in a background thread.", "data",
        "data"),
-    _O("train_list", Maybe(Str(metavar="FILE")), None, "hdf5: text file listing the "
+    _O("train_list", Maybe(FileList()), None, "hdf5: text file listing the "
        "training HDF5 files (implies --dataset hdf5). With several ranks each rank reads "
        "only its part: whole files when there are at least as many files as ranks, else "
        "its rows of each file.", "data", "data"),
-    _O("val_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of validation files.",
+    _O("val_list", Maybe(FileList()), None, "hdf5: list of validation files.",
        "data", "data"),
-    _O("test_list", Maybe(Str(metavar="FILE")), None, "hdf5: list of test files.",
+    _O("test_list", Maybe(FileList()), None, "hdf5: list of test files.",
        "data", "data"),
     _O("features_name", Str(lower=False), "features", "hdf5: dataset name of the features.",
        "data", "data"),
     _O("labels_name", Str(lower=False), "labels", "hdf5: dataset name of the labels.",
        "data", "data"),
+    _O("data_layout", Str(("auto", "nchw", "nhwc")), "auto", "hdf5: the layout images are "
+       "given to the model in: nchw (channels-last files are transposed), nhwc (as "
+       "channels-last files store them, for models written for NHWC input); auto: nhwc when "
+       "the --model file sets data_layout = 'nhwc', else nchw.", "data", "data"),
     _O("input_shape", Maybe(Shape()), None, "synthetic: per-sample shape C,H,W (default "
        "1,28,28).", "data", "data"),
     _O("num_classes", Maybe(Int(1)), None, "synthetic/hdf5: number of classes.", "data",
@@ -297,7 +307,8 @@ OPTIONS: list[Option] = [
     _O("parallel", Str(_parallel_modes), "auto", "Training rule: data (synchronous "
        "all-reduce, alias bsp), localsgd (periodic averaging), downpour (asynchronous "
        "parameter server on rank 0), easgd (elastic averaging), gossip (GoSGD, alias gosgd), "
-       "gem (gradient energy matching); sequential (one process) or auto (data).",
+       "gem (gradient energy matching), partial (local steps, one chunk of the weights "
+       "averaged per step); sequential (one process) or auto (data).",
        "parallel", "parallel"),
     _O("stall_warning", Float(0.0, low_open=True), 60.0, "Seconds a rank waits in a "
        "collective (or for a master/peer) before it names the ranks that have not arrived "
@@ -331,6 +342,10 @@ OPTIONS: list[Option] = [
        "parallel", (TRAIN,), aliases=("gossip_p",)),
     _O("gossip_alpha", Maybe(Float(0.0, 1.0, low_open=True)), None, "gossip: initial mixing "
        "weight of each rank (default 1 / ranks).", "parallel", "parallel", (TRAIN,)),
+    _O("partial_chunks", Int(1), 4, "partial: cut the flat weights into this many "
+       "contiguous chunks; after each local step one chunk is averaged over the ranks, in "
+       "turn (each once every N steps; 1: all, every step).", "parallel", "parallel",
+       (TRAIN,)),
     _O("non_blocking_mpi", Bool(), True, "Overlap the gradient all-reduce with backward.",
        "parallel", "parallel", (TRAIN,)),
     _O("bucket_size_mb", Float(0.0), 4.0, "Gradient all-reduce bucket size in MiB.",

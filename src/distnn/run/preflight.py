@@ -5,6 +5,7 @@ every rank, not a traceback after hours of training:
 * ``check_outputs``: every file the run will write can be written (rank 0 looks, the
   verdict is broadcast), and an existing checkpoint is not replaced by accident;
 * ``check_weights_file``: ``--weights_and_bias_filename`` is a readable weights file;
+* ``check_model_outputs``: the model outputs one value per class of the dataset;
 * ``check_monitors``: metric names in callbacks exist in this run's logs;
 * ``plan_resume``: what a resumed run keeps from its checkpoint (the global batch, the
   optimizer, the seed), what it applies (a new ``--learning_rate``) and what it refuses.
@@ -20,7 +21,8 @@ from ..fileio import check_writable, npz_kind
 from .build import RunError, agreed
 from .config import PRED, TRAIN, RunConfig
 
-__all__ = ["check_outputs", "missing_packages", "check_weights_file", "check_monitors",
+__all__ = ["check_outputs", "missing_packages", "check_weights_file", "check_model_outputs",
+           "check_monitors",
            "plan_resume", "ResumePlan"]
 
 
@@ -147,6 +149,20 @@ def check_weights_file(cfg: RunConfig, comm) -> None:
             raise ValueError(f"{path!r} is a training checkpoint, not a weights file; {hint}")
 
     agreed(comm, option, check)
+
+
+def check_model_outputs(cfg: RunConfig, model, dataset) -> None:
+    """A model that outputs a vector per sample outputs one value per class of
+    ``dataset`` (else the loss fails mid-epoch on the first label it cannot hold). Every
+    rank has the same model and dataset sizes, so every rank raises the same RunError."""
+    shape = tuple(getattr(model, "output_shape", None) or ())
+    classes = int(getattr(dataset, "num_classes", 0) or 0)
+    if len(shape) != 1 or not classes or shape[0] == classes:
+        return
+    raise RunError(f"--model {cfg.model.model}: the model outputs {shape[0]} values per "
+                   f"sample but the dataset ({cfg.data.dataset}) has {classes} classes; make "
+                   f"its last layer output {classes} (a model file's build_model() or "
+                   "get_model() may take num_classes=)")
 
 
 _MONITORED = (  # (scheduler that uses it, option naming the metric)

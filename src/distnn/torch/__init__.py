@@ -54,6 +54,8 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters, metric_average)
 from .model import TorchModel, TorchUnit
 from .optimizer import DistributedOptimizer
+from . import ddp, opt
+from .opt import DistOpt
 
 
 class HorovodInternalError(RuntimeError):
@@ -78,4 +80,5 @@ __all__ = [
     "broadcast_optimizer_state", "metric_average", "Compression", "DistributedOptimizer",
     "HorovodInternalError", "SyncBatchNorm", "convert_sync_batchnorm", "partition_dataset",
     "shard_indices", "DistributedSampler", "Shard", "TorchModel", "TorchUnit",
+    "DistOpt", "ddp", "opt",
 ]

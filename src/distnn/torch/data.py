@@ -5,6 +5,9 @@ global batches, and rank r keeps ``np.array_split(global_batch, size)[r]``; ever
 the same number of batches, the last rank(s) possibly an empty share of the last one. With
 the loss summed over the local samples and divided by the *global* batch size, and
 ``DistributedOptimizer(op="sum")``, N ranks then make exactly the updates of one process.
+
+Needle's shape (``distnn.torch.ddp``): ``needle_partition`` returns a ``Loader`` of equal
+per-rank batches and the per-rank batch size.
 """
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ import numpy as np
 import torch
 
 from .. import distributed as dist
+from ..data import ArrayDataset
+from ..data import Dataset as DistnnDataset
 from ..data import local_range
+from ..distributed import Communicator
 
 
 @dataclass
@@ -78,10 +84,14 @@ def _take(data: Any, idx: np.ndarray) -> tuple:
     return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
 
-def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True,
-                      seed: int = 0, epoch: int = 0, drop_last: bool = False,
-                      comm=None) -> Iterator[Shard]:
+def partition_dataset(data: Any, global_batch_size: int, device=None, dtype=None, *,
+                      shuffle: bool = True, seed: int = 0, epoch: int = 0,
+                      drop_last: bool = False, comm=None):
     """This rank's share of every global batch of one epoch of ``data``.
+
+    Needle's shape: with ``device`` or ``dtype`` given (``partition_dataset(dataset, 128,
+    device=device, dtype="float32")``) it returns ``(loader, batch_size // size)`` as
+    ``distnn.torch.ddp.partition_dataset`` does (see there).
 
     Args:
         data: a tuple/list of tensors (or arrays) with the same first dimension, a
@@ -90,6 +100,7 @@ def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True
         global_batch_size: samples per global batch, all ranks together.
         shuffle, seed, epoch: the permutation is ``default_rng([seed, epoch])``'s.
         drop_last: skip a last global batch smaller than ``global_batch_size``.
+        device, dtype: select Needle's shape (above).
         comm: communicator (default ``distnn.distributed.get_comm()``).
 
     Yields:
@@ -99,6 +110,17 @@ def partition_dataset(data: Any, global_batch_size: int, *, shuffle: bool = True
         for x, y, n in dtorch.partition_dataset((xs, ys), 128, epoch=epoch):
             loss = F.cross_entropy(model(x), y, reduction="sum") / n
     """
+    if device is not None or dtype is not None:
+        if epoch or drop_last:
+            raise ValueError("partition_dataset(..., device=/dtype=) returns Needle's "
+                             "(loader, batch size), which takes no epoch/drop_last: iterate "
+                             "the loader once per epoch")
+        return needle_partition(data, global_batch_size, device, dtype, shuffle=shuffle,
+                                seed=seed, comm=comm)
+    return _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm)
+
+
+def _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm) -> Iterator[Shard]:
     c = comm if comm is not None else dist.get_comm()
     if isinstance(data, torch.utils.data.TensorDataset):
         n = len(data.tensors[0])
@@ -157,3 +179,123 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return len(self._plan())
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16}
+
+
+def _device(device) -> torch.device:
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type != "cpu":
+        raise ValueError(f"partition_dataset: device={device!r}: distnn.torch trains on the CPU "
+                         "(no GPU backend); pass the device ddp.init() returned, or 'cpu'")
+    return dev
+
+
+def _dtype(dtype) -> torch.dtype | None:
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return dtype
+    key = dtype if isinstance(dtype, str) else (
+        str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype)
+        else np.dtype(dtype).name)
+    if key not in _DTYPES:
+        raise ValueError(f"partition_dataset: dtype={dtype!r} is not a floating dtype; use "
+                         f"one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+class Loader:
+    """This rank's batches of a dataset, one epoch per iteration (Needle's ``DataLoader``
+    over its partition). Each pass draws a new permutation, the same on every rank.
+
+    Attributes:
+        batch_size: samples per rank and step (``global_batch_size // size``).
+        global_batch_size: samples per step over all ranks.
+        epoch: the number of passes started so far (``set_epoch`` sets it).
+    """
+
+    def __init__(self, data: Any, n: int, batch_size: int, comm: Communicator,
+                 device: torch.device, dtype: torch.dtype | None, shuffle: bool, seed: int):
+        self.data, self.n, self.comm = data, n, comm
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * comm.size
+        self.device, self.dtype = device, dtype
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch = 0
+        self.used = (n // comm.size) * comm.size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return -(-self.used // self.global_batch_size)
+
+    def _tensor(self, t) -> torch.Tensor:
+        t = t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+        if self.dtype is not None and t.is_floating_point():
+            t = t.to(self.dtype)
+        return t.to(self.device)
+
+    def _items(self, idx: np.ndarray) -> tuple:
+        d = self.data
+        if isinstance(d, ArrayDataset):  # stored values (uint8) scaled per batch, as distnn's
+            x = d.preprocess.standardize_(d.preprocess.scale(d.x[idx], d.value_range))
+            return x, d.preprocess.labels(d.y[idx], d.num_classes)
+        return _take(d, idx)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+                 if self.shuffle else np.arange(self.n))[:self.used]
+        self.epoch += 1
+        for idx, _ in shard_indices(self.used, self.global_batch_size, rank=self.comm.rank,
+                                    size=self.comm.size, shuffle=False):
+            yield tuple(self._tensor(t) for t in self._items(order[idx]))
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.n} samples, batch_size={self.batch_size} per rank, "
+                f"{len(self)} batches)")
+
+
+def needle_partition(dataset: Any, batch_size: int, device=None, dtype=None, *,
+                     shuffle: bool = True, seed: int = 0,
+                     comm: Communicator | None = None) -> tuple[Loader, int]:
+    """Needle's ``ddp.partition_dataset`` (``distnn.torch.ddp``): this rank's loader and its
+    batch size.
+
+    Args:
+        dataset: a map-style dataset of ``(x, y)`` items (Needle's, torch's), a
+            ``TensorDataset``, a tuple of arrays/tensors with one first dimension, or a
+            distnn ``Dataset`` (e.g. ``load_dataset("cifar10").train``).
+        batch_size: the GLOBAL batch size; each rank gets ``batch_size // size``.
+        device: the device from ``init()`` (the CPU).
+        dtype: floating dtype of the inputs ("float32", ``torch.float32``...); labels
+            keep their integer dtype.
+        shuffle, seed: a new permutation ``default_rng([seed, epoch])`` every pass.
+
+    Returns:
+        (loader, per-rank batch size); iterate the loader once per epoch.
+    """
+    c = comm if comm is not None else dist.get_comm()
+    if isinstance(batch_size, bool) or int(batch_size) != batch_size \
+            or batch_size < c.size:
+        raise ValueError(f"partition_dataset: batch_size={batch_size!r} is the global batch "
+                         f"size and must be an integer >= the number of ranks ({c.size})")
+    if isinstance(dataset, DistnnDataset) and not isinstance(dataset, ArrayDataset):
+        dataset = dataset.arrays()
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        n = len(dataset.tensors[0])
+    elif isinstance(dataset, (tuple, list)):
+        lengths = {len(t) for t in dataset}
+        if len(lengths) != 1:
+            raise ValueError(f"partition_dataset: the arrays have lengths {sorted(lengths)}; "
+                             "they must have the same first dimension")
+        n = lengths.pop()
+    else:
+        n = len(dataset)
+    if n < c.size:
+        raise ValueError(f"partition_dataset: {n} samples cannot be shared by {c.size} ranks")
+    bsz = int(batch_size) // c.size
+    loader = Loader(dataset, n, bsz, c, _device(device), _dtype(dtype), bool(shuffle),
+                    int(seed))
+    return loader, bsz

@@ -312,6 +312,10 @@ class _Mixin:
             if p.grad is None or p.grad.data_ptr() != self._views[i].data_ptr():
                 p.grad = self._views[i]
 
+    def reset_grad(self) -> None:
+        """Needle's name for ``zero_grad()``."""
+        self.zero_grad()
+
     def load_state_dict(self, state_dict) -> None:
         """Load the wrapped optimizer's state; pending reductions are forgotten."""
         self._reducer.reset()

@@ -1,0 +1,137 @@
+"""SINGA's DistOpt and Needle's ddp calls, written as those systems' scripts write them, under
+mpiexec. Each rank also trains a reference copy on the WHOLE global batch in one process
+and records the largest parameter difference.
+
+python seeds_prog.py OUT_DIR  (under mpiexec -n N); writes OUT_DIR/rank<r>.pkl
+"""
+import copy
+import pickle
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from distnn import distributed as dist
+from distnn.torch import ddp, opt
+
+torch.set_num_threads(1)
+torch.set_default_dtype(torch.float64)
+out = {}
+
+
+def net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(3 * 4 * 4, 6), torch.nn.Tanh(),
+                               torch.nn.Linear(6, 4))
+
+
+def max_diff(a, b):
+    return max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+gen = np.random.default_rng(5)
+X = torch.from_numpy(gen.standard_normal((62, 1, 6, 6)))
+Y = torch.from_numpy(gen.integers(0, 4, 62))
+
+# -- Needle: rank, device = ddp.init(); partition_dataset(dataset, 128, device=, dtype=) ----
+rank, device = ddp.init()
+sgd = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3))
+size = sgd.world_size
+out["ids"] = (rank, str(device), sgd.world_size, sgd.global_rank, sgd.rank_in_global,
+              sgd.local_rank, sgd.rank_in_local)
+
+# -- SINGA: DistOpt(SGD(...)); backward_and_update(loss) on this rank's part of each
+# global batch == SGD on the whole global batch in one process --------------------------
+B = 4  # per rank, as SINGA's examples (batch_size per process)
+model, ref = net(0), net(0)
+ref_sgd = opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3)
+diffs = []
+for step in range(5):
+    lo = step * B * size
+    xg, yg = X[lo:lo + B * size], Y[lo:lo + B * size]
+    x, y = xg[rank * B:(rank + 1) * B], yg[rank * B:(rank + 1) * B]
+    sgd.backward_and_update(F.cross_entropy(model(x), y))
+    ref_sgd(F.cross_entropy(ref(xg), yg))
+    diffs.append(max_diff(model, ref))
+out["singa_diffs"] = diffs
+out["singa_buckets"] = len(sgd.optimizer.buckets)
+
+# backward_and_update_half: fp16 on the wire, optional clipping (SINGA's clip_Value)
+model_h, ref_h = net(1), net(1)
+sgd_h = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
+ref_h_sgd = opt.SGD(lr=0.05, momentum=0.9)
+half = []
+for step, clip in enumerate((False, False, True)):
+    lo = step * B * size
+    xg, yg = X[lo:lo + B * size], Y[lo:lo + B * size]
+    x, y = xg[rank * B:(rank + 1) * B], yg[rank * B:(rank + 1) * B]
+    sgd_h.backward_and_update_half(F.cross_entropy(model_h(x), y), clipping=clip,
+                                   clip_Value=0.02)
+    if clip:
+        # the reference clips each rank's gradient before averaging, as SINGA does
+        grads = []
+        for r in range(size):
+            ref_r = copy.deepcopy(ref_h)
+            xr, yr = xg[r * B:(r + 1) * B], yg[r * B:(r + 1) * B]
+            F.cross_entropy(ref_r(xr), yr).backward()
+            grads.append([p.grad.clamp(-0.02, 0.02) for p in ref_r.parameters()])
+        ref_h_sgd.bind(F.cross_entropy(ref_h(xg), yg))
+        with torch.no_grad():
+            for i, p in enumerate(ref_h.parameters()):
+                p.grad = sum(g[i] for g in grads) / size
+        ref_h_sgd.torch_optimizer.step()
+    else:
+        ref_h_sgd(F.cross_entropy(ref_h(xg), yg))
+    half.append(max_diff(model_h, ref_h))
+out["half_diffs"] = half
+out["half_wire"] = str(sgd_h.optimizer.compression.wire_dtype)
+
+# all_reduce(t) / wait(): sums in place, several outstanding
+t = torch.full((3,), float(rank + 1))
+a = np.array([2.0 * rank], dtype=np.float64)
+sgd.all_reduce(t)
+sgd.all_reduce(a)
+sgd.wait()
+out["all_reduce"] = (t.tolist(), a.tolist())
+
+# -- Needle: loader, bsz; broadcast_parameters(model); DistributedOptimizer(opt);
+# opt.reset_grad() == Adam on the whole global batch in one process --------------------
+dataset = torch.utils.data.TensorDataset(X, Y)
+loader, bsz = ddp.partition_dataset(dataset, 12, device=device, dtype="float64")
+out["needle_bsz"] = (bsz, len(loader))
+model_n = net(2)
+with torch.no_grad():  # different on every rank until broadcast
+    for p in model_n.parameters():
+        p.add_(0.1 * rank)
+ddp.broadcast_parameters(model_n)
+ref_n = net(2)
+adam = ddp.DistributedOptimizer(torch.optim.Adam(model_n.parameters(), lr=0.01,
+                                                 weight_decay=0.001))
+ref_adam = torch.optim.Adam(ref_n.parameters(), lr=0.01, weight_decay=0.001)
+loss_fn = torch.nn.CrossEntropyLoss()
+needle = []
+seen = []
+for _ in range(2):
+    for batch in loader:
+        adam.reset_grad()
+        Xb, yb = batch
+        loss = loss_fn(model_n(Xb), yb)
+        loss.backward()
+        adam.step()
+        # the global batch: every rank's share, in rank order
+        parts = dist.get_comm().allgather_obj((Xb.numpy(), yb.numpy()))
+        xg = torch.from_numpy(np.concatenate([p[0] for p in parts]))
+        yg = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+        seen.append(len(yb))
+        ref_adam.zero_grad()
+        loss_fn(ref_n(xg), yg).backward()
+        ref_adam.step()
+        needle.append(max_diff(model_n, ref_n))
+out["needle_diffs"] = needle
+out["needle_local_sizes"] = seen
+out["needle_dtype"] = str(Xb.dtype)
+
+with open(f"{sys.argv[1]}/rank{rank}.pkl", "wb") as f:
+    pickle.dump(out, f)
