@@ -192,8 +192,6 @@ def build_model(cfg: RunConfig, dataset, comm):
 def build_rule(cfg: RunConfig, comm):
     """The training rule of ``cfg.parallel.parallel`` (auto and sequential: data), its
     constructor's arguments read from ``cfg.parallel`` (``rules.build_rule``)."""
-    import inspect
-
     from ..rules import RULES, rule_name
     from ..rules import build_rule as rule_from_options
     p = cfg.parallel
