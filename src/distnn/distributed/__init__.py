@@ -21,6 +21,7 @@ from .comm import Communicator, Handle, LocalComm, MPIComm, get_comm, init, mpi_
 from .optimizer import DistributedOptimizer, make_buckets
 from .adasum import adasum_
 from .join import JoinableComm
+from .compression import PowerSGD, Threshold, TopK
 from .reducer import Compression, Reducer
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)
@@ -34,6 +35,7 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
     "make_buckets", "sync_batchnorm", "metrics_allreduce", "scale_lr", "abort_on_error",
     "install_abort_handler", "describe", "Compression", "Reducer", "JoinableComm", "adasum_",
+    "TopK", "Threshold", "PowerSGD",
 ]
 
 

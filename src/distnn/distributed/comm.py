@@ -171,6 +171,11 @@ class LocalComm:
         np.copyto(recv[:recv_counts[0]], send[:send_counts[0]])
         return recv
 
+    def allgatherv(self, arr, counts):
+        """Every rank's 1-D ``arr`` (``counts[r]`` elements from rank r), concatenated in
+        rank order (size 1: a copy)."""
+        return np.array(arr[:counts[0]], copy=True)
+
     def reduce_scatter_(self, send, recv, counts, op="sum"):
         """Reduce ``send`` over ranks; this rank gets its ``counts[rank]`` elements."""
         _check_op(op, _check_array(recv, "reduce_scatter_"))
@@ -434,6 +439,21 @@ class MPIComm:
         self.comm.Alltoallv(spec(_check_array(send, "alltoallv_"), send_counts),
                             spec(_check_array(recv, "alltoallv_"), recv_counts))
         return recv
+
+    def allgatherv(self, arr, counts):
+        """Every rank's 1-D ``arr`` (``counts[r]`` elements from rank r, the same dtype
+        everywhere), concatenated in rank order (MPI ``Allgatherv``, as raw bytes)."""
+        arr = np.ascontiguousarray(arr)
+        counts = [int(c) for c in counts]
+        if arr.size != counts[self.rank]:
+            raise ValueError(f"allgatherv: this rank passes {arr.size} elements but counts "
+                             f"says {counts[self.rank]}; every rank passes the same counts")
+        out = np.empty(sum(counts), dtype=arr.dtype)
+        nbytes = [c * arr.itemsize for c in counts]
+        displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+        self._watched(self.comm.Allgatherv, [arr.view(np.uint8), self.MPI.BYTE],
+                      [out.view(np.uint8), (nbytes, displs), self.MPI.BYTE])
+        return out
 
     def reduce_scatter_(self, send, recv, counts, op="sum"):
         """Reduce the 1-D ``send`` over ranks; rank r receives the r-th block of

@@ -19,6 +19,25 @@ def model_layout(model) -> tuple:
     return (int(flat.size), str(flat.dtype), ranges, bufs)
 
 
+def parameter_tensors(model) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """(name, start, stop, shape) of every parameter in ``model``'s flat gradient buffer,
+    in buffer order (the layers' gradients are views into it)."""
+    flat = model.gradients_flat()
+    base, size = flat.__array_interface__["data"][0], flat.itemsize
+    found = {}
+    for layer in model.walk():
+        grads = getattr(layer, "grads", None)
+        if not isinstance(grads, dict):
+            continue
+        for key, g in grads.items():
+            if not isinstance(g, np.ndarray) or g.size == 0:
+                continue
+            lo = (g.__array_interface__["data"][0] - base) // size
+            if 0 <= lo and lo + g.size <= flat.size:
+                found.setdefault(lo, (f"{layer.name}/{key}", lo, lo + g.size, tuple(g.shape)))
+    return [found[lo] for lo in sorted(found)]
+
+
 def check_same_layout(model, comm: Communicator, who: str) -> None:
     """Raise (on every rank alike, so no rank hangs) when ranks hold different models."""
     layouts = comm.allgather_obj(model_layout(model))
@@ -64,7 +83,11 @@ class DistributedOptimizer:
         bucket_size_mb: target bucket size in MiB (0: one bucket per layer).
         non_blocking: True overlaps with backward (``Iallreduce``); False does one
             blocking ``Allreduce`` per bucket inside ``step()``.
-        compression: None, "fp16" or ``Compression.none``/``Compression.fp16``: with fp16
+        compression: None, "fp16", "topk:RATIO", "threshold:VALUE", "powersgd:RANK" or a
+            Compression object (``Compression.fp16``, ``Compression.topk(0.01)``, ...).
+            topk/threshold/powersgd send less than the gradients, with error feedback
+            (``distnn.distributed.compression``); they run in ``step()`` after backward
+            and keep state (``compressor``: residuals, PowerSGD's Q). With fp16
             each bucket travels as float16 (half the bytes) and is reduced by MPI's
             float16 SUM (or, without one, a user-defined op adding in float32); the result
             is cast back into the gradient buffer. Gradients beyond float16's range
@@ -74,6 +97,9 @@ class DistributedOptimizer:
             bytes it saves (see benchmarks/scaling.py).
         gradient_predivide_factor: with op "average", multiply by 1/f before the sum and
             by f/size after it (Horovod's knob against overflow in low precision).
+        error_feedback: with topk/threshold/powersgd, add what a rank did not send to its
+            next gradient (default True).
+        compression_warmup_steps: dense steps before topk/threshold/powersgd start.
         backward_passes_per_step: must be 1 here: distnn layers overwrite their gradients
             in backward, so there is nothing to accumulate (``distnn.torch`` accumulates).
 
@@ -81,7 +107,9 @@ class DistributedOptimizer:
         buckets: [(start, stop, [layer names])] in the order they are reduced.
         comm_wait_time: total seconds ``step()`` spent blocked on communication.
         allreduce_calls: number of all-reduce calls started.
-        bytes_reduced: total bytes this rank handed to all-reduce.
+        bytes_reduced: total bytes this rank handed to collectives (after compression).
+        bytes_dense: what the dense exchange would have handed over (before compression).
+        compressor: the ``CompressedReduction`` of topk/threshold/powersgd, else None.
         steps: number of ``step()`` calls.
 
     Example:
@@ -92,7 +120,8 @@ class DistributedOptimizer:
     def __init__(self, optimizer, model, *, comm: Communicator | None = None,
                  op: str = "average", bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression=None, gradient_predivide_factor: float = 1.0,
-                 backward_passes_per_step: int = 1):
+                 backward_passes_per_step: int = 1, error_feedback: bool = True,
+                 compression_warmup_steps: int = 0):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
         wire_dtype(compression)
@@ -121,7 +150,10 @@ class DistributedOptimizer:
         self._reducer = Reducer(grads, segments, self.comm, op=op,
                                 bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
                                 compression=compression,
-                                gradient_predivide_factor=gradient_predivide_factor)
+                                gradient_predivide_factor=gradient_predivide_factor,
+                                tensors=parameter_tensors(model),
+                                error_feedback=error_feedback,
+                                compression_warmup_steps=compression_warmup_steps)
         self.buckets = self._reducer.buckets
         # Collective, before any gradient traffic: ranks with different models would
         # otherwise post all-reduces of different sizes and hang or corrupt memory.
@@ -141,6 +173,8 @@ class DistributedOptimizer:
     # -- counters and state live in the reducer -----------------------------------------
     allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
     bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
+    bytes_dense = property(lambda self: self._reducer.bytes_dense)
+    compressor = property(lambda self: self._reducer.compressor)
     comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
     _next = property(lambda self: self._reducer.next)
 

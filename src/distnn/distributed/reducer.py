@@ -14,7 +14,9 @@ become, in the one documented place (DESIGN rule 7):
   ``synchronize``; the optimizers apply it to parameter deltas, as Horovod does).
 
 With ``backward_passes_per_step`` k a bucket starts after k backward passes (the
-framework accumulates the gradients in between); ``compression`` decides the wire dtype.
+framework accumulates the gradients in between); ``compression`` decides the wire dtype
+("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the whole buffer
+to a ``CompressedReduction`` (compression.py) in ``synchronize`` (blocking, after backward).
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ import numpy as np
 
 from .adasum import adasum_
 from .comm import Communicator
+from .compression import (CompressedReduction, PowerSGD, Threshold, TopK, is_compressing,
+                          parse_compression)
 
 REDUCE_OPS = ("average", "sum", "adasum")
 Bucket = tuple[int, int, list[str]]
@@ -104,10 +108,15 @@ class FP16Compressor:
 
 class Compression:
     """``Compression.none`` and ``Compression.fp16`` (Horovod's objects, for NumPy arrays;
-    ``distnn.torch.Compression`` is the same for tensors)."""
+    ``distnn.torch.Compression`` is the same for tensors), and the compressors that send
+    less: ``Compression.topk(0.01)``, ``Compression.threshold(1e-3)``,
+    ``Compression.powersgd(2)`` (compression.py)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    topk = TopK
+    threshold = Threshold
+    powersgd = PowerSGD
 
 
 def wire_dtype(compression) -> Any:
@@ -115,14 +124,16 @@ def wire_dtype(compression) -> Any:
 
     ``compression`` is None, "none", "fp16", or an object with a ``wire_dtype`` attribute
     (``distnn.distributed.Compression.fp16``, ``distnn.torch.Compression.fp16``)."""
-    if compression is None or compression == "none":
+    compression = parse_compression(compression)
+    if compression is None or compression == "none" or is_compressing(compression):
         return None
     if compression == "fp16":
         return np.float16
     if hasattr(compression, "wire_dtype"):
         return compression.wire_dtype
-    raise ValueError(f"compression must be None, 'fp16' or a Compression object "
-                     f"(Compression.none / Compression.fp16), got {compression!r}")
+    raise ValueError(f"compression must be None, 'none', 'fp16', 'topk:RATIO', "
+                     f"'threshold:VALUE', 'powersgd:RANK' or a Compression object "
+                     f"(Compression.fp16, Compression.topk(0.01), ...), got {compression!r}")
 
 
 class Reducer:
@@ -142,12 +153,22 @@ class Reducer:
         blocking_last: reduce the last bucket (ready when backward ends) with the blocking
             all-reduce, MPI's fastest path, instead of a non-blocking one.
         what: the word for a segment in errors ("layer", "parameter").
+        tensors: [(name, start, stop, shape)] of every parameter, for the compressions
+            that look at shapes (default: each segment as one 1-D tensor).
+        error_feedback, compression_warmup_steps: of a compressing ``compression``
+            (compression.py).
+
+    Attributes:
+        bytes_reduced: bytes this rank handed to collectives (after compression);
+        bytes_dense: what a dense exchange in the buffer's dtype would have handed over.
+        compressor: the ``CompressedReduction`` (residuals, PowerSGD's Q) or None.
     """
 
     def __init__(self, flat: np.ndarray, segments, comm: Communicator, *, op: str = "average",
                  bucket_size_mb: float = 4.0, non_blocking: bool = True, compression=None,
                  backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0,
-                 blocking_last: bool = False, what: str = "layer"):
+                 blocking_last: bool = False, what: str = "layer", tensors=None,
+                 error_feedback: bool = True, compression_warmup_steps: int = 0):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
         passes = backward_passes_per_step
@@ -160,6 +181,14 @@ class Reducer:
         if factor != 1.0 and op != "average":
             raise ValueError(f"gradient_predivide_factor={factor} needs op='average' "
                              f"(Horovod's rule), got op={op!r}")
+        compression = parse_compression(compression)
+        if is_compressing(compression) and op == "adasum":
+            raise ValueError(f"compression {compression.spec!r} needs op 'average' or 'sum': "
+                             "Adasum combines parameter deltas, not gradients; use "
+                             "compression='fp16' or none with op='adasum'")
+        if is_compressing(compression) and factor != 1.0:
+            raise ValueError(f"gradient_predivide_factor={factor} applies to dense "
+                             f"all-reduces, not to compression {compression.spec!r}; use 1")
         self.flat, self.comm, self.op, self.what = flat, comm, op, what
         self.non_blocking = bool(non_blocking)
         self.wire = wire_dtype(compression)
@@ -181,7 +210,15 @@ class Reducer:
         self.active = comm.size > 1
         self.allreduce_calls = 0
         self.bytes_reduced = 0
+        self.bytes_dense = 0
         self.comm_wait_time = 0.0
+        self.compressor = None
+        if is_compressing(compression):
+            if tensors is None:
+                tensors = [(n, lo, hi, (hi - lo,)) for n, lo, hi in segments]
+            self.compressor = CompressedReduction(
+                compression, flat, tensors, comm, op=op, error_feedback=error_feedback,
+                warmup_steps=compression_warmup_steps)
         self.reset()
 
     # -- state ----------------------------------------------------------------------------
@@ -201,8 +238,8 @@ class Reducer:
                 "step() (or synchronize()) after every backward pass, or raise "
                 "backward_passes_per_step")
         self.pending[b] -= 1
-        if not self.non_blocking or self.op == "adasum":  # Adasum runs in synchronize()
-            return
+        if not self.non_blocking or self.op == "adasum" or self.compressor is not None:
+            return  # Adasum and the compressions run in synchronize()
         while self.next < len(self.buckets) and self.pending[self.next] == 0:
             self._start(self.next, self.flat)
             self.next += 1
@@ -222,9 +259,11 @@ class Reducer:
         return self._wire_bufs[b]
 
     def _start(self, b: int, buf: np.ndarray, blocking: bool = False) -> None:
+        lo, hi, _ = self.buckets[b]
         wire = self._send_buffer(b, buf)
         self.allreduce_calls += 1
         self.bytes_reduced += wire.nbytes
+        self.bytes_dense += (hi - lo) * buf.itemsize
         if self.op == "adasum":
             if hasattr(self.comm, "adasum_"):
                 self.comm.adasum_(wire, self.counts[b])
@@ -258,7 +297,13 @@ class Reducer:
         if not self.active or self.synced:
             return False
         t0 = time.perf_counter()
-        if self.non_blocking and self.op != "adasum":
+        comp = self.compressor
+        if comp is not None and not comp.dense_step():
+            calls, nbytes = comp.reduce_()
+            self.allreduce_calls += calls
+            self.bytes_reduced += nbytes
+            self.bytes_dense += self.flat.nbytes
+        elif self.non_blocking and self.op != "adasum" and comp is None:
             while self.next < len(self.buckets):  # buckets backward did not start
                 self._start(self.next, self.flat)
                 self.next += 1

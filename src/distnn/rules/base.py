@@ -92,6 +92,10 @@ class Rule:
     def end(self, trainer) -> None:
         """Called once after training (the model then holds the run's final weights)."""
 
+    def prepare_checkpoint(self, trainer) -> None:
+        """Collective, on every rank before a checkpoint reads ``state_dict`` (on the
+        writing rank): gather per-rank state (gradient-compression residuals)."""
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to resume this rule exactly."""
         return {}

@@ -2,9 +2,13 @@
 
 Every step all-reduces the gradients (bucketed, overlapped with backward, through
 ``distnn.distributed.DistributedOptimizer``) and every rank applies the same update, so N
-ranks with batch B make exactly the update of one process with batch N·B.
+ranks with batch B make exactly the update of one process with batch N·B. With a
+compression that sends less (topk, threshold, powersgd) the update is the sum of what the
+ranks sent, and each rank keeps its residual (error feedback) for its next steps.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from .. import distributed as dist
 from .base import Rule
@@ -16,7 +20,14 @@ class DataParallel(Rule):
     Args:
         bucket_size_mb: gradient bucket size of the all-reduce (MiB).
         non_blocking: start each bucket's all-reduce during backward (``Iallreduce``).
-        compression: None (or "none") or "fp16".
+        compression: None (or "none"), "fp16", "topk:RATIO", "threshold:VALUE",
+            "powersgd:RANK" or a compression object (``distnn.distributed.compression``).
+        error_feedback: keep what topk/threshold/powersgd did not send for the next step.
+        compression_warmup_steps: dense steps before the compression starts.
+
+    Checkpoints keep the compression's step count, PowerSGD's Q matrices and every rank's
+    residual; a resume on another number of ranks sums the residuals and splits them
+    evenly over the new ranks (the unsent gradient is kept; a note says so).
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=DataParallel())
@@ -27,10 +38,14 @@ class DataParallel(Rule):
     options = {"non_blocking": "non_blocking_mpi", "compression": "gradient_compression"}
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                 compression: str | None = None):
+                 compression: Any = None, error_feedback: bool = True,
+                 compression_warmup_steps: int = 0):
         self.bucket_size_mb = bucket_size_mb
         self.non_blocking = non_blocking
         self.compression = None if compression == "none" else compression
+        self.error_feedback = error_feedback
+        self.compression_warmup_steps = compression_warmup_steps
+        self._residuals = None
 
     def bind(self, trainer, optimizer):
         if not isinstance(optimizer, dist.DistributedOptimizer):
@@ -38,18 +53,59 @@ class DataParallel(Rule):
             optimizer = dist.DistributedOptimizer(
                 optimizer, trainer.model, comm=trainer.comm, op="sum",
                 bucket_size_mb=self.bucket_size_mb, non_blocking=self.non_blocking,
-                compression=self.compression)
+                compression=self.compression, error_feedback=self.error_feedback,
+                compression_warmup_steps=self.compression_warmup_steps)
         self._optimizer = optimizer
         return optimizer
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
 
+    def _compressor(self):
+        return getattr(getattr(self, "_optimizer", None), "compressor", None)
+
+    def prepare_checkpoint(self, trainer) -> None:
+        comp = self._compressor()
+        if comp is not None and comp.error_feedback:
+            self._residuals = trainer.comm.allgather_obj(comp.residual.copy())
+
+    def state_dict(self) -> dict[str, Any]:
+        comp = self._compressor()
+        if comp is None:
+            return {}
+        residuals, self._residuals = self._residuals, None
+        return {"compression": comp.state_dict(residuals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the compression state (what a resume does with it on another number of
+        ranks or under another compression: ``resume_note``)."""
+        stored = state.get("compression")
+        comp = self._compressor()
+        if stored and comp is not None:
+            comp.load_state_dict(stored)
+
+    def resume_note(self, stored: dict[str, Any], size: int) -> str | None:
+        """What a resume does with the compression state of a checkpoint's rule state
+        ``stored`` (as written, before unpacking) on ``size`` ranks; None: kept as it is."""
+        comp = (stored or {}).get("compression")
+        if not comp:
+            return None
+        mine = self._compressor()
+        if mine is None or comp.get("spec") != mine.config.spec:
+            return (f"gradient compression state of {comp.get('spec')} dropped (this run "
+                    f"uses {mine.config.spec if mine is not None else 'none'})")
+        n = len(comp.get("residuals") or [])
+        if n and n != size and mine.error_feedback:
+            return (f"gradient compression residuals of {n} ranks summed and split evenly "
+                    f"over {size} ranks (the unsent gradient is kept, not where it was)")
+        return None
+
     def stats(self) -> dict[str, float]:
         opt = getattr(self, "_optimizer", None)
         if opt is None:
             return {}
         return {"messages": float(opt.allreduce_calls), "bytes": float(opt.bytes_reduced),
+                "bytes_dense": float(getattr(opt, "bytes_dense", opt.bytes_reduced)),
                 "wait_s": float(opt.comm_wait_time)}
 
     def __repr__(self) -> str:

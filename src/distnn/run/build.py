@@ -192,10 +192,16 @@ def build_model(cfg: RunConfig, dataset, comm):
 def build_rule(cfg: RunConfig, comm):
     """The training rule of ``cfg.parallel.parallel`` (auto and sequential: data), its
     constructor's arguments read from ``cfg.parallel`` (``rules.build_rule``)."""
+    from ..rules import RULES, rule_name
     from ..rules import build_rule as rule_from_options
-    from ..rules import rule_name
     p = cfg.parallel
     name = "data" if p.parallel in ("auto", "sequential") else rule_name(p.parallel)
+    compressing = p.gradient_compression != "none"
+    if compressing and "compression" not in inspect.signature(RULES[name]).parameters:
+        raise ConfigError(f"--gradient_compression {p.gradient_compression} compresses the "
+                          f"gradient all-reduce of --parallel data; --parallel {p.parallel} "
+                          "exchanges no gradients that way: drop --gradient_compression or "
+                          "use --parallel data")
     try:
         rule = rule_from_options(name, dataclasses.asdict(p))
     except ValueError as exc:

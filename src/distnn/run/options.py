@@ -61,6 +61,19 @@ class ModelSpec(Str):
                              "MODULE:NAME)") from None
 
 
+class CompressionSpec(Str):
+    """none, fp16, topk:RATIO, threshold:VALUE or powersgd:RANK (checked, lower-cased)."""
+
+    metavar = "none|fp16|topk:R|threshold:V|powersgd:R"
+
+    def check(self, value):
+        from ..distributed.compression import parse_compression
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string such as topk:0.01, got {value!r}")
+        spec = parse_compression(value)
+        return spec if isinstance(spec, str) else spec.spec
+
+
 # -- the option table -----------------------------------------------------------------------
 TRAIN, EVAL, PRED = "train", "evaluate", "predict"
 ALL = (TRAIN, EVAL, PRED)
@@ -347,8 +360,16 @@ OPTIONS: list[Option] = [
        "parallel", "parallel", (TRAIN,)),
     _O("sync_batchnorm", Bool(), False, "Batch-norm statistics over the global batch.",
        "parallel", "parallel", (TRAIN,)),
-    _O("gradient_compression", Str(("none", "fp16")), "none", "Gradients travel as: none "
-       "(own dtype) or fp16.", "parallel", "parallel", (TRAIN,)),
+    _O("gradient_compression", CompressionSpec(), "none", "Gradients travel as: none "
+       "(own dtype), fp16, topk:RATIO (each tensor's largest RATIO share), threshold:VALUE "
+       "(entries with |g| >= VALUE) or powersgd:RANK (low-rank factors); --parallel data "
+       "only. topk/threshold/powersgd keep what they did not send (--error_feedback) and "
+       "send 1-D and small tensors dense.", "parallel", "parallel", (TRAIN,)),
+    _O("compression_warmup_steps", Int(0), 0, "Dense steps before --gradient_compression "
+       "topk/threshold/powersgd starts (PowerSGD's start_powerSGD_iter).", "parallel",
+       "parallel", (TRAIN,)),
+    _O("error_feedback", Bool(), True, "topk/threshold/powersgd: add what a rank did not "
+       "send to its next gradient (false: drop it).", "parallel", "parallel", (TRAIN,)),
     _O("threads", Int(0), 0, "Threads per rank, for BLAS and the compiled kernels (0: 1 per "
        "rank with several ranks, else the libraries' defaults).", "parallel", "parallel"),
     # Output

@@ -322,6 +322,12 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
             text += "; " + "; ".join(why)
         notes.append(text)
 
+    rule_note = getattr(trainer.rule, "resume_note", None)
+    if rule_note is not None:
+        note = rule_note((meta.get("rule") or {}).get("state") or {}, comm.size)
+        if note:
+            notes.append(note)
+
     stored_cbs = [c["type"] for c in stored_callbacks(meta)]
     mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if keeps_state(cb)]
     if stored_cbs != mine_cbs:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..distributed.compression import PowerSGD, Threshold, TopK
+
 
 class NoneCompressor:
     """No compression: tensors travel in their own dtype."""
@@ -44,7 +46,12 @@ class FP16Compressor:
 
 
 class Compression:
-    """``Compression.none`` and ``Compression.fp16``, as in Horovod."""
+    """``Compression.none`` and ``Compression.fp16``, as in Horovod; ``Compression.topk(r)``,
+    ``.threshold(v)`` and ``.powersgd(r)`` send less (``DistributedOptimizer`` only, with
+    error feedback: ``distnn.distributed.compression``)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    topk = TopK
+    threshold = Threshold
+    powersgd = PowerSGD

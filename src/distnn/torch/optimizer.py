@@ -87,7 +87,13 @@ class DistributedOptimizer:
         named_parameters: ``model.named_parameters()`` (names appear in errors); default:
             the optimizer's parameters.
         compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (buckets travel
-            as float16).
+            as float16), or what sends less, with error feedback: "topk:RATIO",
+            "threshold:VALUE", "powersgd:RANK" or ``hvd.Compression.topk(0.01)``,
+            ``.threshold(1e-3)``, ``.powersgd(2)`` (``distnn.distributed.compression``;
+            exchanged in ``synchronize()``, after backward).
+        error_feedback: with topk/threshold/powersgd, add what a rank did not send to its
+            next gradient (default True).
+        compression_warmup_steps: dense steps before topk/threshold/powersgd start.
         backward_passes_per_step: backward passes accumulated locally before the
             all-reduce (gradient accumulation: gradients are summed over the passes).
         op: ``hvd.Average``, ``hvd.Sum`` or ``hvd.Adasum``.
@@ -114,7 +120,8 @@ class DistributedOptimizer:
                 op: str = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                 groups=None, sparse_as_dense: bool = False, process_set=global_process_set, *,
                 bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                comm: Communicator | None = None):
+                comm: Communicator | None = None, error_feedback: bool = True,
+                compression_warmup_steps: int = 0):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}; for distnn optimizers use "
@@ -134,7 +141,7 @@ class DistributedOptimizer:
             comm = channel(comm)  # the default communicator: join-safe
         obj._distnn_setup(optimizer, named_parameters, _OPS[key], bucket_size_mb,
                           non_blocking, backward_passes_per_step, comm, compression,
-                          gradient_predivide_factor)
+                          gradient_predivide_factor, error_feedback, compression_warmup_steps)
         return obj
 
 
@@ -142,7 +149,8 @@ class _Mixin:
     """The distributed behaviour mixed into the wrapped optimizer's class."""
 
     def _distnn_setup(self, optimizer, named_parameters, op, bucket_size_mb, non_blocking,
-                      passes, comm, compression, predivide) -> None:
+                      passes, comm, compression, predivide, error_feedback=True,
+                      warmup_steps=0) -> None:
         self._distnn_base = optimizer
         self.comm = comm
         self.op = op
@@ -178,7 +186,10 @@ class _Mixin:
                                 bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
                                 compression=compression, backward_passes_per_step=passes,
                                 gradient_predivide_factor=predivide, blocking_last=True,
-                                what="parameter")
+                                what="parameter", error_feedback=error_feedback,
+                                compression_warmup_steps=warmup_steps,
+                                tensors=[(n, int(offsets[i]), int(offsets[i + 1]),
+                                          tuple(p.shape)) for i, (n, p) in enumerate(named)])
         self.buckets = self._reducer.buckets
         self._active = comm.size > 1
         if self._active:
@@ -200,6 +211,8 @@ class _Mixin:
     # -- counters live in the reducer ---------------------------------------------------
     allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
     bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
+    bytes_dense = property(lambda self: self._reducer.bytes_dense)
+    compressor = property(lambda self: self._reducer.compressor)
     comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
     backward_passes_per_step = property(lambda self: self._reducer.passes)
     gradient_predivide_factor = property(lambda self: self._reducer.predivide)

@@ -120,6 +120,9 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     comm = trainer.comm
     path = os.fspath(path)
     phase(comm, "checkpoint write")
+    prepare = getattr(trainer.rule, "prepare_checkpoint", None)
+    if prepare is not None:
+        prepare(trainer)  # collective: per-rank rule state (compression residuals)
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
     done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)

@@ -62,10 +62,14 @@ class Profiler:
         self._t_epoch = time.perf_counter()
 
     # -- wrapping -----------------------------------------------------------------------
-    def _event(self, name: str, cat: str, t0: float, t1: float, tid: int) -> None:
-        self.events.append({"name": name, "cat": cat, "ph": "X", "pid": self._rank,
-                            "tid": tid, "ts": (self._wall0 + t0 - self._perf0) * 1e6,
-                            "dur": (t1 - t0) * 1e6})
+    def _event(self, name: str, cat: str, t0: float, t1: float, tid: int,
+               args: dict | None = None) -> None:
+        event = {"name": name, "cat": cat, "ph": "X", "pid": self._rank,
+                 "tid": tid, "ts": (self._wall0 + t0 - self._perf0) * 1e6,
+                 "dur": (t1 - t0) * 1e6}
+        if args:
+            event["args"] = args
+        self.events.append(event)
 
     def _wrap(self, obj, attr: str, make: Callable[[Callable], Callable]) -> None:
         original = getattr(obj, attr)
@@ -117,14 +121,23 @@ class Profiler:
 
         dopt = trainer.optimizer
         if hasattr(dopt, "synchronize"):
+            def counters():
+                return (getattr(dopt, "bytes_reduced", 0),
+                        getattr(dopt, "bytes_dense", getattr(dopt, "bytes_reduced", 0)))
+
             def sync_wrapper(fn):
                 def synchronize():
+                    before = counters() if trace else None
                     t0 = perf()
                     fn()
                     t1 = perf()
                     self._wait += t1 - t0
                     if trace:
-                        self._event("allreduce.wait", "comm", t0, t1, _COMM)
+                        after = counters()
+                        # bytes this step handed to collectives, after and before compression
+                        self._event("allreduce.wait", "comm", t0, t1, _COMM,
+                                    {"bytes": after[0] - before[0],
+                                     "bytes_dense": after[1] - before[1]})
                 return synchronize
             self._wrap(dopt, "synchronize", sync_wrapper)
         base = getattr(dopt, "optimizer", dopt)
@@ -210,9 +223,13 @@ class Profiler:
             if st:
                 extra = (f", master idle {st['idle_s']:.2f} s / busy {st['busy_s']:.2f} s"
                          f" (CPU {st['serve_cpu_s']:.2f} s)" if st.get("serve_s") else "")
+                dense = st.get("bytes_dense")
+                per_step = (f" ({st.get('bytes', 0) / steps / 1e3:.1f} kB/step; "
+                            f"{dense / steps / 1e3:.1f} kB/step before compression)"
+                            if dense is not None else "")
                 lines.append(f"  {record['rule']} rank {r}: {st.get('messages', 0):.0f} "
-                             f"messages sent, {st.get('bytes', 0) / 2**20:.2f} MB, waited "
-                             f"{st.get('wait_s', 0):.3f} s{extra}")
+                             f"messages sent, {st.get('bytes', 0) / 2**20:.2f} MB{per_step}, "
+                             f"waited {st.get('wait_s', 0):.3f} s{extra}")
         return "\n".join(lines)
 
     # -- output -------------------------------------------------------------------------
