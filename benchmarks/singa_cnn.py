@@ -63,7 +63,9 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=0, help="steps per epoch (0: all)")
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--dist-option", default="plain", choices=["plain", "half"])
+    parser.add_argument("--dist-option", default="plain",
+                        choices=["plain", "half", "partialUpdate", "sparseTopK",
+                                 "sparseThreshold"])
     parser.add_argument("--real_mnist", action="store_true")
     parser.add_argument("--timeout", type=float, default=7200)
     args = parser.parse_args(argv)

@@ -100,8 +100,12 @@ def run(args):
         num_train_batch = min(num_train_batch, args.steps)
     idx = np.arange(train_x.shape[0], dtype=np.int32)
     rng = np.random.default_rng([0, rank])
-    update = sgd.backward_and_update_half if args.dist_option == "half" \
-        else sgd.backward_and_update
+    update = {"plain": sgd.backward_and_update, "half": sgd.backward_and_update_half,
+              "partialUpdate": sgd.backward_and_partial_update,
+              "sparseTopK": lambda loss: sgd.backward_and_sparse_update(
+                  loss, topK=True, spars=args.spars),
+              "sparseThreshold": lambda loss: sgd.backward_and_sparse_update(
+                  loss, topK=False, spars=args.spars)}[args.dist_option]
     epoch_times, train_times, accuracies = [], [], []
     for epoch in range(args.max_epoch):
         start = time.perf_counter()
@@ -161,8 +165,11 @@ def main(argv=None):
     parser.add_argument("-m", "--max-epoch", type=int, default=10, dest="max_epoch")
     parser.add_argument("-b", "--batch-size", type=int, default=64, dest="batch_size")
     parser.add_argument("-l", "--learning-rate", type=float, default=0.005, dest="lr")
-    parser.add_argument("-d", "--dist-option", default="plain", choices=["plain", "half"],
-                        dest="dist_option")
+    parser.add_argument("-d", "--dist-option", default="plain", dest="dist_option",
+                        choices=["plain", "half", "partialUpdate", "sparseTopK",
+                                 "sparseThreshold"])
+    parser.add_argument("-s", "--sparsification", type=float, default=0.05, dest="spars",
+                        help="sparseTopK: fraction sent; sparseThreshold: |g| threshold")
     parser.add_argument("--steps", type=int, default=0,
                         help="at most this many steps per epoch (0: all)")
     parser.add_argument("--real_mnist", action="store_true")

@@ -52,6 +52,37 @@ def test_distopt_all_reduce_and_wait_sum_in_place(ranks):
 
 
 @needs_mpi
+def test_distopt_sparse_update_topk(ranks):
+    n, res = ranks
+    for o in res:
+        # spars=1.0: every entry sent, the dense update (float64)
+        assert max(o["sparse_full_diffs"]) < 1e-12, o["sparse_full_diffs"]
+        for corr in (True, False):
+            s = o["sparse"][corr]
+            assert len(s["compressed"]) == 1, s  # the one tensor of >= 1024 elements
+            assert max(s["spread"]) < 1e-13, s       # ranks stay identical
+            assert s["compressors"] == 1, s          # one compressor kept across calls
+            assert s["ratio"] < 0.5, s               # fewer bytes than dense
+        # corr=True keeps the unsent part (SINGA's local accumulation); False drops it
+        assert o["sparse"][True]["residual"] > 0
+        assert o["sparse"][False]["residual"] == 0
+
+
+@needs_mpi
+def test_distopt_partial_update_averages_one_chunk_per_call(ranks):
+    n, res = ranks
+    for o in res:
+        # one chunk, no momentum: local steps averaged every call == the dense update
+        assert max(o["partial_whole_diffs"]) < 1e-12, o["partial_whole_diffs"]
+        # local momentum steps, chunk k averaged at calls k, k+4, ... == the replicas'
+        # reference, and right after its turn exactly that chunk is equal on all ranks
+        assert o["partial_chunks"] == [2, 1, 2, 1]
+        assert max(o["partial_diffs"]) < 1e-12, o["partial_diffs"]
+        chunks = [[0, 1], [2], [3, 4], [5]]
+        assert o["partial_equal"] == [chunks[s % 4] for s in range(9)], o["partial_equal"]
+
+
+@needs_mpi
 def test_needle_ddp_script_trains_as_one_process_on_the_global_batch(ranks):
     n, res = ranks
     for o in res:

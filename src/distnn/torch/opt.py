@@ -79,6 +79,19 @@ def parameters_of(loss: torch.Tensor) -> list[torch.Tensor]:
     return found
 
 
+def _chunks(params: list[torch.Tensor], threshold: int) -> list[list[int]]:
+    """Consecutive parameter indices grouped into runs of at most ``threshold`` elements."""
+    chunks: list[list[int]] = [[]]
+    size = 0
+    for i, p in enumerate(params):
+        if chunks[-1] and size + p.numel() > threshold:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(i)
+        size += p.numel()
+    return chunks
+
+
 class SGD:
     """SINGA's ``opt.SGD``: built from hyper-parameters alone; the parameters are those of
     the first loss it is called with. Calling it (``sgd(loss)`` or
@@ -197,18 +210,26 @@ class DistOpt:
         self.optimizer: DistributedOptimizer | None = None
         self._setup: tuple | None = None
         self._pending: list = []
+        self._chunks: tuple | None = None
+        self.partial = 0  # the chunk the next backward_and_partial_update averages
 
     rank_in_global = property(lambda self: self.global_rank)
     rank_in_local = property(lambda self: self.local_rank)
 
-    def _wrapped(self, loss, threshold, compression, clip: bool) -> DistributedOptimizer:
+    def _wrapped(self, loss, threshold, compression, clip: bool, key=None,
+                 error_feedback: bool = True) -> DistributedOptimizer:
+        """The DistributedOptimizer for these settings, kept while they stay the same (so a
+        compressor's residuals live on); ``key`` names the compression when ``compression``
+        is a factory that makes a new (stateful) compressor."""
         params = self.opt.bind(loss)
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) \
                 or threshold < 0:
             raise ValueError(f"threshold must be an int >= 0 (elements per fused all-reduce), "
                              f"got {threshold!r}")
-        setup = (int(threshold), compression, clip)
+        setup = (int(threshold), compression if key is None else key, clip)
         if self.optimizer is None or self._setup != setup:
+            if key is not None:
+                compression = compression()
             if self.optimizer is not None:
                 self.optimizer.remove_hooks()
             itemsize = params[0].element_size()
@@ -217,7 +238,8 @@ class DistOpt:
             self.optimizer = DistributedOptimizer(
                 self.opt.torch_optimizer, compression=compression,
                 bucket_size_mb=int(threshold) * itemsize / (1 << 20),
-                non_blocking=not clip, comm=self.communicator)
+                non_blocking=not clip, comm=self.communicator,
+                error_feedback=error_feedback)
             self._setup = setup
         return self.optimizer
 
@@ -247,6 +269,67 @@ class DistOpt:
                     if p.grad is not None:
                         p.grad.clamp_(-float(clip_Value), float(clip_Value))
         opt.step()
+
+    def backward_and_sparse_update(self, loss: torch.Tensor, threshold: int = SINGA_THRESHOLD,
+                                   spars: float = 0.05, topK: bool = False,
+                                   corr: bool = True) -> None:
+        """As ``backward_and_update``, sending only part of each gradient: with
+        ``topK=True`` the ``spars`` fraction of largest magnitudes (distnn's
+        ``topk:spars``), else the entries with ``|g| >= spars`` (``threshold:spars``), as
+        (index, value) pairs summed on every rank. ``corr`` keeps what was not sent and adds
+        it to the next step's gradient (SINGA's local accumulation = error feedback).
+        Tensors under 1024 elements and 1-D ones travel dense; the exchange falls back to a
+        dense all-reduce where the pairs would not be smaller
+        (``distnn.distributed.compression``)."""
+        if isinstance(spars, bool) or not isinstance(spars, numbers.Real) or spars <= 0 \
+                or (topK and spars > 1):
+            raise ValueError(f"spars must be a number in (0, 1] with topK=True (the fraction "
+                             f"sent) or > 0 with topK=False (the magnitude threshold), got "
+                             f"{spars!r}")
+        kind = Compression.topk if topK else Compression.threshold
+        opt = self._wrapped(loss, threshold, lambda: kind(float(spars)), False,
+                            key=("topk" if topK else "threshold", float(spars), bool(corr)),
+                            error_feedback=bool(corr))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def backward_and_partial_update(self, loss: torch.Tensor,
+                                    threshold: int = SINGA_THRESHOLD) -> None:
+        """SINGA's partial update: backward from ``loss`` and a LOCAL update (this rank's
+        gradients only), then one chunk of the parameters is averaged over the ranks. Chunks
+        are runs of consecutive parameters (first layers first) of about ``threshold``
+        elements (a larger parameter is a chunk of its own); each call averages the next
+        chunk, so every parameter is averaged once every ``len(chunks)`` calls. With one
+        chunk (``threshold`` >= the model's size) every call averages everything: local SGD
+        averaged every step (the command's ``--parallel partial``, for distnn models)."""
+        params = self.opt.bind(loss)
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) \
+                or threshold < 1:
+            raise ValueError(f"threshold must be an int >= 1 (elements averaged per call), "
+                             f"got {threshold!r}")
+        if self._chunks is None or self._chunks[0] != threshold:
+            self._chunks = (int(threshold), _chunks(params, int(threshold)))
+            self.partial = 0
+        if self.optimizer is not None:  # leaving all-reduce mode: its hooks must not fire
+            self.optimizer.remove_hooks()
+            self.optimizer, self._setup = None, None
+        self.opt.torch_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.torch_optimizer.step()
+        chunks = self._chunks[1]
+        chunk = chunks[self.partial % len(chunks)]
+        with torch.no_grad():
+            flat = torch.cat([params[i].detach().reshape(-1) for i in chunk])
+            buf = flat.numpy()
+            self.communicator.allreduce_(buf, "sum")
+            flat /= self.world_size
+            at = 0
+            for i in chunk:
+                n = params[i].numel()
+                params[i].copy_(flat[at:at + n].view_as(params[i]))
+                at += n
+        self.partial = (self.partial + 1) % len(chunks)
 
     def all_reduce(self, tensor) -> None:
         """Start summing ``tensor`` (a CPU torch tensor or a NumPy array, contiguous) over

@@ -133,5 +133,88 @@ out["needle_diffs"] = needle
 out["needle_local_sizes"] = seen
 out["needle_dtype"] = str(Xb.dtype)
 
+# -- SINGA: backward_and_sparse_update(loss, spars, topK, corr) ---------------------------
+def wide(seed):  # a 36x40 weight: large enough (>= 1024 elements) to be sparsified
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 40), torch.nn.Tanh(),
+                               torch.nn.Linear(40, 4))
+
+
+def global_batch(step):
+    lo = (step * B * size) % (60 - B * size)
+    xg, yg = X[lo:lo + B * size], Y[lo:lo + B * size]
+    return xg, yg, xg[rank * B:(rank + 1) * B], yg[rank * B:(rank + 1) * B]
+
+
+model_s, ref_s = wide(3), wide(3)
+sgd_s = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
+ref_s_sgd = opt.SGD(lr=0.05, momentum=0.9)
+full = []
+for step in range(4):  # spars=1.0 with topK: everything sent, == the dense update
+    xg, yg, x, y = global_batch(step)
+    sgd_s.backward_and_sparse_update(F.cross_entropy(model_s(x), y), spars=1.0, topK=True)
+    ref_s_sgd(F.cross_entropy(ref_s(xg), yg))
+    full.append(max_diff(model_s, ref_s))
+out["sparse_full_diffs"] = full
+sparse = {}
+for corr in (True, False):
+    model_c = wide(4)
+    sgd_c = opt.DistOpt(opt.SGD(lr=0.05))
+    ids, spread = set(), []
+    for step in range(3):
+        xg, yg, x, y = global_batch(step)
+        sgd_c.backward_and_sparse_update(F.cross_entropy(model_c(x), y), spars=0.05,
+                                         topK=True, corr=corr)
+        ids.add(id(sgd_c.optimizer.compressor))
+        mine = torch.cat([p.detach().reshape(-1) for p in model_c.parameters()]).numpy()
+        every = dist.get_comm().allgather_obj(mine)
+        spread.append(max(float(np.abs(e - mine).max()) for e in every))
+    comp = sgd_c.optimizer.compressor
+    sparse[corr] = dict(spread=spread, compressors=len(ids), compressed=list(comp.compressed),
+                        residual=float(np.abs(comp.residual).max()),
+                        ratio=sgd_c.optimizer.bytes_reduced / sgd_c.optimizer.bytes_dense)
+out["sparse"] = sparse
+
+# -- SINGA: backward_and_partial_update(loss, threshold) ---------------------------------
+model_p, ref_p = net(5), net(5)
+sgd_p = opt.DistOpt(opt.SGD(lr=0.05))  # no momentum: averaging all every step == dense
+ref_p_sgd = opt.SGD(lr=0.05)
+whole = []
+for step in range(4):
+    xg, yg, x, y = global_batch(step)
+    sgd_p.backward_and_partial_update(F.cross_entropy(model_p(x), y))  # one chunk
+    ref_p_sgd(F.cross_entropy(ref_p(xg), yg))
+    whole.append(max_diff(model_p, ref_p))
+out["partial_whole_diffs"] = whole
+# chunks of <= 30 elements: [conv w 27 + b 3], [fc1 w 288], [fc1 b 6 + fc2 w 24], [fc2 b 4];
+# every rank steps locally (momentum), one chunk averaged per call; the reference runs
+# every rank's replica in this process
+model_q = net(6)
+sgd_q = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
+replicas = [net(6) for _ in range(size)]
+ref_opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in replicas]
+chunks = [[0, 1], [2], [3, 4], [5]]
+partial, equal = [], []
+for step in range(9):
+    xg, yg, x, y = global_batch(step)
+    sgd_q.backward_and_partial_update(F.cross_entropy(model_q(x), y), threshold=30)
+    for r, (m, o) in enumerate(zip(replicas, ref_opts)):
+        o.zero_grad()
+        F.cross_entropy(m(xg[r * B:(r + 1) * B]), yg[r * B:(r + 1) * B]).backward()
+        o.step()
+    with torch.no_grad():
+        for i in chunks[step % len(chunks)]:
+            mean = sum(list(m.parameters())[i] for m in replicas) / size
+            for m in replicas:
+                list(m.parameters())[i].copy_(mean)
+    partial.append(max_diff(model_q, replicas[rank]))
+    mine = [p.detach().numpy().copy() for p in model_q.parameters()]
+    every = dist.get_comm().allgather_obj(mine)
+    equal.append([i for i in range(len(mine))
+                  if max(float(np.abs(e[i] - mine[i]).max()) for e in every) < 1e-13])
+out["partial_diffs"] = partial
+out["partial_equal"] = equal
+out["partial_chunks"] = [len(c) for c in sgd_q._chunks[1]]
+
 with open(f"{sys.argv[1]}/rank{rank}.pkl", "wb") as f:
     pickle.dump(out, f)
