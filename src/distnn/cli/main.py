@@ -32,7 +32,8 @@ from .launch import add_launch_parser, run_launch
 from .options import (_argtype, add_options, explicit_options, given_options, load_config,
                       resolve_values, spelled_flags)
 from .commands import COMMANDS, PLAIN_COMMANDS
-from .search import SEARCH, add_search_parser, main_search
+from .search import SEARCH, add_search_parser
+from .search_run import main_search
 
 
 PROG = "distnn"

@@ -1,7 +1,7 @@
 """Kernels behind the layers: convolution, pooling, batch-norm math.
 
-Each op family is one module (``conv``, ``pooling``, ``batchnorm``) of functions over
-arrays; they import nothing from the rest of distnn. The NumPy code in them is the
+Each op family is one module (``im2col``, ``conv``, ``pooling``, ``batchnorm``) of
+functions over arrays; they import nothing from the rest of distnn. The NumPy code in them is the
 reference; with the "numba" backend (the default when numba is installed; see ``backend``)
 their memory-bound loops run compiled and multi-threaded from ``_numba`` while the GEMMs
 stay in NumPy's BLAS. ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose.

@@ -1,0 +1,303 @@
+"""``MPIComm``: the ``Communicator`` over an mpi4py communicator, the one place distnn
+talks to MPI. mpi4py is imported lazily (``_mpi``), on the first ``MPIComm`` or
+``distnn.distributed.world()`` call, so ``import distnn`` never needs it.
+
+Array collectives are in place on contiguous NumPy arrays (uppercase mpi4py methods with
+``MPI.IN_PLACE``: no packing, no copies); the ``*_obj`` ones pickle small Python objects.
+Every rank must call the same collectives in the same order.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from .comm_base import _check_array, _check_op, _divide_
+
+
+class _MPIHandle:
+    def __init__(self, request, arr: np.ndarray, divide_by: int, keep=None, watch=None):
+        self._request = request
+        self._arr = arr
+        self._divide_by = divide_by
+        self._keep = keep  # objects MPI reads from until completion (datatype, op)
+        self._done = False
+        self._watch = watch  # (stall inspector, collective number or None, peers)
+
+    def wait(self) -> np.ndarray:
+        if not self._done:
+            if self._watch is not None:
+                inspector, seq, peers = self._watch
+                inspector.enter(seq, peers)
+                try:
+                    if inspector.interruptible:
+                        inspector.poll(self._request, (self._arr, self._keep))
+                    else:
+                        self._request.Wait()
+                finally:
+                    inspector.leave()
+            else:
+                self._request.Wait()
+            self._done = True
+            _divide_(self._arr, self._divide_by)
+        return self._arr
+
+    def test(self) -> bool:
+        """True once the collective is complete (drives MPI progress)."""
+        if not self._done and self._request.Test():
+            self._done = True
+            _divide_(self._arr, self._divide_by)
+        return self._done
+
+
+def _affinity() -> frozenset:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: assume every rank shares every core
+        return frozenset({-1})
+
+
+def _mpi():
+    from mpi4py import MPI  # the only import of mpi4py in distnn (lazy: optional dependency)
+    return MPI
+
+
+_FP16_SUM = None
+
+
+def _fp16_sum_op(MPI):
+    """SUM over float16 data sent as raw 16-bit words, accumulated in float32 (used when
+    the MPI library has no native float16 reduction)."""
+    global _FP16_SUM
+    if _FP16_SUM is None:
+        def add(inbuf, inoutbuf, datatype):
+            a = np.frombuffer(inbuf, dtype=np.float16)
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            np.add(a, b, out=b, dtype=np.float32, casting="unsafe")
+        _FP16_SUM = MPI.Op.Create(add, commute=True)
+    return _FP16_SUM
+
+
+class MPIComm:
+    """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``).
+
+    Args:
+        mpi_comm: an ``mpi4py.MPI.Comm``; None means ``COMM_WORLD``.
+        fp16: how float16 arrays are summed: "native" (MPI's float16 datatype, when the
+            library has one) or "op" (a user-defined op over 16-bit words that adds in
+            float32); "auto" picks "native" when available.
+
+    Example:
+        comm = MPIComm(); comm.allreduce_(grads, "sum")
+    """
+
+    stall = None  # a distributed.stall.StallInspector watches every wait when set
+
+    def __init__(self, mpi_comm=None, fp16: str = "auto"):
+        MPI = _mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = node.Get_rank()
+        self.local_size = node.Get_size()
+        # Ranks of this node whose cores overlap this rank's (itself included): local_size
+        # when nothing pins them, 1 when the launcher gave each rank cores of its own
+        # (Slurm's --cpu-bind, hydra's -bind-to core): then a rank keeps all its cores.
+        mine = _affinity()
+        cpus = node.allgather(mine) if self.local_size > 1 else [mine]
+        self.core_sharers = sum(1 for other in cpus if not mine.isdisjoint(other))
+        node.Free()
+        if fp16 not in ("auto", "native", "op"):
+            raise ValueError(f"fp16 must be 'auto', 'native' or 'op', got {fp16!r}")
+        native = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL) != MPI.DATATYPE_NULL
+        if fp16 == "native" and not native:
+            raise ValueError("fp16='native' but this MPI library has no float16 datatype; "
+                             "use fp16='op'")
+        self.fp16 = "native" if fp16 == "auto" and native else ("op" if fp16 == "auto" else fp16)
+        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+    def _buf_op(self, arr: np.ndarray, op: str):
+        """(buffer spec, MPI op) for arr; float16 goes through the float16 path."""
+        if arr.dtype == np.float16:
+            if op not in ("sum", "mean"):
+                raise ValueError(f"float16 arrays support op 'sum'/'mean' only, got {op!r}")
+            if self.fp16 == "native":
+                return [arr, self.MPI.FLOAT16_T], self.MPI.SUM
+            return [arr.view(np.uint16), self.MPI.UINT16_T], _fp16_sum_op(self.MPI)
+        return arr, self._ops[op]
+
+    def _collective(self, request, arr=None, divide_by=1, keep=None):
+        """A handle of a started collective, watched by the stall inspector if any."""
+        watch = (self.stall, self.stall.started(), None) if self.stall is not None else None
+        return _MPIHandle(request, np.zeros(0) if arr is None else arr, divide_by, keep, watch)
+
+    def _watched(self, fn, *args, **kwargs):
+        """A blocking collective, counted and watched by the stall inspector if any."""
+        stall = self.stall
+        if stall is None:
+            return fn(*args, **kwargs)
+        stall.enter(stall.started())
+        try:
+            if stall.interruptible:  # distnn search's blocks: a failed rank must not hang them
+                from .stall import polled
+                return polled(stall, self.comm, fn.__name__, *args, **kwargs)
+            return fn(*args, **kwargs)
+        finally:
+            stall.leave()
+
+    def allreduce_(self, arr, op="sum"):
+        _check_op(op, _check_array(arr, "allreduce_"))
+        buf, mpi_op = self._buf_op(arr, op)
+        self._watched(self.comm.Allreduce, self.MPI.IN_PLACE, buf, op=mpi_op)
+        return _divide_(arr, self.size) if op == "mean" else arr
+
+    def iallreduce_(self, arr, op="sum"):
+        _check_op(op, _check_array(arr, "iallreduce_"))
+        buf, mpi_op = self._buf_op(arr, op)
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
+        return self._collective(request, arr, self.size if op == "mean" else 1, keep=buf)
+
+    def bcast_(self, arr, root=0):
+        _check_array(arr, "bcast_")
+        buf = [arr.view(np.uint16), self.MPI.UINT16_T] if arr.dtype == np.float16 else arr
+        self._watched(self.comm.Bcast, buf, root=root)
+        return arr
+
+    def allgather(self, arr):
+        arr = np.ascontiguousarray(arr)
+        out = np.empty((self.size,) + arr.shape, dtype=arr.dtype)
+        if arr.dtype == np.float16:
+            self._watched(self.comm.Allgather, [arr.view(np.uint16), self.MPI.UINT16_T],
+                          [out.view(np.uint16), self.MPI.UINT16_T])
+        else:
+            self._watched(self.comm.Allgather, arr, out)
+        return out
+
+    def bcast_obj(self, obj, root=0):
+        return self._watched(self.comm.bcast, obj, root=root)
+
+    def allgather_obj(self, obj):
+        return self._watched(self.comm.allgather, obj)
+
+    def allreduce_obj(self, obj, op="sum"):
+        _check_op(op)
+        out = self._watched(self.comm.allreduce, obj, op=self._ops[op])
+        return out / self.size if op == "mean" else out
+
+    def barrier(self):
+        self._watched(self.comm.Barrier)
+
+    def split(self, color, key=0):
+        return MPIComm(self.comm.Split(color, key), fp16=self.fp16)
+
+    def subgroup(self, ranks, tag=0):
+        """A new communicator of ``ranks`` (of this one), made by those ranks only (the
+        others need not take part: ``MPI_Comm_create_group``)."""
+        group = self.comm.Get_group().Incl(list(ranks))
+        try:
+            return MPIComm(self.comm.Create_group(group, tag), fp16=self.fp16)
+        finally:
+            group.Free()
+
+    # -- point to point (arrays; the rules in distnn.rules use them) ----------------------
+    def send_(self, arr, dest, tag=0):
+        """Blocking send of a contiguous array to rank ``dest``."""
+        self.comm.Send(_check_array(arr, "send_"), dest=dest, tag=tag)
+
+    def recv_(self, arr, source, tag=0):
+        """Blocking receive into ``arr`` (its size must match the message); returns arr."""
+        self.comm.Recv(_check_array(arr, "recv_"), source=source, tag=tag)
+        return arr
+
+    def isend_(self, arr, dest, tag=0):
+        """Start sending ``arr``; keep it unchanged until the handle's ``wait``/``test``."""
+        return _MPIHandle(self.comm.Isend(_check_array(arr, "isend_"), dest=dest, tag=tag),
+                          arr, 1, watch=self.stall and (self.stall, None, (dest,)))
+
+    def irecv_(self, arr, source, tag=0):
+        """Start receiving into ``arr``; the handle's ``wait()`` returns it filled."""
+        return _MPIHandle(self.comm.Irecv(_check_array(arr, "irecv_"), source=source, tag=tag),
+                          arr, 1, watch=self.stall and (self.stall, None, (source,)))
+
+    def iprobe(self, source=-1, tag=-1):
+        """(source, tag, bytes) of a message waiting to be received, or None (-1: any)."""
+        MPI = self.MPI
+        status = MPI.Status()
+        if not self.comm.Iprobe(source=MPI.ANY_SOURCE if source < 0 else source,
+                                tag=MPI.ANY_TAG if tag < 0 else tag, status=status):
+            return None
+        return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+
+    def ibarrier(self):
+        """Start a barrier; ``test()`` polls it (wait in a sleep loop, not a busy poll)."""
+        return self._collective(self.comm.Ibarrier())
+
+    def abort(self, code=1):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.MPI.COMM_WORLD.Abort(code)
+
+    def library_version(self) -> str:
+        """First line of the MPI library's version string."""
+        return " ".join(self.MPI.Get_library_version().strip().splitlines()[0].split())
+
+    def mpi4py_version(self) -> str:
+        import mpi4py
+        return mpi4py.__version__
+
+    # -- added for Horovod's collectives (alltoall, reducescatter, Adasum) ---------------
+    def sendrecv_(self, send, dest, recv, source, tag=0):
+        """Send ``send`` to ``dest`` while receiving into ``recv`` from ``source``."""
+        def raw(a):
+            return [a.view(np.uint16), self.MPI.UINT16_T] if a.dtype == np.float16 else a
+        self.comm.Sendrecv(raw(_check_array(send, "sendrecv_")), dest, tag,
+                           raw(_check_array(recv, "sendrecv_")), source, tag)
+        return recv
+
+    def alltoallv_(self, send, send_counts, recv, recv_counts):
+        """Exchange slices of 1-D arrays: ``send_counts[r]`` elements (in rank order) go to
+        rank r, ``recv_counts[r]`` arrive from it; returns recv."""
+        def spec(a, counts):
+            counts = [int(c) for c in counts]
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            if a.dtype == np.float16:
+                return [a.view(np.uint16), (counts, displs), self.MPI.UINT16_T]
+            return [a, (counts, displs)]
+        self.comm.Alltoallv(spec(_check_array(send, "alltoallv_"), send_counts),
+                            spec(_check_array(recv, "alltoallv_"), recv_counts))
+        return recv
+
+    def allgatherv(self, arr, counts):
+        """Every rank's 1-D ``arr`` (``counts[r]`` elements from rank r, the same dtype
+        everywhere), concatenated in rank order (MPI ``Allgatherv``, as raw bytes)."""
+        arr = np.ascontiguousarray(arr)
+        counts = [int(c) for c in counts]
+        if arr.size != counts[self.rank]:
+            raise ValueError(f"allgatherv: this rank passes {arr.size} elements but counts "
+                             f"says {counts[self.rank]}; every rank passes the same counts")
+        out = np.empty(sum(counts), dtype=arr.dtype)
+        nbytes = [c * arr.itemsize for c in counts]
+        displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+        self._watched(self.comm.Allgatherv, [arr.view(np.uint8), self.MPI.BYTE],
+                      [out.view(np.uint8), (nbytes, displs), self.MPI.BYTE])
+        return out
+
+    def reduce_scatter_(self, send, recv, counts, op="sum"):
+        """Reduce the 1-D ``send`` over ranks; rank r receives the r-th block of
+        ``counts[r]`` elements into ``recv``; returns recv."""
+        _check_op(op, _check_array(recv, "reduce_scatter_"))
+        send = np.ascontiguousarray(send)
+        if send.dtype == np.float16:  # through the all-reduce's float16 path
+            tmp = send.copy()
+            self.allreduce_(tmp, op)
+            lo = int(np.sum(counts[:self.rank]))
+            np.copyto(recv, tmp[lo:lo + int(counts[self.rank])])
+            return recv
+        self.comm.Reduce_scatter(send, recv, [int(c) for c in counts], op=self._ops[op])
+        return _divide_(recv, self.size) if op == "mean" else recv
+
+    def __repr__(self):
+        return f"MPIComm(rank={self.rank}, size={self.size})"

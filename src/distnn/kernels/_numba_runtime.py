@@ -1,0 +1,111 @@
+"""The numba runtime of the compiled kernels (``_numba``): the threading layer (OpenMP
+first, with passive waiting while it loads), the ``njit`` options the kernels are compiled
+with, the thread count, the dispatch of each kernel to its serial or parallel compilation,
+and the work arrays shared by all layers (``scratch``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import types
+
+# OpenMP (libgomp) when it loads, else numba's own workqueue (TBB last). With OpenMP's
+# waiting threads passive (see _start_pool) and OpenBLAS's too (OPENBLAS_THREAD_TIMEOUT,
+# distnn/__init__.py), the OpenMP pool measured fastest: resnet20 at 2 threads 379 ms per
+# step against 542 ms on the workqueue layer with spinning BLAS threads.
+os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
+
+import numba as nb  # noqa: E402
+import numpy as np  # noqa: E402
+
+_U = np.uintp
+_jit = nb.njit(parallel=True, cache=True, nogil=True)
+_jit_serial = nb.njit(cache=True, nogil=True)
+# Per-channel sums: reassociation lets LLVM vectorize the float64 accumulation (a serial
+# chain of dependent adds runs at one element per ~4 cycles); no other fast-math flag.
+_jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+
+def default_threads() -> int:
+    """OMP_NUM_THREADS when set; else this process's cores shared among its node's ranks."""
+    from .node import threads_per_rank
+    return threads_per_rank()
+
+
+def set_num_threads(n: int) -> None:
+    n = max(1, min(int(n), nb.config.NUMBA_NUM_THREADS))
+    _threads[0] = n
+    if n > 1:
+        nb.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return _threads[0]
+
+
+# -- dispatch -------------------------------------------------------------------------
+# With one thread the serial compilation runs in the caller's thread: a parallel launch
+# would hand the loop to a pool worker and wait for it, a context switch per kernel call.
+# Parallel launches are serialized: the workqueue layer aborts the process when two Python
+# threads launch parallel loops at once (a layer used from several threads, or ranks
+# simulated by threads in the tests); a lock costs ~0.1 us against kernels of 10 us and up.
+_launch = threading.Lock()
+_threads = [1]
+
+
+def _dispatch(parallel_kernel):
+    # a copy under its own name: the disk cache is keyed by function name, not options
+    f = parallel_kernel.py_func
+    twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
+                              f.__defaults__, f.__closure__)
+    twin.__qualname__ = f.__qualname__ + "_serial"
+    serial_kernel = nb.njit(cache=True, nogil=True,
+                            fastmath=parallel_kernel.targetoptions.get("fastmath", False)
+                            )(twin)
+
+    @functools.wraps(parallel_kernel.py_func)
+    def call(*args):
+        if _threads[0] == 1:
+            return serial_kernel(*args)
+        with _launch:
+            return parallel_kernel(*args)
+    call.parallel, call.serial = parallel_kernel, serial_kernel
+    return call
+
+
+# -- work arrays shared by all layers ---------------------------------------------------
+_scratch = threading.local()
+
+
+def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """A C-contiguous work array of ``shape`` backed by one grow-only buffer per (name,
+    dtype) and thread, shared by every layer: layers run one at a time, and the big column
+    matrices then cost one buffer instead of one per layer."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape))
+    pool = _scratch.__dict__.setdefault("pool", {})
+    buf = pool.get((name, dtype))
+    if buf is None or buf.size < size:
+        buf = pool[(name, dtype)] = np.empty(size, dtype)
+    return buf[:size].reshape(shape)
+
+
+def _start_pool() -> None:
+    """Load numba's threading layer now, with OMP_WAIT_POLICY=PASSIVE unless the user set
+    it: libgomp reads it once, when it loads. A spinning OpenMP pool and OpenBLAS's threads
+    take turns on the same cores and slow each other. The variable is removed again, so an
+    OpenMP runtime loaded later (torch has its own) keeps its default: passive waiting made
+    torch's small convolutions at 2 threads 4x slower."""
+    given = os.environ.get("OMP_WAIT_POLICY")
+    if given is None:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        nb.get_num_threads()  # launches the threading layer
+    finally:
+        if given is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+_start_pool()
+set_num_threads(default_threads())
