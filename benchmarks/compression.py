@@ -48,6 +48,9 @@ def run_rank(args) -> None:
         splits = load_dataset("fashion_mnist", download=False)
         x, y = splits.train.arrays()
         tx, ty = splits.test.arrays()
+        if args.model.startswith("vgg"):  # five 2x2 poolings: 28x28 padded to 32x32
+            pad = ((0, 0), (0, 0), (2, 2), (2, 2))
+            x, tx = np.pad(x[:args.train_samples], pad), np.pad(tx[:args.test_samples], pad)
         train = ArrayDataset(x[:args.train_samples], y[:args.train_samples], 10)
         test = ArrayDataset(tx[:args.test_samples], ty[:args.test_samples], 10)
         model = get_model(args.model, input_shape=train.input_shape, num_classes=10,
