@@ -120,18 +120,23 @@ def partition_dataset(data: Any, global_batch_size: int, device=None, dtype=None
     return _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm)
 
 
-def _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm) -> Iterator[Shard]:
-    c = comm if comm is not None else dist.get_comm()
+def _length(data, what: str) -> int:
+    """Samples in a TensorDataset, a tuple/list of equally long arrays or tensors, or any
+    sized dataset."""
     if isinstance(data, torch.utils.data.TensorDataset):
-        n = len(data.tensors[0])
-    elif isinstance(data, (tuple, list)):
+        return len(data.tensors[0])
+    if isinstance(data, (tuple, list)):
         lengths = {len(t) for t in data}
         if len(lengths) != 1:
-            raise ValueError(f"partition_dataset: the tensors have lengths {sorted(lengths)}; "
+            raise ValueError(f"partition_dataset: the {what} have lengths {sorted(lengths)}; "
                              "they must have the same first dimension")
-        n = lengths.pop()
-    else:
-        n = len(data)
+        return lengths.pop()
+    return len(data)
+
+
+def _shards(data, global_batch_size, shuffle, seed, epoch, drop_last, comm) -> Iterator[Shard]:
+    c = comm if comm is not None else dist.get_comm()
+    n = _length(data, "tensors")
     for idx, g in shard_indices(n, global_batch_size, rank=c.rank, size=c.size,
                                 shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last):
         yield Shard(_take(data, idx), g, idx)
@@ -283,16 +288,7 @@ def needle_partition(dataset: Any, batch_size: int, device=None, dtype=None, *,
                          f"size and must be an integer >= the number of ranks ({c.size})")
     if isinstance(dataset, DistnnDataset) and not isinstance(dataset, ArrayDataset):
         dataset = dataset.arrays()
-    if isinstance(dataset, torch.utils.data.TensorDataset):
-        n = len(dataset.tensors[0])
-    elif isinstance(dataset, (tuple, list)):
-        lengths = {len(t) for t in dataset}
-        if len(lengths) != 1:
-            raise ValueError(f"partition_dataset: the arrays have lengths {sorted(lengths)}; "
-                             "they must have the same first dimension")
-        n = lengths.pop()
-    else:
-        n = len(dataset)
+    n = _length(dataset, "arrays")
     if n < c.size:
         raise ValueError(f"partition_dataset: {n} samples cannot be shared by {c.size} ranks")
     bsz = int(batch_size) // c.size
