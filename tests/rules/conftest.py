@@ -37,13 +37,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_jobs(n: int, jobs: list[dict], out: Path, timeout: float = 90) -> dict:
-    """Run the jobs on n ranks; {job name: [per-rank {"npz", "json"}]}."""
-    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(PROG), str(out),
+def run_jobs(n: int, jobs: list[dict], out: Path, timeout: float = 90,
+             prog: Path = PROG, stdout: bool = False) -> dict:
+    """Run the jobs on n ranks with ``prog``; {job name: [per-rank {"npz", "json"}]}, and
+    with ``stdout`` the ranks' output under "stdout"."""
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(prog), str(out),
                            json.dumps(jobs)], capture_output=True, text=True,
                           timeout=timeout, env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = {}
+    results = {"stdout": proc.stdout} if stdout else {}
     for job in jobs:
         ranks = []
         for r in range(n):

@@ -4,15 +4,13 @@ all ranks right after its turn, exact --resume (also the chunk position), a resu
 another number of ranks, and the traffic of a step (one chunk)."""
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import MPIEXEC, child_env, needs_mpi
+from conftest import needs_mpi, run_jobs
 
 sys.path.insert(0, str(Path(__file__).parent / "progs"))
 from partial_prog import CLASSES, digits  # noqa: E402
@@ -29,20 +27,7 @@ GBS = {3: 82, 2: 83}
 
 
 def launch(n: int, jobs: list[dict], out: Path) -> dict:
-    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(PROG), str(out),
-                           json.dumps(jobs)], capture_output=True, text=True, timeout=180,
-                          env=child_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = {"stdout": proc.stdout}
-    for job in jobs:
-        ranks = []
-        for r in range(n):
-            base = out / f"{job['name']}.rank{r}"
-            with np.load(str(base) + ".npz") as z:
-                arrays = {k: z[k] for k in z.files}
-            ranks.append({**arrays, **json.loads(Path(str(base) + ".json").read_text())})
-        results[job["name"]] = ranks
-    return results
+    return run_jobs(n, jobs, out, timeout=180, prog=PROG, stdout=True)
 
 
 @pytest.fixture(scope="module")
