@@ -65,6 +65,19 @@ def use_winograd(g: ConvGeometry, f: int) -> bool:
             and min(g.oh, g.ow) >= WINOGRAD_MIN_SIZE)
 
 
+def winograd_tile(g: ConvGeometry, f: int) -> int:
+    """The compiled path's Winograd output tile for this convolution: 4 (F(4x4, 3x3)), 2
+    (F(2x2, 3x3)) or 0 (im2col)."""
+    if not use_winograd(g, f):
+        return 0
+    return 4 if use_winograd4(g, f) else 2
+
+
+def use_winograd4(g: ConvGeometry, f: int) -> bool:
+    """F(4x4, 3x3) rather than F(2x2, 3x3) for a convolution that Winograd computes."""
+    return min(g.oh, g.ow) >= WINOGRAD4_MIN_SIZE and g.c * f >= WINOGRAD4_MIN_CF
+
+
 # Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host, medians of 5
 # alternated): 512->512 4x4 201 vs 394, 256->512 4x4 117 vs 187, 64->64 4x4 3.6 vs 12.4,
 # 256->256 8x8 200 vs 325, 64->128 16x16 112 vs 161, 32->32 16x16 22 vs 29, 16->16 32x32
@@ -72,6 +85,10 @@ def use_winograd(g: ConvGeometry, f: int) -> bool:
 # than the 2.25x fewer multiplies save with few channels), 512->512 2x2 a tie (one tile).
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 4
+
+# F(4x4) against F(2x2): see the measurements in winograd.py's docstring
+WINOGRAD4_MIN_SIZE = 8
+WINOGRAD4_MIN_CF = 0
 
 
 class ConvCache(NamedTuple):
@@ -84,6 +101,7 @@ class ConvCache(NamedTuple):
     compiled: bool = False
     winograd: bool = False
     chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
+    tile: int = 2  # the Winograd output tile (F(2x2) or F(4x4))
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -209,16 +227,19 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
-    fast = compiled() if method in (None, "winograd") else None
-    if method == "winograd" or (fast is not None and use_winograd(g, f)):
+    fast = compiled() if method in (None, "winograd", "winograd4") else None
+    tile = {"winograd": 2, "winograd4": 4}.get(method or "")
+    if tile is None and fast is not None:
+        tile = winograd_tile(g, f) or None
+    if tile is not None:
         if not winograd_applies(g):
-            raise ValueError(f"method='winograd' needs a 3x3 kernel, stride 1 and dilation 1, "
+            raise ValueError(f"method={method!r} needs a 3x3 kernel, stride 1 and dilation 1, "
                              f"got {g.kh}x{g.kw}, stride {(g.sh, g.sw)}, dilation "
-                             f"{(g.dh, g.dw)}")
+                             f"{(g.dh, g.dw)}; use method='compact' or leave method unset")
         from . import winograd
         x = np.ascontiguousarray(x)
-        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
-        return y, ConvCache(g, None, False, x, True, True)
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=tile)
+        return y, ConvCache(g, None, False, x, True, True, tile=tile)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -282,7 +303,8 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
-                                 dw_out, db_out if need_db else None, need_dx)
+                                 dw_out, db_out if need_db else None, need_dx,
+                                 tile=cache.tile)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
