@@ -6,7 +6,8 @@ ReLU) and the adjoints of both, between NCHW arrays and (36, rows x tiles) array
 row k starts ``a.shape[1]`` elements after row k-1. The matrices are Lavin & Gray's with
 interpolation points 0, 1, -1, 2, -2 and infinity (``winograd.BT4``, ``AT4``, ``G4``); each
 1-D transform is a small inlined function applied to the rows of a tile, then to its
-columns, through a 36-value stack of locals (``t``). Each kernel has a serial twin.
+columns, all in scalar locals (tuples), so LLVM keeps a tile in registers. Each kernel has a
+serial twin.
 """
 from __future__ import annotations
 
@@ -60,6 +61,65 @@ def _a(g0, g1, g2, g3):
     return g0, e + o, e - o, e4 + o8, e4 - o8, g3
 
 
+@_inline
+def _load6(a, o, step):
+    return (a[_U(o)], a[_U(o + step)], a[_U(o + 2 * step)], a[_U(o + 3 * step)],
+            a[_U(o + 4 * step)], a[_U(o + 5 * step)])
+
+
+@_inline
+def _load4(a, o, step):
+    return a[_U(o)], a[_U(o + step)], a[_U(o + 2 * step)], a[_U(o + 3 * step)]
+
+
+@_inline
+def _put6(a, o, step, c):
+    a[_U(o)] = c[0]
+    a[_U(o + step)] = c[1]
+    a[_U(o + 2 * step)] = c[2]
+    a[_U(o + 3 * step)] = c[3]
+    a[_U(o + 4 * step)] = c[4]
+    a[_U(o + 5 * step)] = c[5]
+
+
+@_inline
+def _add6(a, o, step, c):
+    a[_U(o)] += c[0]
+    a[_U(o + step)] += c[1]
+    a[_U(o + 2 * step)] += c[2]
+    a[_U(o + 3 * step)] += c[3]
+    a[_U(o + 4 * step)] += c[4]
+    a[_U(o + 5 * step)] += c[5]
+
+
+@_inline
+def _put4(a, o, step, c):
+    a[_U(o)] = c[0]
+    a[_U(o + step)] = c[1]
+    a[_U(o + 2 * step)] = c[2]
+    a[_U(o + 3 * step)] = c[3]
+
+
+@_inline
+def _bt_(q):
+    return _bt(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _b_(q):
+    return _b(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _at_(q):
+    return _at(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _a_(q):
+    return _a(q[0], q[1], q[2], q[3])
+
+
 @_jit
 def input_transform(x, n0, n1, pt, pl, th, tw, v):
     """v (36, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 6x6 tile d of
@@ -77,7 +137,6 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
         n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
         d = np.zeros(hp * wp, x.dtype)
-        t = np.empty(36, x.dtype)
         for r in range(max(0, -pt), min(h_, hp - pt)):
             for q in range(max(0, -pl), min(w_, wp - pl)):
                 d[_U((r + pt) * wp + q + pl)] = xf[_U(xb + r * w_ + q)]
@@ -85,24 +144,21 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
             o = c * nt + (n * th + ty) * tw
             for tx in range(tw):
                 s = 4 * ty * wp + 4 * tx
-                for j in range(6):  # columns of the tile: t[:, j] = B^T d[:, j]
-                    e = s + j
-                    t0, t1, t2, t3, t4, t5 = _bt(d[_U(e)], d[_U(e + wp)], d[_U(e + 2 * wp)],
-                                                 d[_U(e + 3 * wp)], d[_U(e + 4 * wp)],
-                                                 d[_U(e + 5 * wp)])
-                    t[j], t[6 + j], t[12 + j] = t0, t1, t2
-                    t[18 + j], t[24 + j], t[30 + j] = t3, t4, t5
-                tt = o + tx
-                for i in range(6):  # rows: v[i, :] = t[i, :] B
-                    r0, r1, r2, r3, r4, r5 = _bt(t[6 * i], t[6 * i + 1], t[6 * i + 2],
-                                                 t[6 * i + 3], t[6 * i + 4], t[6 * i + 5])
-                    b = 6 * i * cs + tt
-                    vf[_U(b)] = r0
-                    vf[_U(b + cs)] = r1
-                    vf[_U(b + 2 * cs)] = r2
-                    vf[_U(b + 3 * cs)] = r3
-                    vf[_U(b + 4 * cs)] = r4
-                    vf[_U(b + 5 * cs)] = r5
+                # columns of the tile: c_j = B^T d[:, j]
+                c0 = _bt_(_load6(d, s, wp))
+                c1 = _bt_(_load6(d, s + 1, wp))
+                c2 = _bt_(_load6(d, s + 2, wp))
+                c3 = _bt_(_load6(d, s + 3, wp))
+                c4 = _bt_(_load6(d, s + 4, wp))
+                c5 = _bt_(_load6(d, s + 5, wp))
+                # rows: v[i, :] = (B^T d)[i, :] B, position (i, j) at row 6 i + j
+                t = o + tx
+                _put6(vf, t, cs, _bt(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0]))
+                _put6(vf, t + 6 * cs, cs, _bt(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1]))
+                _put6(vf, t + 12 * cs, cs, _bt(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2]))
+                _put6(vf, t + 18 * cs, cs, _bt(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3]))
+                _put6(vf, t + 24 * cs, cs, _bt(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4]))
+                _put6(vf, t + 30 * cs, cs, _bt(c0[5], c1[5], c2[5], c3[5], c4[5], c5[5]))
 
 
 @_jit
@@ -122,25 +178,23 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
         bias = b[f] if use_b else mf[0] * 0
         z = mf[0] * 0
         out = np.empty(4 * th * wp, m.dtype)
-        t = np.empty(24, m.dtype)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
             for tx in range(tw):
-                tt = o + tx
-                for i in range(6):  # rows: t[i, :] = M[i, :] A
-                    b0 = 6 * i * fs + tt
-                    p0, p1, p2, p3 = _at(mf[_U(b0)], mf[_U(b0 + fs)], mf[_U(b0 + 2 * fs)],
-                                         mf[_U(b0 + 3 * fs)], mf[_U(b0 + 4 * fs)],
-                                         mf[_U(b0 + 5 * fs)])
-                    t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3] = p0, p1, p2, p3
+                t = o + tx
+                # rows: r_i = M[i, :] A
+                r0 = _at_(_load6(mf, t, fs))
+                r1 = _at_(_load6(mf, t + 6 * fs, fs))
+                r2 = _at_(_load6(mf, t + 12 * fs, fs))
+                r3 = _at_(_load6(mf, t + 18 * fs, fs))
+                r4 = _at_(_load6(mf, t + 24 * fs, fs))
+                r5 = _at_(_load6(mf, t + 30 * fs, fs))
+                # columns: A^T r[:, j] is column j of the 4x4 output tile
                 s = 4 * ty * wp + 4 * tx
-                for j in range(4):  # columns: A^T t[:, j]
-                    q0, q1, q2, q3 = _at(t[j], t[4 + j], t[8 + j], t[12 + j], t[16 + j],
-                                         t[20 + j])
-                    out[_U(s + j)] = q0
-                    out[_U(s + wp + j)] = q1
-                    out[_U(s + 2 * wp + j)] = q2
-                    out[_U(s + 3 * wp + j)] = q3
+                _put4(out, s, wp, _at(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                _put4(out, s + 1, wp, _at(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                _put4(out, s + 2, wp, _at(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                _put4(out, s + 3, wp, _at(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
         for r in range(oh):
             for q in range(ow):
                 val = out[_U(r * wp + q)] + bias
@@ -165,7 +219,6 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
         g = np.zeros(4 * th * wp, dy.dtype)
-        t = np.empty(24, dy.dtype)
         acc = 0.0
         for r in range(oh):
             for q in range(ow):
@@ -177,23 +230,19 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
             o = f * nt + (n * th + ty) * tw
             for tx in range(tw):
                 s = 4 * ty * wp + 4 * tx
-                for j in range(4):  # columns: t[:, j] = A g[:, j]
-                    e = s + j
-                    a0, a1, a2, a3, a4, a5 = _a(g[_U(e)], g[_U(e + wp)], g[_U(e + 2 * wp)],
-                                                g[_U(e + 3 * wp)])
-                    t[j], t[4 + j], t[8 + j] = a0, a1, a2
-                    t[12 + j], t[16 + j], t[20 + j] = a3, a4, a5
-                tt = o + tx
-                for i in range(6):  # rows: dM[i, :] = t[i, :] A^T
-                    r0, r1, r2, r3, r4, r5 = _a(t[4 * i], t[4 * i + 1], t[4 * i + 2],
-                                                t[4 * i + 3])
-                    b0 = 6 * i * fs + tt
-                    mf[_U(b0)] = r0
-                    mf[_U(b0 + fs)] = r1
-                    mf[_U(b0 + 2 * fs)] = r2
-                    mf[_U(b0 + 3 * fs)] = r3
-                    mf[_U(b0 + 4 * fs)] = r4
-                    mf[_U(b0 + 5 * fs)] = r5
+                # columns: c_j = A g[:, j]
+                c0 = _a_(_load4(g, s, wp))
+                c1 = _a_(_load4(g, s + 1, wp))
+                c2 = _a_(_load4(g, s + 2, wp))
+                c3 = _a_(_load4(g, s + 3, wp))
+                # rows: dM[i, :] = (A g)[i, :] A^T
+                t = o + tx
+                _put6(mf, t, fs, _a(c0[0], c1[0], c2[0], c3[0]))
+                _put6(mf, t + 6 * fs, fs, _a(c0[1], c1[1], c2[1], c3[1]))
+                _put6(mf, t + 12 * fs, fs, _a(c0[2], c1[2], c2[2], c3[2]))
+                _put6(mf, t + 18 * fs, fs, _a(c0[3], c1[3], c2[3], c3[3]))
+                _put6(mf, t + 24 * fs, fs, _a(c0[4], c1[4], c2[4], c3[4]))
+                _put6(mf, t + 30 * fs, fs, _a(c0[5], c1[5], c2[5], c3[5]))
 
 
 @_jit
@@ -212,29 +261,25 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
         n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
         d = np.zeros(hp * wp, dv.dtype)
-        t = np.empty(36, dv.dtype)
         for ty in range(th):
             o = c * nt + (n * th + ty) * tw
             for tx in range(tw):
-                tt = o + tx
-                for i in range(6):  # rows: t[i, :] = dV[i, :] B^T
-                    b0 = 6 * i * cs + tt
-                    e0, e1, e2, e3, e4, e5 = _b(vf[_U(b0)], vf[_U(b0 + cs)],
-                                                vf[_U(b0 + 2 * cs)], vf[_U(b0 + 3 * cs)],
-                                                vf[_U(b0 + 4 * cs)], vf[_U(b0 + 5 * cs)])
-                    t[6 * i], t[6 * i + 1], t[6 * i + 2] = e0, e1, e2
-                    t[6 * i + 3], t[6 * i + 4], t[6 * i + 5] = e3, e4, e5
+                t = o + tx
+                # rows: r_i = dV[i, :] B^T
+                r0 = _b_(_load6(vf, t, cs))
+                r1 = _b_(_load6(vf, t + 6 * cs, cs))
+                r2 = _b_(_load6(vf, t + 12 * cs, cs))
+                r3 = _b_(_load6(vf, t + 18 * cs, cs))
+                r4 = _b_(_load6(vf, t + 24 * cs, cs))
+                r5 = _b_(_load6(vf, t + 30 * cs, cs))
+                # columns: B r[:, j], added into column j of the tile's place in the plane
                 s = 4 * ty * wp + 4 * tx
-                for j in range(6):  # columns: B t[:, j], added into the plane
-                    e = s + j
-                    c0, c1, c2, c3, c4, c5 = _b(t[j], t[6 + j], t[12 + j], t[18 + j],
-                                                t[24 + j], t[30 + j])
-                    d[_U(e)] += c0
-                    d[_U(e + wp)] += c1
-                    d[_U(e + 2 * wp)] += c2
-                    d[_U(e + 3 * wp)] += c3
-                    d[_U(e + 4 * wp)] += c4
-                    d[_U(e + 5 * wp)] += c5
+                _add6(d, s, wp, _b(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                _add6(d, s + 1, wp, _b(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                _add6(d, s + 2, wp, _b(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                _add6(d, s + 3, wp, _b(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
+                _add6(d, s + 4, wp, _b(r0[4], r1[4], r2[4], r3[4], r4[4], r5[4]))
+                _add6(d, s + 5, wp, _b(r0[5], r1[5], r2[5], r3[5], r4[5], r5[5]))
         for r in range(h_):
             for q in range(w_):
                 rr, qq = r + pt, q + pl

@@ -86,9 +86,15 @@ def use_winograd4(g: ConvGeometry, f: int) -> bool:
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 4
 
-# F(4x4) against F(2x2): see the measurements in winograd.py's docstring
-WINOGRAD4_MIN_SIZE = 8
-WINOGRAD4_MIN_CF = 0
+# F(4x4) against F(2x2) (benchmarks/winograd_tiles.py; fwd+bwd, batch 64, 1 thread, ms of
+# CPU time, loaded host, medians of 7 interleaved rounds, F2 vs F4): 64->128 16x16 41.8 vs
+# 37.5, 128->256 8x8 37.9 vs 31.8, 256->256 8x8 71.5 vs 60.1, 512->512 4x4 72.2 vs 64.9;
+# ties at 32->32 16x16 (9.4 vs 9.2), 64->64 8x8 (6.9 vs 6.8), 32->32 7x7 (2.5 vs 2.5); and
+# F(4x4) loses with few channels, where its transforms (more work per tile value than
+# F(2x2)'s) outweigh the GEMM: 16->16 32x32 14.3 vs 15.5, 16->16 14x14 3.1 vs 3.9, 8->8
+# 28x28 4.8 vs 5.6.
+WINOGRAD4_MIN_SIZE = 4
+WINOGRAD4_MIN_CF = 64 * 128
 
 
 class ConvCache(NamedTuple):
