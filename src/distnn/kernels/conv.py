@@ -86,15 +86,16 @@ def use_winograd4(g: ConvGeometry, f: int) -> bool:
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 4
 
-# F(4x4) against F(2x2) (benchmarks/winograd_tiles.py; fwd+bwd, batch 64, 1 thread, ms of
-# CPU time, loaded host, medians of 7 interleaved rounds, F2 vs F4): 64->128 16x16 41.8 vs
-# 37.5, 128->256 8x8 37.9 vs 31.8, 256->256 8x8 71.5 vs 60.1, 512->512 4x4 72.2 vs 64.9;
-# ties at 32->32 16x16 (9.4 vs 9.2), 64->64 8x8 (6.9 vs 6.8), 32->32 7x7 (2.5 vs 2.5); and
-# F(4x4) loses with few channels, where its transforms (more work per tile value than
-# F(2x2)'s) outweigh the GEMM: 16->16 32x32 14.3 vs 15.5, 16->16 14x14 3.1 vs 3.9, 8->8
-# 28x28 4.8 vs 5.6.
+# F(4x4) against F(2x2) (benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of process
+# CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread | 2 threads):
+# 64->64 8x8 6.4 vs 5.6 | 7.6 vs 6.3, 64->128 16x16 42.1 vs 34.4 | 44.0 vs 36.5, 128->256
+# 8x8 38.2 vs 30.5 | 40.9 vs 30.9, 256->256 8x8 72.1 vs 55.2 | 75.3 vs 56.0, 512->512 4x4
+# 73.0 vs 63.5 | 79.4 vs 73.2; ties at 32->32 16x16 (8.9 vs 8.7 | 9.2 vs 8.8) and 32->32
+# 7x7 (2.3 vs 2.3 | 2.7 vs 2.5); F(4x4) loses with few channels, where its transforms
+# (more work per value than F(2x2)'s) outweigh the smaller GEMM: 16->16 32x32 13.5 vs 14.9,
+# 16->16 14x14 2.8 vs 3.7, 8->8 28x28 4.6 vs 5.3.
 WINOGRAD4_MIN_SIZE = 4
-WINOGRAD4_MIN_CF = 64 * 128
+WINOGRAD4_MIN_CF = 64 * 64
 
 
 class ConvCache(NamedTuple):
