@@ -223,6 +223,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
     "flat" (stride 1 only) or "compact"; by default it is chosen from measured costs.
+    "winograd" / "winograd4" force Winograd F(2x2, 3x3) / F(4x4, 3x3) (3x3, stride 1,
+    compiled loops; ``winograd_tile`` is the default choice).
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the

@@ -1,12 +1,15 @@
-"""Winograd F(2x2, 3x3) convolution for 3x3, stride-1, undilated kernels (compiled, numba).
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for 3x3, stride-1, undilated kernels.
 
-Each 4x4 input tile d (stride 2, overlapping by 2) of every channel becomes
-V = B^T d B, each filter g becomes U = G g G^T, and a 2x2 output tile is
-Y = A^T (sum_c U ⊙ V) A. The sum over channels at each of the 16 transformed positions
-is one GEMM, so a block of tiles costs one batched ``np.matmul`` (16, F, C) @ (16, C, T)
-in BLAS: 16 multiplies per 4 outputs instead of 36 (2.25x fewer). Tiles are processed in
-blocks of samples sized so that V and M = U V stay in cache between the transform and
-the GEMM.
+F(m x m, 3x3): each (m+2)x(m+2) input tile d (stride m, overlapping by 2) of every
+channel becomes V = B^T d B, each filter g becomes U = G g G^T, and an m x m output tile
+is Y = A^T (sum_c U ⊙ V) A. The sum over channels at each of the P = (m+2)^2 transformed
+positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F, C) @
+(P, C, T) in BLAS: F(2x2) does 16 multiplies per 4 outputs instead of 36 (2.25x fewer),
+F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
+Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
+the transform and the GEMM. ``conv.winograd_tile`` picks the tile per layer shape from
+measurements (F(4x4) where the GEMM dominates, from C*F >= 4096; its transforms cost more
+per value than F(2x2)'s, so F(2x2) keeps the layers with few channels).
 
 Backward is the exact adjoint of that computed map (not a second, flipped convolution):
 dM = A dY A^T per tile, dV = U^T dM and dx = scatter-add of B dV B^T (backward-data),
@@ -14,19 +17,32 @@ dU = dM V^T and dw = G^T dU G (backward-weights), each again one batched GEMM. S
 layer's gradients are the true gradients of the function it computes, and gradient checks
 hold to rounding.
 
-The tile loops are compiled (``_winograd``); the GEMMs stay in BLAS. With more than one
+The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` for F(4x4), the
+same four kernels with the same signatures); the GEMMs stay in BLAS. With more than one
 thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each thread take whole
 blocks of samples (no copies; dw summed in a fixed order), bigger ones split every kernel.
 
-Rounding (u = 2^-24 for float32): all transform coefficients are 0, ±1/2 or ±1, so
-U, V, dM, dV are exact up to the rounding of their additions. With E the same pipeline
-evaluated with |x|, |w| and the absolute values of every transform matrix, the standard
-forward-error argument gives, per output element, |y_winograd - y| <= gamma(C + 10) * E
-(gamma(n) = n u / (1 - n u)); for dx, E uses |dy|, |w| and n = F + 10; for dw, |dy|, |x|
-and n = N*tiles + 10 (the sum over tiles; blocked summation in BLAS does far better).
-E itself is at most 4 x 2.25 x 9 = 81 times conv(|x|, |w|) (row sums of |B^T|, |G|,
-|A^T| squared), against 1x for im2col; tests/kernels/test_winograd.py checks the bound
-per layer shape against the float64 reference.
+Matrices. F(2x2): points 0, 1, -1, infinity. F(4x4): Lavin & Gray's, points 0, 1, -1, 2,
+-2, infinity (``BT4``, ``G4``, ``AT4``). The other common set, 0, ±1, ±1/2, infinity, was
+measured no more accurate (float32 F(4x4) on one 64-channel tile, 200 trials, relative
+error median 3.5e-6 with either set, max 1.1e-5 vs 9.9e-6 with ±2), and with ±2 the input
+and output transforms, run on every tile, have small integer coefficients only (1/6,
+1/12 and 1/24 are in G, applied once per weight).
+
+Rounding (u = 2^-24 for float32). With E the same pipeline evaluated with |x|, |w| and
+the absolute values of every transform matrix, the standard forward-error argument gives,
+per output element, |y_winograd - y| <= gamma(C + k) * E (gamma(n) = n u / (1 - n u)),
+k = 10 for F(2x2) and 24 for F(4x4) (the additions and coefficient roundings of the
+transforms, and G4's rounded entries); for dx, E uses |dy|, |w| and n = F + k; for dw,
+|dy|, |x| and n = N*tiles + k (the sum over tiles; blocked summation in BLAS does far
+better). F(2x2)'s coefficients are 0, ±1/2, ±1 (exact), and its E is at most 4 x 2.25 x 9
+= 81 times conv(|x|, |w|) (row sums of |B^T|, |G|, |A^T| squared), against 1x for im2col;
+F(4x4)'s row sums are 10, 1 and 19, so E can reach 100 x 1 x 361 = 36100 conv(|x|, |w|);
+measured on resnet20/vgg11bn shapes E / conv(|x|, |w|) is ~60 (median) and <= 820 for
+F(4x4) against ~7 and <= 18 for F(2x2), and the float32 relative error of y, dx, dw is
+2-5e-6 for F(4x4) against 2-6e-7 for F(2x2) and 3-5e-7 for im2col.
+tests/kernels/test_winograd.py checks the bound per layer shape against the float64
+reference, for both tiles.
 """
 from __future__ import annotations
 
