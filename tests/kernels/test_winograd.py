@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3) and F(4x4, 3x3) (compiled): exact against the loop reference in float64, within its
-stated rounding bound in float32 per layer shape, and gradient-checked through Conv2D."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) (compiled): exact against the loop reference in
+float64, within the stated rounding bound in float32 per layer shape, and gradient-checked
+through Conv2D."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
