@@ -65,7 +65,7 @@ def main(argv=None) -> None:
                     if r:  # the first round warms up (JIT cache load, scratch)
                         times[(name, t)].append(time.process_time() - t0)
         med = {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
-        ratio = med[("F(4x4)", threads[0])] / med[("F(2x2)", threads[0])]
+        ratio = med[("F(4x4)", threads[0])] / max(med[("F(2x2)", threads[0])], 1e-9)
         print(f"| {c}->{f} {h}x{h} | " + " | ".join(f"{med[v]:.2f}" for v in variants)
               + f" | {ratio:.2f} |", flush=True)
     kernels.set_backend(None)
