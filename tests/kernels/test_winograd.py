@@ -61,10 +61,13 @@ def test_winograd_matches_loops_float64(method, case):
 
 @pytest.mark.parametrize("h,w,pads", [(7, 7, (1, 1, 1, 1)), (14, 14, (1, 1, 1, 1)),
                                       (28, 28, (1, 1, 1, 1)), (9, 13, (0, 0, 0, 0)),
-                                      (6, 6, (0, 2, 1, 0)), (3, 5, (0, 0, 2, 2))])
+                                      (6, 6, (0, 2, 1, 0)), (3, 5, (0, 0, 2, 2)),
+                                      (32, 32, (1, 1, 1, 1)), (29, 31, (0, 1, 2, 0)),
+                                      (40, 26, (0, 0, 0, 0)), (26, 45, (2, 0, 0, 1))])
 def test_winograd4_partial_tiles_float64(h, w, pads):
     """Outputs that are not multiples of 4 (partial last tiles, zero padding) are right to
-    ~1e-10 in float64, y and all gradients."""
+    ~1e-10 in float64, y and all gradients; from 28x28 the planes take the transforms
+    vectorized over tiles (``_winograd4w``), below the tile-by-tile ones."""
     rng = np.random.default_rng(h * w)
     x = rng.standard_normal((3, 5, h, w))
     wt = rng.standard_normal((4, 5, 3, 3))
@@ -178,10 +181,11 @@ def test_conv2d_layer_gradcheck_on_winograd():
 def test_conv2d_layer_gradcheck_on_winograd4(monkeypatch):
     """The public layer on the F(4x4) path (forced by the threshold), with odd sizes."""
     monkeypatch.setattr(K, "WINOGRAD4_MIN_CF", 0)
-    for hw, padding in (((8, 8), "same"), ((7, 9), "valid")):
+    monkeypatch.setattr(K, "WINOGRAD_MIN_CHANNELS", 1)
+    for c, hw, padding in ((16, (8, 8), "same"), (16, (7, 9), "valid"), (2, (28, 26), "valid")):
         layer = Conv2D(4, 3, padding=padding)
-        layer.build((16,) + hw, rng=np.random.default_rng(0), dtype=np.float64)
-        x = np.random.default_rng(1).standard_normal((2, 16) + hw)
+        layer.build((c,) + hw, rng=np.random.default_rng(0), dtype=np.float64)
+        x = np.random.default_rng(1).standard_normal((2, c) + hw)
         layer.forward(x, training=True)
         assert layer._cache.winograd and layer._cache.tile == 4
         layer._cache = None

@@ -15,6 +15,8 @@ import numba as nb
 import numpy as np
 
 from ._numba import _U, _dispatch
+from ._winograd4w import (WIDE_TILES, input_adjoint_plane, input_plane, output_adjoint_plane,
+                         output_plane)
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -132,10 +134,16 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
     hp, wp = 4 * th + 2, 4 * tw + 2
     xf = x.ravel()
     vf = v.ravel()
+    ntp = th * (tw + 1)
     for cn in nb.prange(c_ * k_):
         c = cn // k_
         n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            input_plane(xf, xb, h_, w_, pt, pl, th, tw, vf, cs, c * nt + n * th * tw,
+                        np.empty(16 * (th + 1) * (tw + 1) + 8, x.dtype),
+                        np.empty(36 * ntp, x.dtype), np.empty(36 * ntp, x.dtype))
+            continue
         d = np.zeros(hp * wp, x.dtype)
         for r in range(max(0, -pt), min(h_, hp - pt)):
             for q in range(max(0, -pl), min(w_, wp - pl)):
@@ -177,6 +185,19 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
         yb = ((n + n0) * f_ + f) * oh * ow
         bias = b[f] if use_b else mf[0] * 0
         z = mf[0] * 0
+        ntp = th * (tw + 1)
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            out = np.empty(16 * ntp, m.dtype)
+            output_plane(mf, fs, f * nt + n * th * tw, th, tw, np.empty(36 * ntp, m.dtype),
+                         np.empty(24 * ntp, m.dtype), out)
+            for r in range(oh):  # out by phases (q >= 0: & and >> for % and //)
+                ob = (r & 3) * 4 * ntp + (r >> 2) * (tw + 1)
+                for q in range(ow):
+                    val = out[_U(ob + (q & 3) * ntp + (q >> 2))] + bias
+                    if relu and val < z:
+                        val = z
+                    yf[_U(yb + r * ow + q)] = val
+            continue
         out = np.empty(4 * th * wp, m.dtype)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
@@ -218,6 +239,20 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
         f = fn // k_
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
+        ntp = th * (tw + 1)
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            g = np.zeros(16 * ntp, dy.dtype)
+            acc = 0.0
+            for r in range(oh):  # dY by phases, as output_transform's out
+                gb = (r & 3) * 4 * ntp + (r >> 2) * (tw + 1)
+                for q in range(ow):
+                    val = df[_U(yb + r * ow + q)]
+                    g[_U(gb + (q & 3) * ntp + (q >> 2))] = val
+                    acc += val
+            dbp[fn] = acc
+            output_adjoint_plane(g, th, tw, mf, fs, f * nt + n * th * tw,
+                                 np.empty(24 * ntp, dy.dtype), np.empty(36 * ntp, dy.dtype))
+            continue
         g = np.zeros(4 * th * wp, dy.dtype)
         acc = 0.0
         for r in range(oh):
@@ -256,10 +291,26 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
     hp, wp = 4 * th + 2, 4 * tw + 2
     vf = dv.ravel()
     xf = dx.ravel()
+    t1 = tw + 1
+    ntp = th * t1
     for cn in nb.prange(c_ * k_):
         c = cn // k_
         n = cn % k_
         xb = ((n + n0) * c_ + c) * h_ * w_
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            ph = (th + 1) * t1
+            d = np.empty(16 * ph + 8, dv.dtype)
+            input_adjoint_plane(vf, cs, c * nt + n * th * tw, th, tw, d,
+                                np.empty(36 * ntp, dv.dtype), np.empty(36 * ntp, dv.dtype))
+            for r in range(h_):  # by phases (r + pt, q + pl >= 0: & and >>)
+                rr = r + pt
+                rb = (rr & 3) * 4 * ph + (rr >> 2) * t1
+                for q in range(w_):
+                    qq = q + pl
+                    inside = rr < hp and qq < wp
+                    val = d[_U(rb + (qq & 3) * ph + (qq >> 2))] if inside else d[0] * 0
+                    xf[_U(xb + r * w_ + q)] = val
+            continue
         d = np.zeros(hp * wp, dv.dtype)
         for ty in range(th):
             o = c * nt + (n * th + ty) * tw
