@@ -23,7 +23,7 @@ def test_winograd_tiles_prints_a_row_per_shape():
             and "HxW" not in line]
     assert [row.split("|")[1].strip() for row in rows][:3] == [
         "16->16 32x32", "32->32 16x16", "64->64 8x8"]
-    assert len(rows) == 10
+    assert len(rows) == 14
     for row in rows:
         cells = [float(c) for c in row.strip("|").split("|")[1:]]
         assert len(cells) == 7 and all(c >= 0 for c in cells), row

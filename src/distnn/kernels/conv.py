@@ -75,7 +75,8 @@ def winograd_tile(g: ConvGeometry, f: int) -> int:
 
 def use_winograd4(g: ConvGeometry, f: int) -> bool:
     """F(4x4, 3x3) rather than F(2x2, 3x3) for a convolution that Winograd computes."""
-    return min(g.oh, g.ow) >= WINOGRAD4_MIN_SIZE and g.c * f >= WINOGRAD4_MIN_CF
+    return min(g.oh, g.ow) >= WINOGRAD4_MIN_SIZE and (g.c * f >= WINOGRAD4_MIN_CF
+                                                      or g.oh * g.ow >= WINOGRAD4_MIN_AREA)
 
 
 # Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host, medians of 5
@@ -86,16 +87,19 @@ def use_winograd4(g: ConvGeometry, f: int) -> bool:
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 4
 
-# F(4x4) against F(2x2) (benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of process
-# CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread | 2 threads):
-# 64->64 8x8 6.4 vs 5.6 | 7.6 vs 6.3, 64->128 16x16 42.1 vs 34.4 | 44.0 vs 36.5, 128->256
-# 8x8 38.2 vs 30.5 | 40.9 vs 30.9, 256->256 8x8 72.1 vs 55.2 | 75.3 vs 56.0, 512->512 4x4
-# 73.0 vs 63.5 | 79.4 vs 73.2; ties at 32->32 16x16 (8.9 vs 8.7 | 9.2 vs 8.8) and 32->32
-# 7x7 (2.3 vs 2.3 | 2.7 vs 2.5); F(4x4) loses with few channels, where its transforms
-# (more work per value than F(2x2)'s) outweigh the smaller GEMM: 16->16 32x32 13.5 vs 14.9,
-# 16->16 14x14 2.8 vs 3.7, 8->8 28x28 4.6 vs 5.3.
+# F(4x4) against F(2x2) (python benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of
+# process CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread |
+# 2 threads): with many channels the smaller GEMM wins: 64->64 8x8 6.5 vs 5.9 | 6.9 vs 5.9,
+# 64->128 16x16 42.5 vs 34.0 | 43.6 vs 36.1, 128->256 8x8 39.7 vs 32.0 | 43.0 vs 33.0,
+# 256->256 8x8 71.9 vs 53.1 | 74.8 vs 56.9, 512->512 4x4 76.5 vs 66.6 | 84.2 vs 79.3. With
+# few channels the transforms decide: on big planes (>= 48 tiles, ``_winograd4w``) F(4x4)'s
+# are vectorized over tiles and win, 16->16 32x32 14.1 vs 11.6 | 14.6 vs 12.0, 16->32 32x32
+# 22.7 vs 19.0 | 23.3 vs 19.8 (16->16 28x28 11.4 vs 11.5, a tie); on small planes they run
+# tile by tile and lose, 16->16 14x14 3.2 vs 4.1, 16->16 24x24 8.7 vs 9.4. Ties (32->32
+# 16x16 9.0 vs 8.8, 32->32 7x7 2.7 vs 2.6) keep F(2x2), whose rounding error is ~8x smaller.
 WINOGRAD4_MIN_SIZE = 4
 WINOGRAD4_MIN_CF = 64 * 64
+WINOGRAD4_MIN_AREA = 30 * 30
 
 
 class ConvCache(NamedTuple):

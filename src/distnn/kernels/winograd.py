@@ -8,8 +8,9 @@ positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F
 F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
 Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
 the transform and the GEMM. ``conv.winograd_tile`` picks the tile per layer shape from
-measurements (F(4x4) where the GEMM dominates, from C*F >= 4096; its transforms cost more
-per value than F(2x2)'s, so F(2x2) keeps the layers with few channels).
+measurements: F(4x4) where the GEMM dominates (C*F >= 4096) and on big planes (>= 30x30
+outputs), where its transforms run vectorized over tiles (``_winograd4w``); F(2x2) for
+the smaller planes with few channels, where F(4x4)'s tile-by-tile transforms cost more.
 
 Backward is the exact adjoint of that computed map (not a second, flipped convolution):
 dM = A dY A^T per tile, dV = U^T dM and dx = scatter-add of B dV B^T (backward-data),
@@ -17,10 +18,11 @@ dU = dM V^T and dw = G^T dU G (backward-weights), each again one batched GEMM. S
 layer's gradients are the true gradients of the function it computes, and gradient checks
 hold to rounding.
 
-The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` for F(4x4), the
-same four kernels with the same signatures); the GEMMs stay in BLAS. With more than one
-thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each thread take whole
-blocks of samples (no copies; dw summed in a fixed order), bigger ones split every kernel.
+The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` and ``_winograd4w``
+for F(4x4), the same four kernels with the same signatures); the GEMMs stay in BLAS.
+With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each
+thread take whole blocks of samples (no copies; dw summed in a fixed order), bigger ones
+split every kernel.
 
 Matrices. F(2x2): points 0, 1, -1, infinity. F(4x4): Lavin & Gray's, points 0, 1, -1, 2,
 -2, infinity (``BT4``, ``G4``, ``AT4``). The other common set, 0, ±1, ±1/2, infinity, was
