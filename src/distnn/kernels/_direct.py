@@ -2,10 +2,12 @@
 
 Each sample's padded input plane is read as one flat row of Hp*Wp values: the output at
 flat position k = p*Wp + q needs input k + i*dh*Wp + j*dw for kernel offset (i, j), so
-every (filter, channel, offset) term is one long, unit-stride multiply-add over
-L = (OH-1)*Wp + OW positions that LLVM vectorizes (the W-OW columns between rows are
-computed and dropped). With few channels this does C*KH*KW passes over an L1-resident
-accumulator instead of writing and reading a (C*KH*KW, N*OH*OW) column matrix.
+every term is a long, unit-stride multiply-add over L = (OH-1)*Wp + OW positions that
+LLVM vectorizes (the Wp-OW columns between rows are computed and dropped). The loops are
+blocked so that one load of the input feeds several multiply-adds: three taps of a kernel
+row for four filters at a time (12 FMAs per 3 input loads and 4 accumulator updates) in
+the forward pass, and three taps for one filter's dw dot products. The input gradient is
+the same forward kernel over dy padded for a full correlation with the flipped weights.
 
 The kernels are serial over a block of samples [n0, n1); ``direct`` splits the batch
 among threads. Weight sums go to float64 per sample (each is a float32 dot product of
@@ -14,7 +16,6 @@ L terms), so the result does not depend on how the batch is split.
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
 
 from ._numba_runtime import _U, _jit_serial
 
@@ -24,33 +25,37 @@ _jit_dots = nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 @_jit_serial
 def pad_planes(x, n0, n1, pt, pl, xp):
-    """xp[n0:n1] (N, C, Hp, Wp) = x[n0:n1] with zero borders (pt top, pl left)."""
+    """xp[n0:n1] (N, C, Hp, Wp) = x[n0:n1] moved down pt rows and right pl columns, zero
+    elsewhere; negative pt / pl crop instead."""
     _, c_, h_, w_ = x.shape
     hp, wp = xp.shape[2], xp.shape[3]
     xf = x.ravel()
     pf = xp.ravel()
+    q0 = min(max(pl, 0), wp)          # first destination column with a source
+    q1 = max(q0, min(wp, w_ + pl))    # past the last one
     for t in range(n0 * c_, n1 * c_):
         d0 = t * hp * wp
         s0 = t * h_ * w_
-        for k in range(pt * wp):
-            pf[_U(d0 + k)] = 0
-        for r in range(h_):
-            d = d0 + (r + pt) * wp
-            for k in range(pl):
+        for r in range(hp):
+            d = d0 + r * wp
+            sr = r - pt
+            if sr < 0 or sr >= h_:
+                for k in range(wp):
+                    pf[_U(d + k)] = 0
+                continue
+            for k in range(q0):
                 pf[_U(d + k)] = 0
-            s = s0 + r * w_
-            for k in range(w_):
-                pf[_U(d + pl + k)] = xf[_U(s + k)]
-            for k in range(pl + w_, wp):
+            s = s0 + sr * w_ - pl
+            for k in range(q0, q1):
+                pf[_U(d + k)] = xf[_U(s + k)]
+            for k in range(q1, wp):
                 pf[_U(d + k)] = 0
-        for k in range((pt + h_) * wp, hp * wp):
-            pf[_U(d0 + k)] = 0
 
 
 @_jit_dots
-def forward(xp, w, b, use_b, n0, n1, dh, dw, oh, ow, acc, y):
+def forward(xp, w, b, n0, n1, dh, dw, oh, ow, acc, y):
     """y[n0:n1] (N, F, OH, OW) = conv of the padded planes xp (N, C, Hp, Wp) with w
-    (F, C, KH, KW), plus b[f] when use_b; acc is a work array of F*L values."""
+    (F, C, KH, KW), plus b (F,); acc is a work array of F*L values."""
     f_, c_, kh, kw = w.shape
     hp, wp = xp.shape[2], xp.shape[3]
     ll = (oh - 1) * wp + ow
@@ -60,19 +65,52 @@ def forward(xp, w, b, use_b, n0, n1, dh, dw, oh, ow, acc, y):
     af = acc.ravel()
     for n in range(n0, n1):
         for f in range(f_):
-            v = b[f] if use_b else wf[0] * 0
+            v = b[f]
             for k in range(ll):
                 af[_U(f * ll + k)] = v
         for c in range(c_):
-            xb = (n * c_ + c) * hp * wp
             for i in range(kh):
-                for j in range(kw):
-                    s = xb + i * dh * wp + j * dw
-                    for f in range(f_):
-                        wv = wf[_U(((f * c_ + c) * kh + i) * kw + j)]
-                        a = f * ll
+                s = (n * c_ + c) * hp * wp + i * dh * wp
+                j = 0
+                while j + 3 <= kw:
+                    f = 0
+                    while f + 4 <= f_:
+                        t = ((f * c_ + c) * kh + i) * kw + j
+                        st = c_ * kh * kw
+                        a0, a1, a2 = wf[_U(t)], wf[_U(t + 1)], wf[_U(t + 2)]
+                        b0, b1, b2 = wf[_U(t + st)], wf[_U(t + st + 1)], wf[_U(t + st + 2)]
+                        t += 2 * st
+                        c0, c1, c2 = wf[_U(t)], wf[_U(t + 1)], wf[_U(t + 2)]
+                        d0, d1, d2 = wf[_U(t + st)], wf[_U(t + st + 1)], wf[_U(t + st + 2)]
+                        o = f * ll
+                        sj = s + j * dw
                         for k in range(ll):
-                            af[_U(a + k)] += wv * xf[_U(s + k)]
+                            x0 = xf[_U(sj + k)]
+                            x1 = xf[_U(sj + dw + k)]
+                            x2 = xf[_U(sj + 2 * dw + k)]
+                            af[_U(o + k)] += a0 * x0 + a1 * x1 + a2 * x2
+                            af[_U(o + ll + k)] += b0 * x0 + b1 * x1 + b2 * x2
+                            af[_U(o + 2 * ll + k)] += c0 * x0 + c1 * x1 + c2 * x2
+                            af[_U(o + 3 * ll + k)] += d0 * x0 + d1 * x1 + d2 * x2
+                        f += 4
+                    while f < f_:
+                        t = ((f * c_ + c) * kh + i) * kw + j
+                        a0, a1, a2 = wf[_U(t)], wf[_U(t + 1)], wf[_U(t + 2)]
+                        o = f * ll
+                        sj = s + j * dw
+                        for k in range(ll):
+                            af[_U(o + k)] += (a0 * xf[_U(sj + k)] + a1 * xf[_U(sj + dw + k)]
+                                              + a2 * xf[_U(sj + 2 * dw + k)])
+                        f += 1
+                    j += 3
+                while j < kw:
+                    sj = s + j * dw
+                    for f in range(f_):
+                        a0 = wf[_U(((f * c_ + c) * kh + i) * kw + j)]
+                        o = f * ll
+                        for k in range(ll):
+                            af[_U(o + k)] += a0 * xf[_U(sj + k)]
+                    j += 1
         for f in range(f_):
             d = (n * f_ + f) * oh * ow
             for p in range(oh):
@@ -82,27 +120,23 @@ def forward(xp, w, b, use_b, n0, n1, dh, dw, oh, ow, acc, y):
 
 
 @_jit_dots
-def backward(xp, w, dy, n0, n1, dh, dw, pt, pl, need_dx, dyw, dxp, dw64, db64, dx):
-    """For samples n0..n1-1: dw64 (F, C, KH, KW) and db64 (F,) += their sums (float64);
-    dx[n0:n1] (N, C, H, W) = the input gradient when need_dx. dyw (F*L) and dxp (C*Hp*Wp)
-    are work arrays."""
-    f_, c_, kh, kw = w.shape
+def weight_grad(xp, dy, n0, n1, dh, dw, dyw, dw64, db64, zero):
+    """For samples n0..n1-1: dw64 (F, C, KH, KW) and db64 (F,) += their sums (float64).
+    dyw is a work array of F*L values; zero[0] is 0 in the dtype of x (the dot products
+    accumulate in it: ``x[0] * 0`` would be float64 and not vectorize)."""
+    f_, c_, kh, kw = dw64.shape
     hp, wp = xp.shape[2], xp.shape[3]
     oh, ow = dy.shape[2], dy.shape[3]
-    h_, w_ = dx.shape[2], dx.shape[3]
     ll = (oh - 1) * wp + ow
     xf = xp.ravel()
-    wf = w.ravel()
     df = dy.ravel()
     gf = dyw.ravel()
-    pf = dxp.ravel()
-    xdf = dx.ravel()
     gw = dw64.ravel()
     for n in range(n0, n1):
         # dy as rows of width Wp (the columns between rows zero: they add nothing)
         for f in range(f_):
             s = (n * f_ + f) * oh * ow
-            part = df[0] * 0
+            part = 0.0
             for p in range(oh):
                 a = f * ll + p * wp
                 for q in range(ow):
@@ -114,32 +148,89 @@ def backward(xp, w, dy, n0, n1, dh, dw, pt, pl, need_dx, dyw, dxp, dw64, db64, d
                         gf[_U(a + q)] = 0
             db64[f] += part
         for c in range(c_):
-            xb = (n * c_ + c) * hp * wp
             for i in range(kh):
-                for j in range(kw):
-                    s = xb + i * dh * wp + j * dw
-                    for f in range(f_):
-                        a = f * ll
-                        dot = xf[0] * 0
+                s = (n * c_ + c) * hp * wp + i * dh * wp
+                f = 0
+                while f + 4 <= f_ and kw >= 3:
+                    # four filters x three taps: 12 dot products per 7 loads
+                    a = f * ll
+                    st = c_ * kh * kw
+                    t = ((f * c_ + c) * kh + i) * kw
+                    j = 0
+                    while j + 3 <= kw:
+                        sj = s + j * dw
+                        z = zero[0]
+                        s00, s01, s02, s10, s11, s12 = z, z, z, z, z, z
+                        s20, s21, s22, s30, s31, s32 = z, z, z, z, z, z
                         for k in range(ll):
-                            dot += gf[_U(a + k)] * xf[_U(s + k)]
-                        gw[_U(((f * c_ + c) * kh + i) * kw + j)] += dot
-        if not need_dx:
-            continue
-        for c in range(c_):
-            cb = c * hp * wp
-            for k in range(hp * wp):
-                pf[_U(cb + k)] = 0
-            for i in range(kh):
-                for j in range(kw):
-                    s = cb + i * dh * wp + j * dw
-                    for f in range(f_):
-                        wv = wf[_U(((f * c_ + c) * kh + i) * kw + j)]
-                        a = f * ll
+                            x0 = xf[_U(sj + k)]
+                            x1 = xf[_U(sj + dw + k)]
+                            x2 = xf[_U(sj + 2 * dw + k)]
+                            g0 = gf[_U(a + k)]
+                            g1 = gf[_U(a + ll + k)]
+                            g2 = gf[_U(a + 2 * ll + k)]
+                            g3 = gf[_U(a + 3 * ll + k)]
+                            s00 += g0 * x0
+                            s01 += g0 * x1
+                            s02 += g0 * x2
+                            s10 += g1 * x0
+                            s11 += g1 * x1
+                            s12 += g1 * x2
+                            s20 += g2 * x0
+                            s21 += g2 * x1
+                            s22 += g2 * x2
+                            s30 += g3 * x0
+                            s31 += g3 * x1
+                            s32 += g3 * x2
+                        u = t + j
+                        gw[_U(u)] += s00
+                        gw[_U(u + 1)] += s01
+                        gw[_U(u + 2)] += s02
+                        u += st
+                        gw[_U(u)] += s10
+                        gw[_U(u + 1)] += s11
+                        gw[_U(u + 2)] += s12
+                        u += st
+                        gw[_U(u)] += s20
+                        gw[_U(u + 1)] += s21
+                        gw[_U(u + 2)] += s22
+                        u += st
+                        gw[_U(u)] += s30
+                        gw[_U(u + 1)] += s31
+                        gw[_U(u + 2)] += s32
+                        j += 3
+                    while j < kw:
+                        sj = s + j * dw
+                        for e in range(4):
+                            s0 = zero[0]
+                            for k in range(ll):
+                                s0 += gf[_U(a + e * ll + k)] * xf[_U(sj + k)]
+                            gw[_U(t + e * st + j)] += s0
+                        j += 1
+                    f += 4
+                while f < f_:
+                    a = f * ll
+                    t = ((f * c_ + c) * kh + i) * kw
+                    f += 1
+                    j = 0
+                    while j + 3 <= kw:
+                        sj = s + j * dw
+                        s0 = zero[0]
+                        s1 = zero[0]
+                        s2 = zero[0]
                         for k in range(ll):
-                            pf[_U(s + k)] += wv * gf[_U(a + k)]
-            d = (n * c_ + c) * h_ * w_
-            for r in range(h_):
-                s = cb + (r + pt) * wp + pl
-                for q in range(w_):
-                    xdf[_U(d + r * w_ + q)] = pf[_U(s + q)]
+                            g = gf[_U(a + k)]
+                            s0 += g * xf[_U(sj + k)]
+                            s1 += g * xf[_U(sj + dw + k)]
+                            s2 += g * xf[_U(sj + 2 * dw + k)]
+                        gw[_U(t + j)] += s0
+                        gw[_U(t + j + 1)] += s1
+                        gw[_U(t + j + 2)] += s2
+                        j += 3
+                    while j < kw:
+                        sj = s + j * dw
+                        s0 = zero[0]
+                        for k in range(ll):
+                            s0 += gf[_U(a + k)] * xf[_U(sj + k)]
+                        gw[_U(t + j)] += s0
+                        j += 1

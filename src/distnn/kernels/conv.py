@@ -297,7 +297,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return direct.backward(dy, cache.xf, w, cache.geometry, dw_out,
-                               db_out if need_db else None, need_dx)
+                               db_out if need_db else None, need_dx, ws)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)

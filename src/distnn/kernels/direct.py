@@ -16,9 +16,13 @@ import numpy as np
 
 from .im2col import ConvGeometry, _buffer
 
-# Measured fwd+bwd, batch 64, 1 thread, thread CPU ms (direct vs im2col + GEMM, loaded
-# host, medians of 7 interleaved rounds): see use_direct.
-DIRECT_MAX_CKK = 54
+# Measured fwd+bwd, batch 64, 1 thread, thread CPU ms (direct vs compiled im2col + GEMM,
+# loaded host, medians of 9 interleaved rounds, benchmarks/conv_direct.py): 1->4 28x28
+# pad 1 (no dx) 0.19 vs 0.38, 4->8 28x28 pad 1 1.38 vs 2.69, 1->6 5x5 pad 2 (no dx) 0.63
+# vs 1.02, 3->16 32x32 pad 1 (no dx) 1.82 vs 2.82, 3->64 32x32 pad 1 (no dx) 6.7 vs 9.3,
+# 8->8 26x26 pad 1 1.87 vs 4.08; but 6->16 5x5 14x14 (C*KH*KW = 150, short rows) 2.96 vs
+# 1.55. 3x3 stride-1 layers with C >= 16 go to Winograd before this is asked.
+DIRECT_MAX_CKK = 72
 
 
 def direct_applies(g: ConvGeometry) -> bool:
@@ -57,14 +61,14 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
     f = w.shape[0]
     xp = _padded(x, g, ws)
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
-    bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     ll = (g.oh - 1) * g.wp + g.ow
     per, workers = block_workers(g.n, g.n)
 
     def body(indices, serial):
         acc = scratch("direct_acc", (f * ll,), x.dtype)
         for i in indices:
-            k.forward(xp, w, bias, b is not None, i * per, min(g.n, (i + 1) * per),
+            k.forward(xp, w, bias, i * per, min(g.n, (i + 1) * per),
                       g.dh, g.dw, g.oh, g.ow, acc, y)
 
     run(-(-g.n // per), workers, body)
@@ -72,28 +76,39 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
 
 
 def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
-             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool):
-    """(dx or None, dw, db or None) of ``forward``; dw and db are written into the
-    given arrays."""
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
+             ws: dict | None = None):
+    """(dx or None, dw, db or None) of ``forward``; dw and db are written into the given
+    arrays. dx is the forward kernel over dy padded for a full correlation with the
+    flipped, transposed weights."""
     from ._numba import scratch
     from ._threads import block_workers, run
     k = _module()
     dy = np.ascontiguousarray(dy)
-    w = np.ascontiguousarray(w, dy.dtype)
     f = w.shape[0]
     ll = (g.oh - 1) * g.wp + g.ow
-    dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype) if need_dx else \
-        np.empty((0, g.c, g.h, g.w), dy.dtype)
+    if need_dx:
+        dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype)
+        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dy.dtype)
+        et, el = g.dh * (g.kh - 1) - g.pt, g.dw * (g.kw - 1) - g.pl
+        dyp = _buffer(ws, "direct_dyp", (g.n, f, g.h + g.dh * (g.kh - 1),
+                                         g.w + g.dw * (g.kw - 1)), dy.dtype)
+        lx = (g.h - 1) * dyp.shape[3] + g.w
+        nobias = np.zeros(g.c, dy.dtype)
+    zero = np.zeros(1, dy.dtype)
     per, workers = block_workers(g.n, g.n)
 
     def body(indices, serial):
         dyw = scratch("direct_dyw", (f * ll,), dy.dtype)
-        dxp = scratch("direct_dxp", (g.c * g.hp * g.wp,), dy.dtype)
         dw64 = np.zeros(w.shape, np.float64)
         db64 = np.zeros(f, np.float64)
         for i in indices:
-            k.backward(xp, w, dy, i * per, min(g.n, (i + 1) * per), g.dh, g.dw, g.pt, g.pl,
-                       need_dx, dyw, dxp, dw64, db64, dx)
+            n0, n1 = i * per, min(g.n, (i + 1) * per)
+            k.weight_grad(xp, dy, n0, n1, g.dh, g.dw, dyw, dw64, db64, zero)
+            if need_dx:
+                k.pad_planes(dy, n0, n1, et, el, dyp)
+                k.forward(dyp, wt, nobias, n0, n1, g.dh, g.dw, g.h, g.w,
+                          scratch("direct_acc", (g.c * lx,), dy.dtype), dx)
         return dw64, db64
 
     parts = run(-(-g.n // per), workers, body)
