@@ -1,7 +1,8 @@
 """The compiled direct convolution (``kernels/direct.py``) against the compiled im2col +
-GEMM path on the same layers: forward + backward of a Conv2D layer, batch 64, medians of
-the rounds (variants interleaved: a, b, a, b, ...), in ms of this thread's CPU time
-(``--clock cpu``, the default: load-independent at 1 thread) or wall time.
+GEMM path on the same layers (each forced, whatever ``use_direct`` would pick; 3x3 layers
+with C >= 16 would go to Winograd first): forward + backward of a Conv2D layer, batch 64,
+medians of the rounds (variants interleaved: a, b, a, b, ...), in ms of this thread's CPU
+time (``--clock cpu``, the default: load-independent at 1 thread) or wall time.
 
     python benchmarks/conv_direct.py [--batch 64] [--rounds 15] [--threads 1] [--clock cpu]
 """
@@ -31,10 +32,15 @@ CASES = [
     ("8->8 3x3 pad 1 26x26", 8, 3, 1, (8, 26, 26), True),
     ("8->16 3x3 pad 1 32x32", 16, 3, 1, (8, 32, 32), True),
     ("12->12 3x3 pad 1 16x16", 12, 3, 1, (12, 16, 16), True),
+    ("6->16 5x5 pad 2 14x14", 16, 5, 2, (6, 14, 14), True),
+    ("3->8 5x5 32x32", 8, 5, 0, (3, 32, 32), True),
+    ("16->32 1x1 16x16", 32, 1, 0, (16, 16, 16), True),
+    ("64->64 1x1 8x8", 64, 1, 0, (64, 8, 8), True),
+    ("8->32 1x1 32x32", 32, 1, 0, (8, 32, 32), True),
 ]
 
 
-def layer_step(filters, k, pad, shape, need_dx, batch, limit):
+def layer_step(filters, k, pad, shape, need_dx, batch, choose):
     rng = np.random.default_rng(0)
     layer = Conv2D(filters, k, padding=pad)
     layer.build(shape, rng=rng, dtype=np.float32)
@@ -43,7 +49,7 @@ def layer_step(filters, k, pad, shape, need_dx, batch, limit):
     dy = rng.standard_normal((batch,) + layer.output_shape).astype(np.float32)
 
     def step():
-        direct.DIRECT_MAX_CKK = limit
+        direct.use_direct = choose
         layer.forward(x, training=True)
         layer.backward(dy)
     return step
@@ -61,15 +67,17 @@ def main(argv=None) -> None:
     kernels.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" and args.threads == 1 else \
         time.process_time if args.clock == "cpu" else time.perf_counter
-    saved = direct.DIRECT_MAX_CKK
+    saved = direct.use_direct
     print(f"batch {args.batch}, {args.threads} thread(s), {args.clock} ms, medians of "
           f"{args.rounds} interleaved rounds\n")
     print("| layer (fwd+bwd) | im2col + GEMM | direct | speed-up |")
     print("|---|---|---|---|")
     with threadpool_limits(limits=args.threads):
         for label, f, k, pad, shape, need_dx in CASES:
-            steps = {"im2col": layer_step(f, k, pad, shape, need_dx, args.batch, 0),
-                     "direct": layer_step(f, k, pad, shape, need_dx, args.batch, 1 << 30)}
+            steps = {"im2col": layer_step(f, k, pad, shape, need_dx, args.batch,
+                                          lambda g, f: False),
+                     "direct": layer_step(f, k, pad, shape, need_dx, args.batch,
+                                          lambda g, f: direct.direct_applies(g))}
             times = {name: [] for name in steps}
             for step in steps.values():
                 step()  # compile, allocate
@@ -80,7 +88,7 @@ def main(argv=None) -> None:
                     times[name].append(clock() - t0)
             a, b = (float(np.median(times[n])) * 1e3 for n in ("im2col", "direct"))
             print(f"| {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x |", flush=True)
-    direct.DIRECT_MAX_CKK = saved
+    direct.use_direct = saved
 
 
 if __name__ == "__main__":

@@ -103,6 +103,33 @@ def forward(xp, w, b, n0, n1, dh, dw, oh, ow, acc, y):
                                               + a2 * xf[_U(sj + 2 * dw + k)])
                         f += 1
                     j += 3
+                if j + 2 <= kw:  # two taps left (5x5 kernels: 3 + 2)
+                    sj = s + j * dw
+                    f = 0
+                    while f + 4 <= f_:
+                        t = ((f * c_ + c) * kh + i) * kw + j
+                        st = c_ * kh * kw
+                        a0, a1 = wf[_U(t)], wf[_U(t + 1)]
+                        b0, b1 = wf[_U(t + st)], wf[_U(t + st + 1)]
+                        c0, c1 = wf[_U(t + 2 * st)], wf[_U(t + 2 * st + 1)]
+                        d0, d1 = wf[_U(t + 3 * st)], wf[_U(t + 3 * st + 1)]
+                        o = f * ll
+                        for k in range(ll):
+                            x0 = xf[_U(sj + k)]
+                            x1 = xf[_U(sj + dw + k)]
+                            af[_U(o + k)] += a0 * x0 + a1 * x1
+                            af[_U(o + ll + k)] += b0 * x0 + b1 * x1
+                            af[_U(o + 2 * ll + k)] += c0 * x0 + c1 * x1
+                            af[_U(o + 3 * ll + k)] += d0 * x0 + d1 * x1
+                        f += 4
+                    while f < f_:
+                        t = ((f * c_ + c) * kh + i) * kw + j
+                        a0, a1 = wf[_U(t)], wf[_U(t + 1)]
+                        o = f * ll
+                        for k in range(ll):
+                            af[_U(o + k)] += a0 * xf[_U(sj + k)] + a1 * xf[_U(sj + dw + k)]
+                        f += 1
+                    j += 2
                 while j < kw:
                     sj = s + j * dw
                     for f in range(f_):
@@ -151,8 +178,8 @@ def weight_grad(xp, dy, n0, n1, dh, dw, dyw, dw64, db64, zero):
             for i in range(kh):
                 s = (n * c_ + c) * hp * wp + i * dh * wp
                 f = 0
-                while f + 4 <= f_ and kw >= 3:
-                    # four filters x three taps: 12 dot products per 7 loads
+                while f + 4 <= f_ and kw >= 2:
+                    # four filters x three (two) taps: 12 (8) dot products per 7 (6) loads
                     a = f * ll
                     st = c_ * kh * kw
                     t = ((f * c_ + c) * kh + i) * kw
@@ -199,6 +226,35 @@ def weight_grad(xp, dy, n0, n1, dh, dw, dyw, dw64, db64, zero):
                         gw[_U(u + 1)] += s31
                         gw[_U(u + 2)] += s32
                         j += 3
+                    if j + 2 <= kw:
+                        sj = s + j * dw
+                        z = zero[0]
+                        s00, s01, s10, s11, s20, s21, s30, s31 = z, z, z, z, z, z, z, z
+                        for k in range(ll):
+                            x0 = xf[_U(sj + k)]
+                            x1 = xf[_U(sj + dw + k)]
+                            g0 = gf[_U(a + k)]
+                            g1 = gf[_U(a + ll + k)]
+                            g2 = gf[_U(a + 2 * ll + k)]
+                            g3 = gf[_U(a + 3 * ll + k)]
+                            s00 += g0 * x0
+                            s01 += g0 * x1
+                            s10 += g1 * x0
+                            s11 += g1 * x1
+                            s20 += g2 * x0
+                            s21 += g2 * x1
+                            s30 += g3 * x0
+                            s31 += g3 * x1
+                        u = t + j
+                        gw[_U(u)] += s00
+                        gw[_U(u + 1)] += s01
+                        gw[_U(u + st)] += s10
+                        gw[_U(u + st + 1)] += s11
+                        gw[_U(u + 2 * st)] += s20
+                        gw[_U(u + 2 * st + 1)] += s21
+                        gw[_U(u + 3 * st)] += s30
+                        gw[_U(u + 3 * st + 1)] += s31
+                        j += 2
                     while j < kw:
                         sj = s + j * dw
                         for e in range(4):

@@ -18,11 +18,12 @@ from .im2col import ConvGeometry, _buffer
 
 # Measured fwd+bwd, batch 64, 1 thread, thread CPU ms (direct vs compiled im2col + GEMM,
 # loaded host, medians of 9 interleaved rounds, benchmarks/conv_direct.py): 1->4 28x28
-# pad 1 (no dx) 0.19 vs 0.38, 4->8 28x28 pad 1 1.38 vs 2.69, 1->6 5x5 pad 2 (no dx) 0.63
-# vs 1.02, 3->16 32x32 pad 1 (no dx) 1.82 vs 2.82, 3->64 32x32 pad 1 (no dx) 6.7 vs 9.3,
-# 8->8 26x26 pad 1 1.87 vs 4.08; but 6->16 5x5 14x14 (C*KH*KW = 150, short rows) 2.96 vs
-# 1.55. 3x3 stride-1 layers with C >= 16 go to Winograd before this is asked.
-DIRECT_MAX_CKK = 72
+# pad 1 (no dx) 0.20 vs 0.41, 4->8 28x28 pad 1 1.04 vs 2.09, 1->6 5x5 pad 2 (no dx) 0.73
+# vs 1.57, 3->16 32x32 pad 1 (no dx) 1.81 vs 3.03, 3->64 32x32 pad 1 (no dx) 6.6 vs 8.5,
+# 8->16 32x32 pad 1 5.3 vs 8.0, 12->12 16x16 pad 1 1.47 vs 2.42; but 6->16 5x5 14x14
+# (C*KH*KW = 150, rows of 10) 2.05 vs 1.70, and every 1x1 kernel (one tap: nothing to
+# block) 0.4-0.6x. 3x3 stride-1 layers with C >= 16 go to Winograd before this is asked.
+DIRECT_MAX_CKK = 108
 
 
 def direct_applies(g: ConvGeometry) -> bool:
@@ -33,7 +34,7 @@ def direct_applies(g: ConvGeometry) -> bool:
 
 def use_direct(g: ConvGeometry, f: int) -> bool:
     """The compiled path's choice of the direct kernels over im2col + GEMM."""
-    return direct_applies(g) and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
+    return direct_applies(g) and g.kw >= 2 and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
 
 
 def _module():
