@@ -304,3 +304,57 @@ def test_direct_conv_thread_counts(fwd_threads, bwd_threads):
     np.testing.assert_allclose(y, y_ref, atol=1e-12)
     for got, ref in zip(grads, grads_ref):
         np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 9),
+       st.integers(1, 9), st.integers(1, 3), st.integers(1, 5), st.integers(0, 2**16))
+def test_pointwise_conv_matches_loops(n, c, f, h, w, sh, sw, seed):
+    """1x1 kernels, any stride, no padding: strided slice + GEMMs, against the loops."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((f, c, 1, 1))
+    b = rng.standard_normal(f)
+    stride, pads = (sh, sw), (0, 0, 0, 0)
+    oh, ow = ref_geometry(x.shape, (1, 1), stride, pads, (1, 1))
+    dy = rng.standard_normal((n, f, oh, ow))
+    y_ref, *grads_ref = ref_conv(x, wt, b, stride, pads, (1, 1), dy)
+    ws = {}
+    for _ in range(2):
+        y, cache = conv2d_forward(x, wt, b, stride, pads, ws=ws, method="pointwise")
+        assert cache.pointwise
+        np.testing.assert_allclose(y, y_ref, atol=1e-12)
+        for got, ref in zip(conv2d_backward(dy, cache, wt, ws=ws), grads_ref):
+            np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_conv_float32_threads(stride, threads):
+    """resnet20's 1x1 stride-2 shortcut shape (scaled down) in float32, 1 and 2 threads."""
+    pytest.importorskip("numba")
+    from distnn import kernels
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((5, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 1, 1)).astype(np.float32)
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(threads)
+        y, cache = conv2d_forward(x, w, None, (stride, stride), method="pointwise")
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        dx, dw, db = conv2d_backward(dy, cache, w)
+    finally:
+        kernels.set_num_threads(previous)
+    assert y.dtype == dx.dtype == dw.dtype == db.dtype == np.float32
+    refs = ref_conv(x.astype(np.float64), w.astype(np.float64), None, (stride, stride),
+                    (0,) * 4, (1, 1), dy.astype(np.float64))
+    for got, ref in zip((y, dx, dw, db), refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv_needs_1x1_without_padding():
+    pytest.importorskip("numba")
+    with pytest.raises(ValueError, match="method='pointwise' needs a 1x1 kernel and no pad"):
+        conv2d_forward(np.zeros((1, 1, 5, 5)), np.zeros((1, 1, 1, 1)), None, (1, 1),
+                       (1, 1, 1, 1), method="pointwise")

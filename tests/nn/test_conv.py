@@ -125,6 +125,17 @@ def test_gradients_few_channels(opts, kernel_backend):
     assert set(errors) == {"dx", "w", "b"}
 
 
+@pytest.mark.parametrize("strides", [1, 2, (2, 3)])
+def test_gradients_1x1(strides, kernel_backend):
+    """On the compiled backend 1x1 layers run as a strided slice + GEMMs (no im2col)."""
+    layer = built(Conv2D(3, 1, strides=strides, bias_initializer="glorot_uniform"),
+                  (4, 7, 6))
+    x = RNG.standard_normal((3, 4, 7, 6))
+    layer.forward(x, training=True)
+    assert layer._cache.pointwise == (kernel_backend == "numba")
+    assert set(check_layer(layer, x)) == {"dx", "w", "b"}
+
+
 def test_float32_end_to_end():
     layer = built(Conv2D(4, 3, padding="same"), (3, 8, 8), dtype=np.float32)
     x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)

@@ -290,3 +290,42 @@ def weight_grad(xp, dy, n0, n1, dh, dw, dyw, dw64, db64, zero):
                             s0 += gf[_U(a + k)] * xf[_U(sj + k)]
                         gw[_U(t + j)] += s0
                         j += 1
+
+
+# -- 1x1 convolutions: a strided slice of the input, then GEMMs ---------------------------
+@_jit_serial
+def subsample(x, n0, n1, sh, sw, xs):
+    """xs[n0:n1] (N, C, OH, OW) = x[n0:n1, :, ::sh, ::sw] (its first OH x OW)."""
+    _, c_, h_, w_ = x.shape
+    oh, ow = xs.shape[2], xs.shape[3]
+    xf = x.ravel()
+    sf = xs.ravel()
+    for t in range(n0 * c_, n1 * c_):
+        for p in range(oh):
+            s = t * h_ * w_ + p * sh * w_
+            d = (t * oh + p) * ow
+            for q in range(ow):
+                sf[_U(d + q)] = xf[_U(s + q * sw)]
+
+
+@_jit_serial
+def upsample(dxs, n0, n1, sh, sw, dx):
+    """dx[n0:n1] (N, C, H, W) = dxs at every (sh, sw)-th position, 0 elsewhere (the adjoint
+    of ``subsample``)."""
+    _, c_, h_, w_ = dx.shape
+    oh, ow = dxs.shape[2], dxs.shape[3]
+    sf = dxs.ravel()
+    xf = dx.ravel()
+    for t in range(n0 * c_, n1 * c_):
+        for r in range(h_):
+            d = (t * h_ + r) * w_
+            p = r // sh
+            if r - p * sh != 0 or p >= oh:
+                for q in range(w_):
+                    xf[_U(d + q)] = 0
+                continue
+            s = (t * oh + p) * ow
+            for q in range(w_):
+                xf[_U(d + q)] = 0
+            for q in range(ow):
+                xf[_U(d + q * sw)] = sf[_U(s + q)]

@@ -86,6 +86,7 @@ class ConvCache(NamedTuple):
     winograd: bool = False
     chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
     direct: bool = False  # the direct kernels (``direct``); xf is then the padded input
+    pointwise: bool = False  # the 1x1 kernels (``direct``); xf is then the strided input
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -200,7 +201,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
     "flat" (stride 1 only) or "compact"; or "direct" (stride 1, compiled: no columns,
-    ``distnn.kernels.direct``) or "winograd"; by default it is chosen from measured costs.
+    ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs) or
+    "winograd"; by default it is chosen from measured costs.
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the
@@ -227,6 +229,12 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
         y, xp = direct.forward(x, w, b, g, ws)
         return y, ConvCache(g, None, False, xp, True, direct=True)
+    if method == "pointwise" or (fast is not None and direct.use_pointwise(g, f)):
+        if not direct.pointwise_applies(g):
+            raise ValueError(f"method='pointwise' needs a 1x1 kernel and no padding, got "
+                             f"{g.kh}x{g.kw}, padding {(g.pt, g.pb, g.pl, g.pr)}")
+        y, xs = direct.pointwise_forward(x, w, b, g, ws)
+        return y, ConvCache(g, None, False, xs, True, pointwise=True)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -298,6 +306,13 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
             db_out = np.empty(w.shape[0], dy.dtype)
         return direct.backward(dy, cache.xf, w, cache.geometry, dw_out,
                                db_out if need_db else None, need_dx, ws)
+    if cache.pointwise:
+        if dw_out is None:
+            dw_out = np.empty(w.shape, dy.dtype)
+        if need_db and db_out is None:
+            db_out = np.empty(w.shape[0], dy.dtype)
+        return direct.pointwise_backward(dy, cache.xf, w, cache.geometry, dw_out,
+                                         db_out if need_db else None, need_dx)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
