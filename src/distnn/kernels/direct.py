@@ -186,8 +186,8 @@ def pointwise_backward(dy: np.ndarray, xs: np.ndarray, w: np.ndarray, g: ConvGeo
         for i in indices:
             n0, n1 = i * per, min(g.n, (i + 1) * per)
             dw64 += np.matmul(dy3[n0:n1], xs[n0:n1].transpose(0, 2, 1)).sum(axis=0)
-            if db_out is not None:
-                db64 += dy3[n0:n1].sum(axis=(0, 2), dtype=np.float64)
+            if db_out is not None:  # rows summed contiguously, then across samples
+                db64 += dy3[n0:n1].sum(axis=2).sum(axis=0, dtype=np.float64)
             if need_dx:
                 if strided:
                     dxs = np.matmul(w2t, dy3[n0:n1])
