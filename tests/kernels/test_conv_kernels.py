@@ -358,3 +358,18 @@ def test_pointwise_conv_needs_1x1_without_padding():
     with pytest.raises(ValueError, match="method='pointwise' needs a 1x1 kernel and no pad"):
         conv2d_forward(np.zeros((1, 1, 5, 5)), np.zeros((1, 1, 1, 1)), None, (1, 1),
                        (1, 1, 1, 1), method="pointwise")
+
+
+@pytest.mark.parametrize("c,f,hw", [(16, 32, 2), (3, 2, 9)])
+def test_pointwise_dw_both_ways(c, f, hw):
+    """dw of 1x1 layers: one GEMM over transposed copies when F*C outweighs (F+C)*P (deep
+    layers on small planes, first case), else per-sample products summed (second)."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((4, c, hw, hw))
+    w = rng.standard_normal((f, c, 1, 1))
+    y, cache = conv2d_forward(x, w, None, method="pointwise")
+    dy = rng.standard_normal(y.shape)
+    ref = ref_conv(x, w, None, (1, 1), (0,) * 4, (1, 1), dy)
+    for got, r in zip(conv2d_backward(dy, cache, w), ref[1:]):
+        np.testing.assert_allclose(got, r, atol=1e-11)

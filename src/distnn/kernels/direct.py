@@ -130,7 +130,10 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
 # 64, 1 thread, thread CPU ms (against compiled im2col + GEMM, loaded host, medians of 11
 # interleaved rounds): stride 2 16->32 32x32 0.90 vs 1.06, 32->64 16x16 0.69 vs 0.71;
 # stride 1 16->32 16x16 0.64 vs 0.76, 64->64 8x8 1.00 vs 1.16, 8->32 32x32 2.19 vs 2.89,
-# 64->256 8x8 4.15 vs 4.27.
+# 64->256 8x8 4.15 vs 4.27; 128->32 7x7 1.02 vs 1.39, 64->256 56x56 (batch 8) 26.4 vs 31.1,
+# 512->128 7x7 14.2 vs 14.8; but 256->512 stride 2 14x14 (batch 32) 14.6 vs 13.6: with
+# many channels on small planes the per-sample GEMMs lose to im2col's single one.
+POINTWISE_MAX_FC = 1 << 16
 def pointwise_applies(g: ConvGeometry) -> bool:
     """Whether ``pointwise_forward`` computes this convolution: 1x1, no padding."""
     return (g.kh, g.kw) == (1, 1) and not any((g.pt, g.pb, g.pl, g.pr))
@@ -138,7 +141,7 @@ def pointwise_applies(g: ConvGeometry) -> bool:
 
 def use_pointwise(g: ConvGeometry, f: int) -> bool:
     """The compiled path's choice of the 1x1 kernels over im2col + GEMM."""
-    return pointwise_applies(g)
+    return pointwise_applies(g) and f * g.c <= POINTWISE_MAX_FC
 
 
 def pointwise_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
@@ -185,7 +188,14 @@ def pointwise_backward(dy: np.ndarray, xs: np.ndarray, w: np.ndarray, g: ConvGeo
         db64 = np.zeros(f, np.float64)
         for i in indices:
             n0, n1 = i * per, min(g.n, (i + 1) * per)
-            dw64 += np.matmul(dy3[n0:n1], xs[n0:n1].transpose(0, 2, 1)).sum(axis=0)
+            if f * g.c > (f + g.c) * p:
+                # per-sample products (N, F, C) would outweigh copying dy and x to
+                # (F, N*P) and (C, N*P) for one GEMM (deep layers on small planes)
+                dyt = np.ascontiguousarray(dy3[n0:n1].transpose(1, 0, 2)).reshape(f, -1)
+                xst = np.ascontiguousarray(xs[n0:n1].transpose(1, 0, 2)).reshape(g.c, -1)
+                dw64 += np.matmul(dyt, xst.T)
+            else:
+                dw64 += np.matmul(dy3[n0:n1], xs[n0:n1].transpose(0, 2, 1)).sum(axis=0)
             if db_out is not None:  # rows summed contiguously, then across samples
                 db64 += dy3[n0:n1].sum(axis=2).sum(axis=0, dtype=np.float64)
             if need_dx:
