@@ -138,7 +138,7 @@ def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
     wino = conv_kernels.WINOGRAD_MIN_CHANNELS
-    wino4 = conv_kernels.WINOGRAD4_MIN_CF
+    wino4 = conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     def run(v):
@@ -154,7 +154,8 @@ def measure(variants, args, step, tstep):
                 conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
                 direct.use_direct, direct.use_pointwise = _NO_DIRECT if kind == "im2col" \
                     else _DIRECT
-                conv_kernels.WINOGRAD4_MIN_CF = {"F2": 1 << 62, "F4": 0}.get(kind, wino4)
+                conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = {
+                    "F2": (1 << 62, 1 << 62), "F4": (0, 0)}.get(kind, wino4)
                 fn = step
             fn()
             t0 = clock()
@@ -168,7 +169,7 @@ def measure(variants, args, step, tstep):
             times[v].append(run(v))
     conv_kernels.WINOGRAD_MIN_CHANNELS = wino
     direct.use_direct, direct.use_pointwise = _DIRECT
-    conv_kernels.WINOGRAD4_MIN_CF = wino4
+    conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = wino4
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
 
