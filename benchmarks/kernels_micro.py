@@ -95,9 +95,10 @@ def torch_step(layer, x, dy, need_dx):
     params = []
     if isinstance(layer, Conv2D):
         w = torch.from_numpy(layer.params["w"].copy()).requires_grad_(True)
-        b = torch.from_numpy(layer.params["b"].copy()).requires_grad_(True)
+        b = (torch.from_numpy(layer.params["b"].copy()).requires_grad_(True)
+             if "b" in layer.params else None)  # use_bias=False: the 1x1 shortcut
         pt, pb, pl, pr = layer._pads
-        params = [w, b]
+        params = [w] if b is None else [w, b]
 
         def op(inp):
             if not (pt == pb and pl == pr):
