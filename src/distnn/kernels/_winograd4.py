@@ -6,8 +6,10 @@ ReLU) and the adjoints of both, between NCHW arrays and (36, rows x tiles) array
 row k starts ``a.shape[1]`` elements after row k-1. The matrices are Lavin & Gray's with
 interpolation points 0, 1, -1, 2, -2 and infinity (``winograd.BT4``, ``AT4``, ``G4``); each
 1-D transform is a small inlined function applied to the rows of a tile, then to its
-columns, all in scalar locals (tuples), so LLVM keeps a tile in registers. Each kernel has a
-serial twin.
+columns, all in scalar locals (tuples), so LLVM keeps a tile in registers. Planes of
+``_winograd4w.WIDE_TILES`` tiles and more (from ~26x26 outputs) go to ``_winograd4w``
+instead, whose loops are vectorized over a plane's tiles (the output adjoint, output and
+input transforms then stage the plane by phases). Each kernel has a serial twin.
 """
 from __future__ import annotations
 
