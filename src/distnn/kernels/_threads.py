@@ -42,14 +42,29 @@ def block_workers(n: int, k: int) -> tuple[int, int]:
     threads = get_num_threads()
     k = max(1, min(n, k))
     if threads > 1 and n >= threads:
-        return min(k, -(-n // threads)), threads
+        return balanced_block(n, k, threads), threads
     return k, 1
+
+
+def balanced_block(n: int, k: int, workers: int) -> int:
+    """Samples per block for n samples in blocks of up to k split among ``workers``: the
+    fewest blocks, a multiple of ``workers``, of equal size but the last. Blocks of k taken
+    round-robin left one thread up to a whole block more (64 samples in blocks of 14: 36
+    against 28); now the shares differ by at most the last block's shortfall, and ``run``
+    gives that lighter share to the calling thread, which also does the serial work."""
+    k = max(1, min(n, k))
+    if workers <= 1 or n < workers:
+        return k
+    per_thread = -(-n // (workers * k))  # blocks each thread takes
+    return -(-n // (workers * per_thread))
 
 
 def run(nblocks: int, workers: int, body) -> list:
     """body(indices, serial) over range(nblocks): in this thread with the parallel kernels
-    (workers == 1), or split round-robin among ``workers`` threads with the serial ones
-    (this thread takes the first share); the results in worker order."""
+    (workers == 1), or split round-robin among ``workers`` threads with the serial ones;
+    the results in share order (share i holds blocks i, i + workers, ...), whichever thread
+    ran it. This thread takes the last share, the lightest: it has fewer blocks, or the
+    last, shorter block, and this thread has the hand-off and the serial work around."""
     if workers == 1:
         return [body(range(nblocks), False)]
     if not _pool or _pool[0]._max_workers < workers - 1:
@@ -59,9 +74,9 @@ def run(nblocks: int, workers: int, body) -> list:
         _pool[:] = [ThreadPoolExecutor(workers - 1, thread_name_prefix="distnn-blocks")]
     parts = [range(i, nblocks, workers) for i in range(workers)]
     with one_blas_thread():
-        futures = [_pool[0].submit(body, part, True) for part in parts[1:]]
-        first = body(parts[0], True)
-        return [first] + [fu.result() for fu in futures]
+        futures = [_pool[0].submit(body, part, True) for part in parts[:-1]]
+        last = body(parts[-1], True)
+        return [fu.result() for fu in futures] + [last]
 
 
 def kernel(k, serial: bool):
