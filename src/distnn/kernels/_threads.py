@@ -12,6 +12,7 @@ layers used 4-9x their 1-thread CPU time that way).
 from __future__ import annotations
 
 import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ._numba import get_num_threads
@@ -20,12 +21,40 @@ _pool: list = []  # the ThreadPoolExecutor, made on first use
 _blas: list = []  # the threadpoolctl controller, made on first use
 
 
+class _OneBlasThread:
+    """BLAS on one thread inside, each BLAS library's previous count restored after.
+    threadpoolctl's ``limit()`` builds a new limiter and asks every library for its
+    state on each entry: 7.6 us per use against 1.7 us here, ~100 uses per resnet20 step."""
+
+    def __init__(self, libs):
+        self.libs, self.saved = libs, []
+
+    def __enter__(self):
+        saved = [lib.get_num_threads() for lib in self.libs]
+        for lib in self.libs:
+            lib.set_num_threads(1)
+        self.saved.append(saved)
+        return self
+
+    def __exit__(self, *exc):
+        for lib, n in zip(self.libs, self.saved.pop()):
+            lib.set_num_threads(n)
+        return False
+
+
 def one_blas_thread():
-    """A context in which BLAS runs on the calling thread only (threadpoolctl)."""
+    """A context in which BLAS runs on the calling thread only (threadpoolctl's library
+    controllers; only the thread that entered it may leave it)."""
     if not _blas:
         from threadpoolctl import ThreadpoolController
-        _blas.append(ThreadpoolController())
-    return _blas[0].limit(limits=1, user_api="blas")
+        libs = [lib for lib in ThreadpoolController().lib_controllers
+                if lib.user_api == "blas"]
+        _blas.append(threading.local())
+        _blas.append(libs)
+    ctx = getattr(_blas[0], "ctx", None)
+    if ctx is None:
+        ctx = _blas[0].ctx = _OneBlasThread(_blas[1])
+    return ctx
 
 
 def blas_for(workers: int):
