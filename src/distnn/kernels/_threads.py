@@ -88,6 +88,26 @@ def balanced_block(n: int, k: int, workers: int) -> int:
     return -(-n // (workers * per_thread))
 
 
+def split_blocks(n: int, k: int, workers: int) -> list[tuple[int, int]]:
+    """Blocks (n0, n1) of up to k samples covering range(n), ready for ``run``: with 2+
+    workers the fewest blocks that give every worker the same number, sized to differ by
+    at most one sample (the shorter ones last), so the round-robin shares differ by at
+    most one sample where n allows (64 samples in blocks of up to 3: 22 blocks, shares 32
+    and 32, where blocks of 3 and a last one of 1 give 33 and 31)."""
+    k = max(1, min(n, k))
+    if workers <= 1 or n < workers:  # one thread: the plain blocks of k, as before
+        return [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
+    # every worker the same number of blocks, none empty
+    count = min(n, workers * -(-n // (workers * k)))
+    size, extra = divmod(n, count)  # the first ``extra`` blocks get one more sample
+    bounds, n0 = [], 0
+    for i in range(count):
+        n1 = n0 + size + (i < extra)
+        bounds.append((n0, n1))
+        n0 = n1
+    return bounds
+
+
 def run(nblocks: int, workers: int, body) -> list:
     """body(indices, serial) over range(nblocks): in this thread with the parallel kernels
     (workers == 1), or split round-robin among ``workers`` threads with the serial ones;
