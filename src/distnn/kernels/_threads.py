@@ -44,7 +44,9 @@ class _OneBlasThread:
 
 def one_blas_thread():
     """A context in which BLAS runs on the calling thread only (threadpoolctl's library
-    controllers; only the thread that entered it may leave it)."""
+    controllers; only the thread that entered it may leave it). The BLAS libraries are
+    those loaded at the first use, numpy's among them (the kernels' GEMMs are numpy's);
+    one loaded later (scipy's own, torch's) keeps its count."""
     if not _blas:
         from threadpoolctl import ThreadpoolController
         libs = [lib for lib in ThreadpoolController().lib_controllers

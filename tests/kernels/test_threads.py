@@ -1,0 +1,137 @@
+"""Whole blocks of samples split among threads (kernels/_threads): block plans that give
+every thread the same work, the calling thread's share, BLAS on one thread inside a split,
+and a convolution whose blocks split unevenly giving the 1-thread result."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from threadpoolctl import threadpool_info
+
+from distnn import kernels
+from distnn.kernels import _threads
+from distnn.kernels.conv import conv2d_backward, conv2d_forward
+
+
+def shares(blocks, workers):
+    """Samples of each round-robin share (share i: blocks i, i + workers, ...)."""
+    return [sum(n1 - n0 for n0, n1 in blocks[i::workers]) for i in range(workers)]
+
+
+def blas_threads():
+    """Thread counts of numpy's BLAS (the kernels' GEMMs), and of any BLAS loaded before
+    the first split; one loaded after it (scipy's own) is not limited."""
+    _threads.one_blas_thread()
+    libs = {lib.filepath for lib in _threads._blas[1]}
+    return [i["num_threads"] for i in threadpool_info() if i["filepath"] in libs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 300), st.integers(1, 80), st.integers(1, 5))
+def test_split_blocks_cover_the_batch_with_even_shares(n, k, workers):
+    blocks = _threads.split_blocks(n, k, workers)
+    assert [b for b in blocks if b[1] <= b[0]] == []  # no empty block
+    assert [n0 for n0, _ in blocks] == [0, *(n1 for _, n1 in blocks[:-1])][:len(blocks)]
+    assert (blocks[-1][1] if blocks else 0) == n
+    assert max((n1 - n0 for n0, n1 in blocks), default=0) <= k
+    if workers == 1 or n < workers:  # the plain blocks of k
+        assert blocks == [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
+    else:
+        s = shares(blocks, workers)
+        assert max(s) - min(s) <= 1, (blocks, s)
+        assert s[-1] == min(s)  # the calling thread's share is the lightest
+
+
+def test_split_blocks_examples():
+    blocks = _threads.split_blocks(64, 3, 2)
+    assert len(blocks) == 22 and shares(blocks, 2) == [32, 32]
+    assert [n1 - n0 for n0, n1 in blocks[-3:]] == [3, 2, 2]
+    assert [n1 - n0 for n0, n1 in _threads.split_blocks(64, 14, 2)] == [11] * 4 + [10] * 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 80), st.integers(2, 5))
+def test_balanced_block_shares_differ_by_at_most_one_block(n, k, workers):
+    kb = _threads.balanced_block(n, k, workers)
+    assert 1 <= kb <= min(n, k)
+    if n >= workers:
+        blocks = [(n0, min(n, n0 + kb)) for n0 in range(0, n, kb)]
+        # no more blocks than the plain ones a worker's share needs
+        assert -(-len(blocks) // workers) == -(-n // (workers * min(n, k)))
+        s = shares(blocks, workers)
+        assert max(s) - min(s) <= kb
+        assert s[-1] == min(s)
+
+
+def test_balanced_block_examples():
+    # 64 samples in blocks of up to 14: 6 blocks of 11 (33 / 31), not 14,14,14,14,8 (36 / 28)
+    assert _threads.balanced_block(64, 14, 2) == 11
+    assert _threads.balanced_block(64, 64, 2) == 32
+
+
+def test_run_gives_the_caller_the_last_share_and_results_in_share_order():
+    caller = threading.get_ident()
+    before = blas_threads()
+
+    def body(indices, serial):
+        return list(indices), serial, threading.get_ident(), blas_threads()
+
+    for workers in (2, 3):
+        out = _threads.run(7, workers, body)
+        assert [o[0] for o in out] == [list(range(i, 7, workers)) for i in range(workers)]
+        assert all(o[1] for o in out)  # the serial kernels in every thread
+        assert out[-1][2] == caller and all(o[2] != caller for o in out[:-1])
+        assert all(o[3] == [1] * len(before) for o in out)  # one BLAS thread inside
+    assert blas_threads() == before
+    assert _threads.run(5, 1, body)[0][:2] == (list(range(5)), False)
+
+
+def test_one_blas_thread_nests_and_restores():
+    before = blas_threads()
+    assert before, "numpy's BLAS is one of the libraries limited"
+    with _threads.one_blas_thread():
+        assert blas_threads() == [1] * len(before)
+        with _threads.one_blas_thread():
+            assert blas_threads() == [1] * len(before)
+        assert blas_threads() == [1] * len(before)
+    assert blas_threads() == before
+    with pytest.raises(RuntimeError):
+        with _threads.one_blas_thread():
+            raise RuntimeError("restored on errors too")
+    assert blas_threads() == before
+
+
+def test_uneven_conv_blocks_at_two_threads_give_the_one_thread_result():
+    """17 samples, stride-2 3x3 (im2col, columns rebuilt per block of 3): 6 blocks at 2
+    threads. Outputs and gradients as at 1 thread (dw summed per thread, then in share
+    order), the same bits on every run, and the NumPy reference's values."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((17, 32, 32, 32))
+    w = rng.standard_normal((24, 32, 3, 3))
+    b = rng.standard_normal(24)
+    dy = rng.standard_normal((17, 24, 16, 16))
+    previous, backend = kernels.get_num_threads(), kernels.backend()
+
+    def conv():
+        y, cache = conv2d_forward(x, w, b, (2, 2), (1, 1, 1, 1), ws={})
+        return (y,) + tuple(conv2d_backward(dy, cache, w))
+
+    try:
+        kernels.set_backend("numpy")
+        ref = conv()
+        kernels.set_backend("numba")
+        runs = {}
+        for threads in (1, 2, 2):
+            kernels.set_num_threads(threads)
+            runs.setdefault(threads, []).append(conv())
+    finally:
+        kernels.set_num_threads(previous)
+        kernels.set_backend(backend)
+    (one,), (two, again) = runs[1], runs[2]
+    for a, c in zip(two, again):
+        np.testing.assert_array_equal(a, c)
+    for got1, got2, r in zip(one, two, ref):
+        np.testing.assert_allclose(got2, got1, rtol=1e-12, atol=1e-10)
+        np.testing.assert_allclose(got2, r, rtol=1e-12, atol=1e-10)
