@@ -1,0 +1,116 @@
+"""Compiled batch norm fused with the ReLU after it, over axis 1 of (N, C, S) arrays.
+
+One pass writes y = max(gamma * xhat + beta, 0) where batch norm and ReLU apart write and
+read the normalized array twice; backward reads the ReLU mask from the sign of the saved
+output (y > 0 exactly where the unfused ReLU's input was > 0) instead of making a masked
+copy of dy first. The loops and accumulation orders are those of ``_numba``'s batch-norm
+kernels with dy replaced by the masked dy, so fused and unfused results agree (float64:
+to the last bit in the tests). Dispatch (serial at 1 thread, ``prange`` over channels or
+(sample, channel) rows with more) is ``_numba_runtime``'s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._numba_runtime import _U, _dispatch, _jit, _jit_sums, nb
+
+
+@_jit_sums
+def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
+    """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0)."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    cnt = max(n_ * s_, 1)
+    for c in nb.prange(c_):
+        acc = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                acc += xf[_U(b + k)]
+        m = acc / cnt
+        acc = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                d = xf[_U(b + k)] - m
+                acc += d * d
+        v = acc / cnt
+        inv = 1.0 / np.sqrt(v + eps)
+        mean[c] = m
+        var[c] = v
+        invstd[c] = inv
+        mx = x.dtype.type(m)
+        ix = x.dtype.type(inv)
+        g = gamma[c]
+        bb = beta[c]
+        z = g * 0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                h = (xf[_U(b + k)] - mx) * ix
+                hf[_U(b + k)] = h
+                o = h * g + bb
+                yf[_U(b + k)] = o if o > z else z
+
+
+@_jit
+def scale_shift_relu(x, scale, shift, y):
+    """y = max(x * scale[c] + shift[c], 0) over (N, C, S) (batch norm in inference)."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        a = scale[c]
+        b2 = shift[c]
+        z = a * 0
+        b = t * s_
+        for k in range(s_):
+            o = xf[_U(b + k)] * a + b2
+            yf[_U(b + k)] = o if o > z else z
+
+
+@_jit_sums
+def bn_relu_grad_sums(dy, y, xhat, sum_dy, sum_dy_xhat):
+    """Per-channel sum(dy') and sum(dy' * xhat) with dy' = dy where y > 0, else 0."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    for c in nb.prange(c_):
+        a = 0.0
+        b2 = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                d = df[_U(b + k)] if yf[_U(b + k)] > 0 else df[_U(b + k)] * 0
+                a += d
+                b2 += d * hf[_U(b + k)]
+        sum_dy[c] = a
+        sum_dy_xhat[c] = b2
+
+
+@_jit
+def bn_relu_backward_dx(dy, y, xhat, ca, cb, cc, dx):
+    """dx = ca[c] * dy' + cb[c] * xhat + cc[c] with dy' = dy where y > 0, else 0."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    xf = dx.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        a = ca[c]
+        b2 = cb[c]
+        k0 = cc[c]
+        b = t * s_
+        for k in range(s_):
+            d = df[_U(b + k)] if yf[_U(b + k)] > 0 else df[_U(b + k)] * 0
+            xf[_U(b + k)] = a * d + b2 * hf[_U(b + k)] + k0
+
+
+for _name in ("bn_relu_forward_train", "scale_shift_relu", "bn_relu_grad_sums",
+              "bn_relu_backward_dx"):
+    globals()[_name] = _dispatch(globals()[_name])
