@@ -109,3 +109,20 @@ def test_out_buffers_are_written_when_they_fit_and_ignored_otherwise():
     y2, *_ = K.bn_relu_forward_train(x, g, b, EPS, out=wrong)
     assert y2 is not wrong
     np.testing.assert_array_equal(y2, expect)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["bn_relu", "bn"])
+def test_statistics_of_offset_data_keep_float32_accuracy(fused, threads):
+    """One read of x for mean and variance: data far from 0 relative to its spread (mean
+    1000, std 0.01) still gives the variance to float32 accuracy."""
+    rng = np.random.default_rng(5)
+    x = (1000.0 + 0.01 * rng.standard_normal((8, 4, 6, 6))).astype(np.float32)
+    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    forward = K.bn_relu_forward_train if fused else K.bn_forward_train
+    _, xhat, mean, var, _ = forward(x, g, b, EPS)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(axis=(0, 2, 3)), rtol=1e-7)
+    np.testing.assert_allclose(var, x64.var(axis=(0, 2, 3)), rtol=1e-4)
+    ref = (x64 - x64.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(
+        x64.var(axis=(0, 2, 3), keepdims=True) + EPS)
+    np.testing.assert_allclose(xhat, ref, atol=2e-2)
