@@ -499,6 +499,9 @@ def machine_info():
         with open("/proc/cpuinfo") as f:
             names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
         info["cpu"] = names[0] if names else "?"
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+        info["isa"] = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
         with open("/proc/meminfo") as f:
             kb = int(f.readline().split()[1])
         info["mem_gib"] = round(kb / 2**20, 1)
@@ -537,6 +540,10 @@ def render(args, results, errors, notes, skips, load_before, load_after, idle_be
         f"{mi['torch']}, mpi4py {mi['mpi4py']}, numba {mi['numba']}; distnn git "
         f"{mi.get('git', '?')}; distnn kernels "
         f"{os.environ.get('DISTNN_KERNELS') or 'default (numba when installed)'}",
+        # numpy's OpenBLAS (distnn's GEMMs, PyDTNN's) follows this variable; torch does not
+        f"- CPU instruction set {mi.get('isa', '?')}; OPENBLAS_CORETYPE="
+        f"{os.environ.get('OPENBLAS_CORETYPE', '(unset: OpenBLAS detects the core)')} "
+        "in the environment of every system",
         f"- load average before / after: {load_before} / {load_after}; other processes used "
         f"{idle_before:.2f} cores just before the run; the last column is the most any "
         "measurement saw (cores, averaged over that run)",

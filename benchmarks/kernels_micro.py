@@ -3,8 +3,9 @@ ReLU layers on the NumPy path and the compiled (numba) path, at 1 and 2 threads,
 PyTorch CPU at the same thread counts. Prints a Markdown table of medians (ms).
 
 The compiled path runs 3x3 stride-1 convolutions with C >= 16 as Winograd F(2x2, 3x3)
-(``kernels/winograd.py``); the "im2col" columns force the compiled im2col + GEMM path on
-the same layers, so the two are side by side.
+(``kernels/winograd.py``), stride-1 ones with few channels as direct loops and 1x1 ones
+as a strided slice + GEMMs (``kernels/direct.py``); the "im2col" columns force the
+compiled im2col + GEMM path on the same layers, so the two are side by side.
 
     python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2] [--clock cpu]
 
@@ -33,6 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from distnn import kernels
 from distnn.kernels import conv as conv_kernels
+from distnn.kernels import direct
 from distnn.nn.activations import ReLU
 from distnn.nn.conv import Conv2D
 from distnn.nn.normalization import BatchNormalization
@@ -48,6 +50,9 @@ CASES = [
      (3, 32, 32), False),
     ("conv 16->16 3x3 same 32x32", lambda: Conv2D(16, 3, padding="same"), (16, 32, 32), True),
     ("conv 16->32 3x3 s2 same 32x32", lambda: Conv2D(32, 3, strides=2, padding="same"),
+     (16, 32, 32), True),
+    ("conv 16->32 1x1 s2 32x32 (resnet20 shortcut)", lambda: Conv2D(32, 1, strides=2,
+                                                                    use_bias=False),
      (16, 32, 32), True),
     ("conv 32->32 3x3 same 16x16", lambda: Conv2D(32, 3, padding="same"), (32, 16, 16), True),
     ("conv 64->64 3x3 same 8x8", lambda: Conv2D(64, 3, padding="same"), (64, 8, 8), True),
@@ -123,6 +128,10 @@ def torch_step(layer, x, dy, need_dx):
     return step
 
 
+_DIRECT = direct.use_direct, direct.use_pointwise  # the compiled path's own choices
+_NO_DIRECT = (lambda g, f: False,) * 2
+
+
 def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
@@ -140,6 +149,8 @@ def measure(variants, args, step, tstep):
                 kernels.set_backend("numba" if kind == "im2col" else kind)
                 kernels.set_num_threads(t)
                 conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
+                direct.use_direct, direct.use_pointwise = _NO_DIRECT if kind == "im2col" \
+                    else _DIRECT
                 fn = step
             fn()
             t0 = clock()
@@ -152,6 +163,7 @@ def measure(variants, args, step, tstep):
         for v in variants:
             times[v].append(run(v))
     conv_kernels.WINOGRAD_MIN_CHANNELS = wino
+    direct.use_direct, direct.use_pointwise = _DIRECT
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
 
@@ -195,8 +207,8 @@ def main(argv=None) -> None:
     print(f"batch {args.batch}, float32, forward+backward, median ms "
           f"({'process CPU time' if args.clock == 'cpu' else 'wall time'}) over {args.repeat} "
           "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
-          "first, in a process of its own; numba = the compiled default, Winograd where it "
-          "applies; im2col = the compiled im2col path forced)")
+          "first, in a process of its own; numba = the compiled default, Winograd, direct or 1x1 "
+          "where they apply; im2col = the compiled im2col path forced)")
     print()
     print("| " + " | ".join(head + ratio_heads) + " |")
     print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")

@@ -68,9 +68,10 @@ def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, thread
         np.testing.assert_allclose(g, r, rtol=tol, atol=tol * 10)
 
 
-def test_conv_kept_columns_when_the_thread_count_changes_before_backward():
+def test_conv_kept_columns_when_the_thread_count_changes_before_backward(monkeypatch):
     """Columns kept in blocks for 2 threads, backward on 1 (or the reverse): the blocks no
     longer match, so backward builds the columns again and still gives the reference."""
+    monkeypatch.setattr("distnn.kernels.direct.DIRECT_MAX_CKK", 0)  # the im2col path
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 3, 9, 8))
     w = rng.standard_normal((4, 3, 3, 3))

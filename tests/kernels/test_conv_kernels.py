@@ -195,3 +195,181 @@ def test_flat_layout_without_columns_matches_loops(c, pads, dil):
         dx, dw, db = conv2d_backward(dy, cache, w, ws=ws)
         for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref), (db, db_ref)):
             np.testing.assert_allclose(got, ref, atol=1e-11)
+
+
+@st.composite
+def stride1_cases(draw):
+    """Stride-1 geometries for the direct kernels: kernel rows of 1-5 taps (the 3-tap
+    blocks and their remainders), 1-6 filters (the 4-filter blocks and remainders),
+    paddings wider than the kernel (dx then crops dy)."""
+    k = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = tuple(draw(st.integers(0, 3)) for _ in range(4))
+    n, c = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    h = draw(st.integers(max(1, dil[0] * (k[0] - 1) + 1 - pads[0] - pads[1]), 9))
+    w = draw(st.integers(max(1, dil[1] * (k[1] - 1) + 1 - pads[2] - pads[3]), 9))
+    return (n, c, h, w), draw(st.integers(1, 6)), k, pads, dil, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=80, deadline=None)
+@given(stride1_cases())
+def test_direct_conv_matches_loops(case):
+    pytest.importorskip("numba")
+    x_shape, f, k, pads, dil, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal((f, x_shape[1]) + k)
+    b = rng.standard_normal(f)
+    oh, ow = ref_geometry(x_shape, k, (1, 1), pads, dil)
+    dy = rng.standard_normal((x_shape[0], f, oh, ow))
+    y_ref, dx_ref, dw_ref, db_ref = ref_conv(x, w, b, (1, 1), pads, dil, dy)
+    ws = {}
+    for _ in range(2):  # the second pass reuses the work arrays
+        y, cache = conv2d_forward(x, w, b, (1, 1), pads, dil, ws=ws, method="direct")
+        assert cache.direct
+        np.testing.assert_allclose(y, y_ref, atol=1e-12)
+        dx, dw, db = conv2d_backward(dy, cache, w, ws=ws)
+        for got, ref in ((dx, dx_ref), (dw, dw_ref), (db, db_ref)):
+            np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("c,f,k,pad", [(1, 4, 3, 1), (4, 8, 3, 1), (1, 6, 5, 2), (3, 16, 3, 1),
+                                       (3, 5, 3, 0)])
+def test_direct_conv_float32_model_shapes(c, f, k, pad):
+    """The model-zoo shapes the compiled path sends to the direct kernels, in float32 (what
+    training uses) against the float64 loop reference; dw sums 2*14*14 products."""
+    pytest.importorskip("numba")
+    from distnn.kernels.direct import use_direct
+    from distnn.kernels.im2col import conv_geometry
+    rng = np.random.default_rng(c * 100 + f)
+    x = rng.standard_normal((2, c, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((f, c, k, k)).astype(np.float32)
+    b = rng.standard_normal(f).astype(np.float32)
+    pads = (pad,) * 4
+    assert use_direct(conv_geometry(x.shape, (k, k), (1, 1), pads), f)
+    y, cache = conv2d_forward(x, w, b, (1, 1), pads, method="direct")
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx, dw, db = conv2d_backward(dy, cache, w)
+    assert y.dtype == dx.dtype == dw.dtype == db.dtype == np.float32
+    refs = ref_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64),
+                    (1, 1), pads, (1, 1), dy.astype(np.float64))
+    for got, ref in zip((y, dx, dw, db), refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_direct_conv_empty_batch_and_no_dx():
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((3, 2, 3, 3))
+    y, cache = conv2d_forward(np.zeros((0, 2, 5, 5)), w, None, (1, 1), (1,) * 4,
+                              method="direct")
+    assert y.shape == (0, 3, 5, 5)
+    dx, dw, db = conv2d_backward(np.zeros(y.shape), cache, w)
+    assert dx.shape == (0, 2, 5, 5) and not dw.any() and not db.any()
+    x = rng.standard_normal((2, 2, 5, 5))
+    y, cache = conv2d_forward(x, w, None, (1, 1), (1,) * 4, method="direct")
+    dx, dw, db = conv2d_backward(np.ones_like(y), cache, w, need_dx=False, need_db=False)
+    assert dx is None and db is None
+    np.testing.assert_allclose(dw, ref_conv(x, w, None, (1, 1), (1,) * 4, (1, 1),
+                                            np.ones_like(y))[2], atol=1e-12)
+
+
+def test_direct_conv_needs_stride_1():
+    pytest.importorskip("numba")
+    with pytest.raises(ValueError, match="method='direct' needs stride 1"):
+        conv2d_forward(np.zeros((1, 1, 5, 5)), np.zeros((1, 1, 3, 3)), None, (2, 2),
+                       method="direct")
+
+
+@pytest.mark.parametrize("fwd_threads,bwd_threads", [(2, 1), (1, 2), (2, 2)])
+def test_direct_conv_thread_counts(fwd_threads, bwd_threads):
+    """Samples split among threads (each thread sums its own dw), also when the thread
+    count changes between forward and backward: the loop reference either way."""
+    pytest.importorskip("numba")
+    from distnn import kernels
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 3, 9, 8))
+    w = rng.standard_normal((6, 3, 3, 3))
+    b = rng.standard_normal(6)
+    dy = rng.standard_normal((5, 6, 9, 8))
+    y_ref, *grads_ref = ref_conv(x, w, b, (1, 1), (1,) * 4, (1, 1), dy)
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(fwd_threads)
+        y, cache = conv2d_forward(x, w, b, (1, 1), (1,) * 4, method="direct", ws={})
+        kernels.set_num_threads(bwd_threads)
+        grads = conv2d_backward(dy, cache, w)
+    finally:
+        kernels.set_num_threads(previous)
+    np.testing.assert_allclose(y, y_ref, atol=1e-12)
+    for got, ref in zip(grads, grads_ref):
+        np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 9),
+       st.integers(1, 9), st.integers(1, 3), st.integers(1, 5), st.integers(0, 2**16))
+def test_pointwise_conv_matches_loops(n, c, f, h, w, sh, sw, seed):
+    """1x1 kernels, any stride, no padding: strided slice + GEMMs, against the loops."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((f, c, 1, 1))
+    b = rng.standard_normal(f)
+    stride, pads = (sh, sw), (0, 0, 0, 0)
+    oh, ow = ref_geometry(x.shape, (1, 1), stride, pads, (1, 1))
+    dy = rng.standard_normal((n, f, oh, ow))
+    y_ref, *grads_ref = ref_conv(x, wt, b, stride, pads, (1, 1), dy)
+    ws = {}
+    for _ in range(2):
+        y, cache = conv2d_forward(x, wt, b, stride, pads, ws=ws, method="pointwise")
+        assert cache.pointwise
+        np.testing.assert_allclose(y, y_ref, atol=1e-12)
+        for got, ref in zip(conv2d_backward(dy, cache, wt, ws=ws), grads_ref):
+            np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_conv_float32_threads(stride, threads):
+    """resnet20's 1x1 stride-2 shortcut shape (scaled down) in float32, 1 and 2 threads."""
+    pytest.importorskip("numba")
+    from distnn import kernels
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((5, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((32, 16, 1, 1)).astype(np.float32)
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(threads)
+        y, cache = conv2d_forward(x, w, None, (stride, stride), method="pointwise")
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        dx, dw, db = conv2d_backward(dy, cache, w)
+    finally:
+        kernels.set_num_threads(previous)
+    assert y.dtype == dx.dtype == dw.dtype == db.dtype == np.float32
+    refs = ref_conv(x.astype(np.float64), w.astype(np.float64), None, (stride, stride),
+                    (0,) * 4, (1, 1), dy.astype(np.float64))
+    for got, ref in zip((y, dx, dw, db), refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_conv_needs_1x1_without_padding():
+    pytest.importorskip("numba")
+    with pytest.raises(ValueError, match="method='pointwise' needs a 1x1 kernel and no pad"):
+        conv2d_forward(np.zeros((1, 1, 5, 5)), np.zeros((1, 1, 1, 1)), None, (1, 1),
+                       (1, 1, 1, 1), method="pointwise")
+
+
+@pytest.mark.parametrize("c,f,hw", [(16, 32, 2), (3, 2, 9)])
+def test_pointwise_dw_both_ways(c, f, hw):
+    """dw of 1x1 layers: one GEMM over transposed copies when F*C outweighs (F+C)*P (deep
+    layers on small planes, first case), else per-sample products summed (second)."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((4, c, hw, hw))
+    w = rng.standard_normal((f, c, 1, 1))
+    y, cache = conv2d_forward(x, w, None, method="pointwise")
+    dy = rng.standard_normal(y.shape)
+    ref = ref_conv(x, w, None, (1, 1), (0,) * 4, (1, 1), dy)
+    for got, r in zip(conv2d_backward(dy, cache, w), ref[1:]):
+        np.testing.assert_allclose(got, r, atol=1e-11)

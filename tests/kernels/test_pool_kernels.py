@@ -78,7 +78,7 @@ def test_avgpool_matches_loops(case):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("ties", [False, True])
-@pytest.mark.parametrize("hw", [(4, 6), (8, 8), (5, 6)])  # even sizes take the fast path
+@pytest.mark.parametrize("hw", [(4, 6), (8, 8), (5, 6), (7, 5)])  # even: NumPy fast path
 def test_maxpool_2x2(dtype, ties, hw):
     x, rng = _data((3, 2) + hw, ties, 7)
     x = x.astype(dtype)

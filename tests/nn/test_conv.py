@@ -103,6 +103,39 @@ def test_inside_model_grads_stay_views_of_the_flat_buffer():
     np.testing.assert_allclose(c2.grads["w"], ref.grads["w"])
 
 
+DIRECT_CASES = [  # the model zoo's few-channel stride-1 convolutions, scaled down
+    dict(filters=4, kernel_size=3, padding=1, shape=(1, 7, 6)),     # simplecnn_pydtnn 1
+    dict(filters=8, kernel_size=3, padding=1, shape=(4, 6, 5)),     # simplecnn_pydtnn 2
+    dict(filters=6, kernel_size=5, padding=2, shape=(1, 6, 7)),     # lenet 1
+    dict(filters=5, kernel_size=3, padding="same", shape=(3, 6, 6)),  # resnet20 1
+    dict(filters=3, kernel_size=(2, 4), dilation=(2, 1), padding=(3, 1), shape=(2, 5, 6)),
+]
+
+
+@pytest.mark.parametrize("opts", DIRECT_CASES, ids=str)
+def test_gradients_few_channels(opts, kernel_backend):
+    """On the compiled backend these layers run the direct kernels (no im2col)."""
+    opts = dict(opts)
+    shape = opts.pop("shape")
+    layer = built(Conv2D(**opts, bias_initializer="glorot_uniform"), shape)
+    x = RNG.standard_normal((3,) + shape)
+    layer.forward(x, training=True)
+    assert layer._cache.direct == (kernel_backend == "numba")
+    errors = check_layer(layer, x)
+    assert set(errors) == {"dx", "w", "b"}
+
+
+@pytest.mark.parametrize("strides", [1, 2, (2, 3)])
+def test_gradients_1x1(strides, kernel_backend):
+    """On the compiled backend 1x1 layers run as a strided slice + GEMMs (no im2col)."""
+    layer = built(Conv2D(3, 1, strides=strides, bias_initializer="glorot_uniform"),
+                  (4, 7, 6))
+    x = RNG.standard_normal((3, 4, 7, 6))
+    layer.forward(x, training=True)
+    assert layer._cache.pointwise == (kernel_backend == "numba")
+    assert set(check_layer(layer, x)) == {"dx", "w", "b"}
+
+
 def test_float32_end_to_end():
     layer = built(Conv2D(4, 3, padding="same"), (3, 8, 8), dtype=np.float32)
     x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)

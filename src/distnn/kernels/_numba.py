@@ -232,6 +232,35 @@ def maxpool2x2_forward(x, y, idx):
 
 
 @_jit
+def maxpool2x2_backward(dy, idx, dx, zero):
+    """maxpool_backward for maxpool2x2_forward: every dx element written once (dy where it
+    was its window's maximum, else zero[0], a 0 of dx's dtype), no zero-fill and scatter;
+    the loop runs along whole input rows so that it vectorizes. An odd last row or column
+    is in no window and gets 0."""
+    n_, c_, h_, w_ = dx.shape
+    oh, ow = dy.shape[2], dy.shape[3]
+    df = dy.ravel()
+    kf = idx.ravel()
+    xf = dx.ravel()
+    z = zero[0]
+    for t in nb.prange(n_ * c_):
+        for p in range(oh):
+            r0 = t * h_ * w_ + 2 * p * w_
+            r1 = r0 + w_
+            o = (t * oh + p) * ow
+            for q in range(2 * ow):
+                g = df[_U(o + q // 2)]
+                a = kf[_U(o + q // 2)]
+                xf[_U(r0 + q)] = g if a == (q & 1) else z
+                xf[_U(r1 + q)] = g if a == (q & 1) + 2 else z
+            for q in range(2 * ow, w_):
+                xf[_U(r0 + q)] = z
+                xf[_U(r1 + q)] = z
+        for k in range(2 * oh * w_, h_ * w_):
+            xf[_U(t * h_ * w_ + k)] = z
+
+
+@_jit
 def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
     n_, c_, h_, w_ = dx.shape
     oh, ow = dy.shape[2], dy.shape[3]
@@ -348,5 +377,6 @@ def scale_shift(x, scale, shift, y):
 
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "relu_forward",
               "relu_backward", "maxpool_forward", "maxpool2x2_forward", "maxpool_backward",
+              "maxpool2x2_backward",
               "bn_forward_train", "bn_grad_sums", "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])

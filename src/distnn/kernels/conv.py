@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import direct
 from .backend import compiled
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
@@ -84,6 +85,8 @@ class ConvCache(NamedTuple):
     compiled: bool = False
     winograd: bool = False
     chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
+    direct: bool = False  # the direct kernels (``direct``); xf is then the padded input
+    pointwise: bool = False  # the 1x1 kernels (``direct``); xf is then the strided input
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -197,7 +200,9 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     """y = conv2d(x, w) + b for NCHW x (N, C, H, W), w (F, C, KH, KW), b (F,).
 
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
-    "flat" (stride 1 only) or "compact"; by default it is chosen from measured costs.
+    "flat" (stride 1 only) or "compact"; or "direct" (stride 1, compiled: no columns,
+    ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs) or
+    "winograd"; by default it is chosen from measured costs.
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the
@@ -219,6 +224,17 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         x = np.ascontiguousarray(x)
         y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
         return y, ConvCache(g, None, False, x, True, True)
+    if method == "direct" or (fast is not None and direct.use_direct(g, f)):
+        if not direct.direct_applies(g):
+            raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
+        y, xp = direct.forward(x, w, b, g, ws)
+        return y, ConvCache(g, None, False, xp, True, direct=True)
+    if method == "pointwise" or (fast is not None and direct.use_pointwise(g, f)):
+        if not direct.pointwise_applies(g):
+            raise ValueError(f"method='pointwise' needs a 1x1 kernel and no padding, got "
+                             f"{g.kh}x{g.kw}, padding {(g.pt, g.pb, g.pl, g.pr)}")
+        y, xs = direct.pointwise_forward(x, w, b, g, ws)
+        return y, ConvCache(g, None, False, xs, True, pointwise=True)
     if fast is not None:
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
@@ -283,6 +299,20 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
             db_out = np.empty(w.shape[0], dy.dtype)
         return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
                                  dw_out, db_out if need_db else None, need_dx)
+    if cache.direct:
+        if dw_out is None:
+            dw_out = np.empty(w.shape, dy.dtype)
+        if need_db and db_out is None:
+            db_out = np.empty(w.shape[0], dy.dtype)
+        return direct.backward(dy, cache.xf, w, cache.geometry, dw_out,
+                               db_out if need_db else None, need_dx, ws)
+    if cache.pointwise:
+        if dw_out is None:
+            dw_out = np.empty(w.shape, dy.dtype)
+        if need_db and db_out is None:
+            db_out = np.empty(w.shape[0], dy.dtype)
+        return direct.pointwise_backward(dy, cache.xf, w, cache.geometry, dw_out,
+                                         db_out if need_db else None, need_dx)
     if cache.compiled:
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)

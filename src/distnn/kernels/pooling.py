@@ -126,6 +126,9 @@ def maxpool2d_backward(dy: np.ndarray, cache: PoolCache) -> np.ndarray:
     fast = compiled()
     if fast is not None and dy.dtype.kind == "f" and idx.dtype == np.uint8:
         dx = np.empty(x_shape, dy.dtype)
+        if pool == (2, 2) and stride == (2, 2) and tuple(padding) == (0, 0):
+            fast.maxpool2x2_backward(np.ascontiguousarray(dy), idx, dx, np.zeros(1, dy.dtype))
+            return dx
         fast.maxpool_backward(np.ascontiguousarray(dy), idx, pool[0], pool[1], stride[0],
                               stride[1], padding[0], padding[1], dx)
         return dx

@@ -1,0 +1,218 @@
+"""Convolutions without a column matrix (compiled): direct stride-1 loops for few input
+channels, and 1x1 kernels as a strided slice + GEMMs.
+
+im2col + GEMM writes and reads C*KH*KW copies of the input and hands BLAS a skinny GEMM
+(F of 4 to 16 rows) that runs far below its peak. For small C*KH*KW the direct loops in
+``_direct`` (one long vectorized multiply-add per filter, channel and kernel offset over
+a sample's padded plane) do the same multiplies with the data in L1. ``use_direct`` says
+where that was measured faster; ``conv.conv2d_forward`` calls ``forward`` there (or
+always with ``method="direct"``).
+
+Threads: with 2+ threads the batch is split into blocks of samples, one share per thread
+(``_threads``); each thread sums its own dw and db, added after in a fixed order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .im2col import ConvGeometry, _buffer
+
+# Measured fwd+bwd, batch 64, 1 thread, thread CPU ms (direct vs compiled im2col + GEMM,
+# loaded host, medians of 9 interleaved rounds, benchmarks/conv_direct.py): 1->4 28x28
+# pad 1 (no dx) 0.20 vs 0.41, 4->8 28x28 pad 1 1.04 vs 2.09, 1->6 5x5 pad 2 (no dx) 0.73
+# vs 1.57, 3->16 32x32 pad 1 (no dx) 1.81 vs 3.03, 3->64 32x32 pad 1 (no dx) 6.6 vs 8.5,
+# 8->16 32x32 pad 1 5.3 vs 8.0, 12->12 16x16 pad 1 1.47 vs 2.42; but 6->16 5x5 14x14
+# (C*KH*KW = 150, rows of 10) 2.05 vs 1.70, and every 1x1 kernel (one tap: nothing to
+# block) 0.4-0.6x. 3x3 stride-1 layers with C >= 16 go to Winograd before this is asked.
+DIRECT_MAX_CKK = 108
+
+
+def direct_applies(g: ConvGeometry) -> bool:
+    """Whether the direct kernels compute this convolution: stride 1 (any padding,
+    dilation and kernel size)."""
+    return (g.sh, g.sw) == (1, 1)
+
+
+def use_direct(g: ConvGeometry, f: int) -> bool:
+    """The compiled path's choice of the direct kernels over im2col + GEMM."""
+    return direct_applies(g) and g.kw >= 2 and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
+
+
+def _module():
+    from . import _direct
+    return _direct
+
+
+def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
+    """x with its zero borders, (N, C, Hp, Wp); x itself when there is no padding."""
+    if not any((g.pt, g.pb, g.pl, g.pr)):
+        return x
+    xp = _buffer(ws, "direct_xp", (g.n, g.c, g.hp, g.wp), x.dtype)
+    _module().pad_planes(x, 0, g.n, g.pt, g.pl, xp)
+    return xp
+
+
+def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
+            ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """(y, the padded input backward needs) for a stride-1 convolution of NCHW x."""
+    from ._numba import scratch
+    from ._threads import block_workers, run
+    k = _module()
+    x = np.ascontiguousarray(x)
+    w = np.ascontiguousarray(w, x.dtype)
+    f = w.shape[0]
+    xp = _padded(x, g, ws)
+    y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
+    bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    ll = (g.oh - 1) * g.wp + g.ow
+    per, workers = block_workers(g.n, g.n)
+
+    def body(indices, serial):
+        acc = scratch("direct_acc", (f * ll,), x.dtype)
+        for i in indices:
+            k.forward(xp, w, bias, i * per, min(g.n, (i + 1) * per),
+                      g.dh, g.dw, g.oh, g.ow, acc, y)
+
+    run(-(-g.n // per), workers, body)
+    return y, xp
+
+
+def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
+             ws: dict | None = None):
+    """(dx or None, dw, db or None) of ``forward``; dw and db are written into the given
+    arrays. dx is the forward kernel over dy padded for a full correlation with the
+    flipped, transposed weights."""
+    from ._numba import scratch
+    from ._threads import block_workers, run
+    k = _module()
+    dy = np.ascontiguousarray(dy)
+    f = w.shape[0]
+    ll = (g.oh - 1) * g.wp + g.ow
+    if need_dx:
+        dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype)
+        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dy.dtype)
+        et, el = g.dh * (g.kh - 1) - g.pt, g.dw * (g.kw - 1) - g.pl
+        dyp = _buffer(ws, "direct_dyp", (g.n, f, g.h + g.dh * (g.kh - 1),
+                                         g.w + g.dw * (g.kw - 1)), dy.dtype)
+        lx = (g.h - 1) * dyp.shape[3] + g.w
+        nobias = np.zeros(g.c, dy.dtype)
+    zero = np.zeros(1, dy.dtype)
+    per, workers = block_workers(g.n, g.n)
+
+    def body(indices, serial):
+        dyw = scratch("direct_dyw", (f * ll,), dy.dtype)
+        dw64 = np.zeros(w.shape, np.float64)
+        db64 = np.zeros(f, np.float64)
+        for i in indices:
+            n0, n1 = i * per, min(g.n, (i + 1) * per)
+            k.weight_grad(xp, dy, n0, n1, g.dh, g.dw, dyw, dw64, db64, zero)
+            if need_dx:
+                k.pad_planes(dy, n0, n1, et, el, dyp)
+                k.forward(dyp, wt, nobias, n0, n1, g.dh, g.dw, g.h, g.w,
+                          scratch("direct_acc", (g.c * lx,), dy.dtype), dx)
+        return dw64, db64
+
+    parts = run(-(-g.n // per), workers, body)
+    dw64, db64 = parts[0]
+    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+        dw64 += dw_i
+        db64 += db_i
+    dw_out[...] = dw64
+    if db_out is not None:
+        db_out[...] = db64
+    return (dx if need_dx else None), dw_out, db_out
+
+
+# -- 1x1 kernels --------------------------------------------------------------------------
+# A 1x1 convolution is y[n] = W (F, C) @ x[n, :, ::sh, ::sw] (C, P): no columns, no (F, N*P)
+# transposes; the strided slice is one copy (none at stride 1). Measured fwd+bwd, batch
+# 64, 1 thread, thread CPU ms (against compiled im2col + GEMM, loaded host, medians of 11
+# interleaved rounds): stride 2 16->32 32x32 0.90 vs 1.06, 32->64 16x16 0.69 vs 0.71;
+# stride 1 16->32 16x16 0.64 vs 0.76, 64->64 8x8 1.00 vs 1.16, 8->32 32x32 2.19 vs 2.89,
+# 64->256 8x8 4.15 vs 4.27; 128->32 7x7 1.02 vs 1.39, 64->256 56x56 (batch 8) 26.4 vs 31.1,
+# 512->128 7x7 14.2 vs 14.8; but 256->512 stride 2 14x14 (batch 32) 14.6 vs 13.6: with
+# many channels on small planes the per-sample GEMMs lose to im2col's single one.
+POINTWISE_MAX_FC = 1 << 16
+def pointwise_applies(g: ConvGeometry) -> bool:
+    """Whether ``pointwise_forward`` computes this convolution: 1x1, no padding."""
+    return (g.kh, g.kw) == (1, 1) and not any((g.pt, g.pb, g.pl, g.pr))
+
+
+def use_pointwise(g: ConvGeometry, f: int) -> bool:
+    """The compiled path's choice of the 1x1 kernels over im2col + GEMM."""
+    return pointwise_applies(g) and f * g.c <= POINTWISE_MAX_FC
+
+
+def pointwise_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
+                      ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
+    """(y, the strided input (N, C, P) backward needs) of a 1x1 convolution."""
+    from ._threads import block_workers, run
+    x = np.ascontiguousarray(x)
+    f, p = w.shape[0], g.oh * g.ow
+    w2 = np.ascontiguousarray(w.reshape(f, g.c), x.dtype)
+    if (g.sh, g.sw) == (1, 1):
+        xs = x.reshape(g.n, g.c, p)
+    else:
+        xs = _buffer(ws, "pointwise_xs", (g.n, g.c, g.oh, g.ow), x.dtype)
+    y = np.empty((g.n, f, p), x.dtype)
+    per, workers = block_workers(g.n, g.n)
+
+    def body(indices, serial):
+        for i in indices:
+            n0, n1 = i * per, min(g.n, (i + 1) * per)
+            if (g.sh, g.sw) != (1, 1):
+                _module().subsample(x, n0, n1, g.sh, g.sw, xs)
+            np.matmul(w2, xs[n0:n1].reshape(n1 - n0, g.c, p), out=y[n0:n1])
+            if b is not None:
+                y[n0:n1] += b.astype(x.dtype, copy=False)[:, None]
+
+    run(-(-g.n // per), workers, body)
+    return y.reshape(g.n, f, g.oh, g.ow), xs.reshape(g.n, g.c, p)
+
+
+def pointwise_backward(dy: np.ndarray, xs: np.ndarray, w: np.ndarray, g: ConvGeometry,
+                       dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool):
+    """(dx or None, dw, db or None) of ``pointwise_forward``; dw and db are written into
+    the given arrays."""
+    from ._threads import block_workers, run
+    f, p = w.shape[0], g.oh * g.ow
+    dy3 = np.ascontiguousarray(dy).reshape(g.n, f, p)
+    w2t = np.ascontiguousarray(w.reshape(f, g.c).T, dy.dtype)
+    strided = (g.sh, g.sw) != (1, 1)
+    dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype) if need_dx else None
+    per, workers = block_workers(g.n, g.n)
+
+    def body(indices, serial):
+        dw64 = np.zeros((f, g.c), np.float64)
+        db64 = np.zeros(f, np.float64)
+        for i in indices:
+            n0, n1 = i * per, min(g.n, (i + 1) * per)
+            if f * g.c > (f + g.c) * p:
+                # per-sample products (N, F, C) would outweigh copying dy and x to
+                # (F, N*P) and (C, N*P) for one GEMM (deep layers on small planes)
+                dyt = np.ascontiguousarray(dy3[n0:n1].transpose(1, 0, 2)).reshape(f, -1)
+                xst = np.ascontiguousarray(xs[n0:n1].transpose(1, 0, 2)).reshape(g.c, -1)
+                dw64 += np.matmul(dyt, xst.T)
+            else:
+                dw64 += np.matmul(dy3[n0:n1], xs[n0:n1].transpose(0, 2, 1)).sum(axis=0)
+            if db_out is not None:  # rows summed contiguously, then across samples
+                db64 += dy3[n0:n1].sum(axis=2).sum(axis=0, dtype=np.float64)
+            if need_dx:
+                if strided:
+                    dxs = np.matmul(w2t, dy3[n0:n1])
+                    _module().upsample(dxs.reshape(n1 - n0, g.c, g.oh, g.ow), 0, n1 - n0,
+                                       g.sh, g.sw, dx[n0:n1])
+                else:
+                    np.matmul(w2t, dy3[n0:n1], out=dx[n0:n1].reshape(n1 - n0, g.c, p))
+        return dw64, db64
+
+    parts = run(-(-g.n // per), workers, body)
+    dw64, db64 = parts[0]
+    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+        dw64 += dw_i
+        db64 += db_i
+    dw_out[...] = dw64.reshape(w.shape)
+    if db_out is not None:
+        db_out[...] = db64
+    return dx, dw_out, db_out
