@@ -53,10 +53,10 @@ def test_fused_train_forward_backward_match_loops(shape, dtype, threads):
     assert np.all(y >= 0)
     np.testing.assert_allclose(y, ry, **tol)
     np.testing.assert_allclose(xhat, rxhat, **tol)
-    sum_dy, sum_dy_xhat = K.bn_relu_grad_sums(dy, y, xhat)
+    sum_dy, sum_dy_xhat = K.bn_relu_grad_sums(dy, xhat, gamma, beta)
     np.testing.assert_allclose(sum_dy, rdbeta, **tol)
     np.testing.assert_allclose(sum_dy_xhat, rdgamma, **tol)
-    dx = K.bn_relu_backward_dx(dy, y, xhat, gamma, invstd, sum_dy, sum_dy_xhat,
+    dx = K.bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, sum_dy, sum_dy_xhat,
                                K.channel_count(x))
     np.testing.assert_allclose(dx, rdx, **tol)
 
@@ -76,13 +76,13 @@ def test_fused_equals_bn_then_relu(dtype, threads):
     np.testing.assert_array_equal(y, np.maximum(u, 0))
     np.testing.assert_array_equal(xhat, uxhat)
     masked = K.relu_mask(dy, np.maximum(u, 0))
-    sums = K.bn_relu_grad_sums(dy, y, xhat)
+    sums = K.bn_relu_grad_sums(dy, xhat, gamma, beta)
     usums = K.bn_grad_sums(masked, uxhat)
     same = (np.testing.assert_array_equal if dtype == np.float64 else
             lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6))
     same(sums, usums)
     n = K.channel_count(x)
-    same(K.bn_relu_backward_dx(dy, y, xhat, gamma, invstd, *sums, n),
+    same(K.bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, *sums, n),
          K.bn_backward_dx(masked, uxhat, gamma, uinvstd, *sums, n))
 
 

@@ -282,7 +282,12 @@ def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
 
 
 # -- batch norm over axis 1 of (N, C, S) ------------------------------------------------
-@_jit_sums
+# Reassociation only (no FMA contraction): gamma * xhat + beta then rounds as in NumPy and
+# in _numba_bnrelu, whose backward recomputes the ReLU mask from it.
+_jit_bn = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc"})
+
+
+@_jit_bn
 def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     """Per-channel mean and biased variance from one read of x (float64 sums of x - x0
     and (x - x0)^2, x0 the channel's first value: 35-40% less time than a pass for the mean
@@ -324,7 +329,7 @@ def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
                 yf[_U(b + k)] = h * g + bb
 
 
-@_jit_sums
+@_jit_bn
 def bn_grad_sums(dy, xhat, sum_dy, sum_dy_xhat):
     """Per-channel sum(dy) and sum(dy * xhat), float64 accumulators."""
     n_, c_, s_ = dy.shape

@@ -194,9 +194,9 @@ def bn_backward_dx_inference(dy: np.ndarray, gamma: np.ndarray, var: np.ndarray,
 
 
 # -- batch norm fused with the ReLU after it ---------------------------------------------
-# y = max(bn(x), 0) in one pass; backward takes the ReLU mask from y's sign (y > 0 exactly
-# where bn(x) > 0). The compiled kernels run the loops of the unfused ones with dy masked;
-# the NumPy path is the unfused reference plus the mask.
+# y = max(bn(x), 0) in one pass; backward recomputes the ReLU mask gamma * xhat + beta > 0
+# from the xhat it reads anyway. The compiled kernels run the loops of the unfused ones
+# with dy masked; the NumPy path is the unfused reference plus the mask.
 
 def _fused_for(x: np.ndarray, *others: np.ndarray):
     """The compiled fused kernels when selected and every array is C-contiguous of x's
@@ -260,33 +260,45 @@ def bn_relu_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: n
     return y
 
 
-def bn_relu_grad_sums(dy: np.ndarray, y: np.ndarray, xhat: np.ndarray
+def _bn_relu_mask(dy, xhat, gamma, beta):
+    """dy where gamma * xhat + beta > 0 (the fused forward's y > 0), else 0 (NumPy)."""
+    pre = np.multiply(xhat, _bshape(xhat, np.asarray(gamma)))
+    pre += _bshape(xhat, np.asarray(beta))
+    return dy * (pre > 0)
+
+
+def bn_relu_grad_sums(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, beta: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """``bn_grad_sums`` of the ReLU-masked dy (y: the fused forward's output)."""
-    fast = _fused_for(dy, y, xhat)
+    """``bn_grad_sums`` of the ReLU-masked dy. The mask is recomputed from xhat as the
+    forward computed y (gamma * xhat + beta > 0: the same operations and rounding), so the
+    backward reads no saved output."""
+    fast = _fused_for(dy, xhat)
     if fast is None:
-        return bn_grad_sums(relu_mask(dy, y), xhat)
+        return bn_grad_sums(_bn_relu_mask(dy, xhat, gamma, beta), xhat)
     sums = np.empty((2, dy.shape[1]), np.float64)
-    fast.bn_relu_grad_sums(_by_channel(dy), _by_channel(y), _by_channel(xhat), sums[0],
-                           sums[1])
+    fast.bn_relu_grad_sums(_by_channel(dy), _by_channel(xhat),
+                           np.ascontiguousarray(gamma, dy.dtype),
+                           np.ascontiguousarray(beta, dy.dtype), sums[0], sums[1])
     return sums[0].astype(dy.dtype), sums[1].astype(dy.dtype)
 
 
-def bn_relu_backward_dx(dy: np.ndarray, y: np.ndarray, xhat: np.ndarray, gamma: np.ndarray,
-                        invstd: np.ndarray, sum_dy: np.ndarray, sum_dy_xhat: np.ndarray,
-                        count: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``bn_backward_dx`` of the ReLU-masked dy; the sums are ``bn_relu_grad_sums``'s.
-    ``out``: an array to write dx into when it fits (a reused buffer)."""
-    fast = _fused_for(dy, y, xhat)
+def bn_relu_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray,
+                        beta: np.ndarray, invstd: np.ndarray, sum_dy: np.ndarray,
+                        sum_dy_xhat: np.ndarray, count: int, out: np.ndarray | None = None
+                        ) -> np.ndarray:
+    """``bn_backward_dx`` of the ReLU-masked dy (mask as in ``bn_relu_grad_sums``); the
+    sums are ``bn_relu_grad_sums``'s. ``out``: an array to write dx into when it fits."""
+    fast = _fused_for(dy, xhat)
     if fast is None:
-        return bn_backward_dx(relu_mask(dy, y), xhat, gamma, invstd, sum_dy, sum_dy_xhat,
-                              count)
+        return bn_backward_dx(_bn_relu_mask(dy, xhat, gamma, beta), xhat, gamma, invstd,
+                              sum_dy, sum_dy_xhat, count)
     dt = dy.dtype
     count = max(count, 1)
     g = np.asarray(gamma, np.float64) * np.asarray(invstd, np.float64)
     b = -g * np.asarray(sum_dy_xhat, np.float64) / count
     c = -g * np.asarray(sum_dy, np.float64) / count
     dx = _out(out, dy)
-    fast.bn_relu_backward_dx(_by_channel(dy), _by_channel(y), _by_channel(xhat),
+    fast.bn_relu_backward_dx(_by_channel(dy), _by_channel(xhat),
+                             np.ascontiguousarray(gamma, dt), np.ascontiguousarray(beta, dt),
                              g.astype(dt), b.astype(dt), c.astype(dt), _by_channel(dx))
     return dx

@@ -114,7 +114,7 @@ class BatchNormalization(Layer):
             if relu:
                 np.maximum(y, 0, out=y)
         self._update_running(mean, var, count)
-        self._cache = (True, xhat, invstd, count, y if relu else None)
+        self._cache = (True, xhat, invstd, count, relu)
         return self._hand_over(y)
 
     def _hand_over(self, y):
@@ -149,11 +149,11 @@ class BatchNormalization(Layer):
             if not self.need_dx:
                 return None
             return K.bn_backward_dx_inference(dy, gamma, var, self.epsilon)
-        _, xhat, invstd, count, y = self._cache
-        if y is None:
+        _, xhat, invstd, count, relu = self._cache
+        if not relu:
             sum_dy, sum_dy_xhat = K.bn_grad_sums(dy, xhat)
         else:
-            sum_dy, sum_dy_xhat = K.bn_relu_grad_sums(dy, y, xhat)
+            sum_dy, sum_dy_xhat = K.bn_relu_grad_sums(dy, xhat, gamma, self.params["beta"])
         self.grads["beta"][...] = sum_dy
         self.grads["gamma"][...] = sum_dy_xhat
         if not self.need_dx:
@@ -164,12 +164,12 @@ class BatchNormalization(Layer):
             packed[:c], packed[c:] = sum_dy, sum_dy_xhat
             packed = self.stat_reducer(packed)
             sum_dy, sum_dy_xhat = packed[:c], packed[c:]
-        if y is None:
+        if not relu:
             dx = K.bn_backward_dx(dy, xhat, gamma, invstd, sum_dy, sum_dy_xhat, count,
                                   out=self._buf("dx"))
         else:
-            dx = K.bn_relu_backward_dx(dy, y, xhat, gamma, invstd, sum_dy, sum_dy_xhat, count,
-                                       out=self._buf("dx"))
+            dx = K.bn_relu_backward_dx(dy, xhat, gamma, self.params["beta"], invstd, sum_dy,
+                                       sum_dy_xhat, count, out=self._buf("dx"))
         return self._keep("dx", dx)
 
     def describe(self):
