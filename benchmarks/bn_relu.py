@@ -108,7 +108,7 @@ def main() -> None:
                             1e3 * (time.thread_time() - c0) / n, 1e3 * acc[0] / n,
                             1e3 * acc[1] / n,
                             (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / n))
-    BatchNormalization.reuse_buffers = ReLU.reuse_buffers = True
+    BatchNormalization.reuse_buffers = ReLU.reuse_buffers = False  # the default
     print(f"model {args.model}, batch {args.batch}, {args.threads} thread(s), kernels "
           f"{kernels.backend()}, {args.rounds} rounds x {args.steps} steps per variant, "
           "medians")

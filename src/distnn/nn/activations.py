@@ -26,11 +26,10 @@ class ReLU(Layer):
     After a ``BatchNormalization`` that is linked to it (``fused_relu``, set when the
     container is built) the pair runs as one pass: this layer then passes the already
     rectified array on, and its backward passes dy on (the batch norm applies the mask).
-    In training the output and dx are written into arrays kept from the previous step
-    (``reuse_buffers``, as ``BatchNormalization``'s).
+    ``reuse_buffers`` (default False): as ``BatchNormalization``'s, for the output and dx.
     """
 
-    reuse_buffers = True
+    reuse_buffers = False
 
     def __init__(self, name: str | None = None):
         super().__init__(name)
