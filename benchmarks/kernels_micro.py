@@ -5,7 +5,9 @@ PyTorch CPU at the same thread counts. Prints a Markdown table of medians (ms).
 The compiled path runs 3x3 stride-1 convolutions with C >= 16 as Winograd F(2x2, 3x3)
 (``kernels/winograd.py``), stride-1 ones with few channels as direct loops and 1x1 ones
 as a strided slice + GEMMs (``kernels/direct.py``); the "im2col" columns force the
-compiled im2col + GEMM path on the same layers, so the two are side by side.
+compiled im2col + GEMM path on the same layers, so the two are side by side; "F2" and "F4"
+force Winograd F(2x2, 3x3) or F(4x4, 3x3) wherever the default would take Winograd
+(elsewhere they equal "numba").
 
     python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2] [--clock cpu]
 
@@ -93,9 +95,10 @@ def torch_step(layer, x, dy, need_dx):
     params = []
     if isinstance(layer, Conv2D):
         w = torch.from_numpy(layer.params["w"].copy()).requires_grad_(True)
-        b = torch.from_numpy(layer.params["b"].copy()).requires_grad_(True)
+        b = (torch.from_numpy(layer.params["b"].copy()).requires_grad_(True)
+             if "b" in layer.params else None)  # use_bias=False: the 1x1 shortcut
         pt, pb, pl, pr = layer._pads
-        params = [w, b]
+        params = [w] if b is None else [w, b]
 
         def op(inp):
             if not (pt == pb and pl == pr):
@@ -136,6 +139,7 @@ def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
     wino = conv_kernels.WINOGRAD_MIN_CHANNELS
+    wino4 = conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     def run(v):
@@ -146,11 +150,13 @@ def measure(variants, args, step, tstep):
                 torch.set_num_threads(t)
                 fn = tstep
             else:
-                kernels.set_backend("numba" if kind == "im2col" else kind)
+                kernels.set_backend("numba" if kind in ("im2col", "F2", "F4") else kind)
                 kernels.set_num_threads(t)
                 conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
                 direct.use_direct, direct.use_pointwise = _NO_DIRECT if kind == "im2col" \
                     else _DIRECT
+                conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = {
+                    "F2": (1 << 62, 1 << 62), "F4": (0, 0)}.get(kind, wino4)
                 fn = step
             fn()
             t0 = clock()
@@ -164,6 +170,7 @@ def measure(variants, args, step, tstep):
             times[v].append(run(v))
     conv_kernels.WINOGRAD_MIN_CHANNELS = wino
     direct.use_direct, direct.use_pointwise = _DIRECT
+    conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = wino4
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
 
@@ -198,7 +205,7 @@ def main(argv=None) -> None:
         if proc.returncode != 0:
             raise SystemExit(f"the PyTorch process failed:\n{proc.stderr[-2000:]}")
         torch_ms = json.loads(proc.stdout.strip().splitlines()[-1])
-    variants = [(k, t) for t in threads for k in ("numpy", "im2col", "numba")]
+    variants = [(k, t) for t in threads for k in ("numpy", "im2col", "F2", "F4", "numba")]
     head = ["case"] + [f"{k} {t}t" for k, t in variants]
     if torch_ms is not None:
         head += [f"torch {t}t" for t in threads]
@@ -208,7 +215,8 @@ def main(argv=None) -> None:
           f"({'process CPU time' if args.clock == 'cpu' else 'wall time'}) over {args.repeat} "
           "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
           "first, in a process of its own; numba = the compiled default, Winograd, direct or 1x1 "
-          "where they apply; im2col = the compiled im2col path forced)")
+          "where they apply; im2col = the compiled im2col path forced; F2/F4 = Winograd "
+          "F(2x2)/F(4x4) forced where Winograd applies)")
     print()
     print("| " + " | ".join(head + ratio_heads) + " |")
     print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")

@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3) (compiled): exact against the loop reference in float64, within its
-stated rounding bound in float32 per layer shape, and gradient-checked through Conv2D."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) (compiled): exact against the loop reference in
+float64, within the stated rounding bound in float32 per layer shape, and gradient-checked
+through Conv2D."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,9 +21,13 @@ def _compiled_only(kernel_backend):
         pytest.skip("Winograd runs on the compiled backend only")
 
 
-def run(x, w, b, pads, dy, need_dx=True, ws=None):
-    y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method="winograd", ws=ws)
+METHODS = {"winograd": 2, "winograd4": 4}
+
+
+def run(x, w, b, pads, dy, need_dx=True, ws=None, method="winograd"):
+    y, cache = K.conv2d_forward(x, w, b, (1, 1), pads, method=method, ws=ws)
     assert cache.winograd and cache.col is None  # nothing but x kept for backward
+    assert cache.tile == METHODS[method]
     dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx, ws=ws)
     return y, dx, dw, db
 
@@ -36,9 +41,10 @@ def cases(draw):
     return (n, c, h, w), f, pads, draw(st.integers(0, 2**16))
 
 
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @settings(max_examples=60, deadline=None)
-@given(cases())
-def test_winograd_matches_loops_float64(case):
+@given(case=cases())
+def test_winograd_matches_loops_float64(method, case):
     x_shape, f, pads, seed = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape)
@@ -48,54 +54,80 @@ def test_winograd_matches_loops_float64(case):
     dy = rng.standard_normal(y_ref.shape)
     _, dx_ref, dw_ref, db_ref = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)
     for ws in (None, {}, {}):
-        for got, ref in zip(run(x, w, b, pads, dy, ws=ws), (y_ref, dx_ref, dw_ref, db_ref)):
-            np.testing.assert_allclose(got, ref, atol=1e-11)
+        got_all = run(x, w, b, pads, dy, ws=ws, method=method)
+        for got, ref in zip(got_all, (y_ref, dx_ref, dw_ref, db_ref)):
+            np.testing.assert_allclose(got, ref, atol=1e-10)
 
 
+@pytest.mark.parametrize("h,w,pads", [(7, 7, (1, 1, 1, 1)), (14, 14, (1, 1, 1, 1)),
+                                      (28, 28, (1, 1, 1, 1)), (9, 13, (0, 0, 0, 0)),
+                                      (6, 6, (0, 2, 1, 0)), (3, 5, (0, 0, 2, 2)),
+                                      (32, 32, (1, 1, 1, 1)), (29, 31, (0, 1, 2, 0)),
+                                      (40, 26, (0, 0, 0, 0)), (26, 45, (2, 0, 0, 1))])
+def test_winograd4_partial_tiles_float64(h, w, pads):
+    """Outputs that are not multiples of 4 (partial last tiles, zero padding) are right to
+    ~1e-10 in float64, y and all gradients; from 28x28 the planes take the transforms
+    vectorized over tiles (``_winograd4w``), below the tile-by-tile ones."""
+    rng = np.random.default_rng(h * w)
+    x = rng.standard_normal((3, 5, h, w))
+    wt = rng.standard_normal((4, 5, 3, 3))
+    b = rng.standard_normal(4)
+    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    for got, r in zip(run(x, wt, b, pads, dy, method="winograd4"), ref):
+        np.testing.assert_allclose(got, r, atol=1e-10)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("c,f", [(1, 1), (16, 8), (64, 32)])
-def test_winograd_channels_batch_one_and_fused_relu(c, f):
+def test_winograd_channels_batch_one_and_fused_relu(c, f, tile):
     rng = np.random.default_rng(c)
     x = rng.standard_normal((1, c, 7, 6))
     w = rng.standard_normal((f, c, 3, 3))
     b = rng.standard_normal(f)
     y_ref = ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1))
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1), y_ref, atol=1e-11)
-    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True),
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, tile=tile), y_ref, atol=1e-11)
+    np.testing.assert_allclose(W.forward(x, w, b, 1, 1, 1, 1, relu=True, tile=tile),
                                np.maximum(y_ref, 0), atol=1e-11)
 
 
 # -- the rounding bound -------------------------------------------------------------------
-def tiles_of(x, pads, th, tw):
-    """(N, C, th, tw, 4, 4) input tiles, zero padded like the kernel."""
+def tiles_of(x, pads, th, tw, m=2):
+    """(N, C, th, tw, m + 2, m + 2) input tiles at stride m, zero padded like the kernel."""
     n, c, h, w = x.shape
-    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    rows, cols = min(h, 2 * th + 2 - pads[0]), min(w, 2 * tw + 2 - pads[2])
+    xp = np.zeros((n, c, m * th + 2, m * tw + 2))
+    rows, cols = min(h, m * th + 2 - pads[0]), min(w, m * tw + 2 - pads[2])
     xp[:, :, pads[0]:pads[0] + rows, pads[2]:pads[2] + cols] = x[:, :, :rows, :cols]
-    win = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))
-    return win[:, :, ::2, ::2][:, :, :th, :tw]
+    win = np.lib.stride_tricks.sliding_window_view(xp, (m + 2, m + 2), axis=(2, 3))
+    return win[:, :, ::m, ::m][:, :, :th, :tw]
 
 
-def abs_bounds(x, w, dy, pads):
-    """E for y, dx and dw: the Winograd pipeline on |x|, |w|, |dy| with |B^T|, |G|, |A^T|."""
-    bt, g, at = np.abs(W.BT), np.abs(W.G), np.abs(W.AT)
+MATRICES = {2: (W.BT, W.G, W.AT), 4: (W.BT4, W.G4, W.AT4)}
+
+
+def abs_bounds(x, w, dy, pads, m=2):
+    """E for y, dx and dw: the Winograd F(m x m) pipeline on |x|, |w|, |dy| with |B^T|,
+    |G|, |A^T|."""
+    bt, g, at = (np.abs(a) for a in MATRICES[m])
     n, c, h, wd = x.shape
     oh, ow = dy.shape[2:]
-    th, tw = W.tiles(oh, ow)
-    v = np.einsum("ai,nctxij,bj->abnctx", bt, tiles_of(np.abs(x), pads, th, tw), bt)
+    th, tw = W.tiles(oh, ow, m)
+    v = np.einsum("ai,nctxij,bj->abnctx", bt, tiles_of(np.abs(x), pads, th, tw, m), bt)
     u = np.einsum("ai,fcij,bj->abfc", g, np.abs(w), g)
-    m = np.einsum("abfc,abnctx->abnftx", u, v)
-    ey = np.einsum("pa,abnftx,qb->nftpxq", at, m, at).reshape(n, -1, 2 * th, 2 * tw)
-    dyp = np.zeros((n, dy.shape[1], 2 * th, 2 * tw))
+    mm = np.einsum("abfc,abnctx->abnftx", u, v)
+    ey = np.einsum("pa,abnftx,qb->nftpxq", at, mm, at).reshape(n, -1, m * th, m * tw)
+    dyp = np.zeros((n, dy.shape[1], m * th, m * tw))
     dyp[:, :, :oh, :ow] = np.abs(dy)
-    dyt = dyp.reshape(n, -1, th, 2, tw, 2)
+    dyt = dyp.reshape(n, -1, th, m, tw, m)
     dm = np.einsum("pa,nftpxq,qb->abnftx", at, dyt, at)
     ddv = np.einsum("abfc,abnftx->abnctx", u, dm)
     dd = np.einsum("ai,abnctx,bj->nctxij", bt, ddv, bt)
-    edx = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
-    for i in range(4):
-        for j in range(4):
-            edx[:, :, i:i + 2 * th:2, j:j + 2 * tw:2] += dd[..., i, j]
-    rows, cols = min(h, 2 * th + 2 - pads[0]), min(wd, 2 * tw + 2 - pads[2])
+    edx = np.zeros((n, c, m * th + 2, m * tw + 2))
+    for i in range(m + 2):
+        for j in range(m + 2):
+            edx[:, :, i:i + m * th:m, j:j + m * tw:m] += dd[..., i, j]
+    rows, cols = min(h, m * th + 2 - pads[0]), min(wd, m * tw + 2 - pads[2])
     edx_x = np.zeros(x.shape)
     edx_x[:, :, :rows, :cols] = edx[:, :, pads[0]:pads[0] + rows, pads[2]:pads[2] + cols]
     du = np.einsum("abnftx,abnctx->abfc", dm, v)
@@ -108,10 +140,13 @@ def gamma(k):
     return k * u / (1 - k * u)
 
 
-# resnet20 and vgg11bn 3x3 stride-1 layers (C->F at HxW), batch 2 for speed
+# resnet20 and vgg11bn 3x3 stride-1 layers (C->F at HxW), batch 2 for speed; odd sizes
+# (partial tiles) for F(4x4): 8->8 28x28 (7 tiles), 32->32 7x7, 16->16 14x14
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @pytest.mark.parametrize("c,f,h", [(16, 16, 32), (16, 32, 32), (32, 32, 16), (64, 64, 8),
-                                   (64, 128, 16), (128, 256, 8), (256, 256, 4), (3, 64, 32)])
-def test_winograd_float32_within_rounding_bound(c, f, h):
+                                   (64, 128, 16), (128, 256, 8), (256, 256, 4), (3, 64, 32),
+                                   (8, 8, 28), (32, 32, 7), (16, 16, 14), (512, 512, 4)])
+def test_winograd_float32_within_rounding_bound(c, f, h, method):
     rng = np.random.default_rng(h * c + f)
     n, pads = 2, (1, 1, 1, 1)
     x = rng.standard_normal((n, c, h, h))
@@ -120,11 +155,13 @@ def test_winograd_float32_within_rounding_bound(c, f, h):
     dy = rng.standard_normal((n, f, h, h))
     ref = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)[:3]
     got = run(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), pads,
-              dy.astype(np.float32))[:3]
-    ey, edx, edw = abs_bounds(x, w, dy, pads)
-    ntiles = n * W.tiles(h, h)[0] * W.tiles(h, h)[1]
-    for name, g_, r, e, k in (("y", got[0], ref[0], ey, c + 10), ("dx", got[1], ref[1], edx,
-                              f + 10), ("dw", got[2], ref[2], edw, ntiles + 10)):
+              dy.astype(np.float32), method=method)[:3]
+    m = METHODS[method]
+    ey, edx, edw = abs_bounds(x, w, dy, pads, m)
+    ntiles = n * W.tiles(h, h, m)[0] * W.tiles(h, h, m)[1]
+    extra = 10 if m == 2 else 24  # the transforms' own roundings (winograd.py docstring)
+    for name, g_, r, e, k in (("y", got[0], ref[0], ey, c + extra), ("dx", got[1], ref[1],
+                              edx, f + extra), ("dw", got[2], ref[2], edw, ntiles + extra)):
         err = np.abs(g_.astype(np.float64) - r)
         assert np.all(err <= gamma(k) * e + 1e-30), (name, float(np.max(err / (e + 1e-30))))
         # and the float32 im2col path's own error is the scale to compare with: same order
@@ -141,6 +178,41 @@ def test_conv2d_layer_gradcheck_on_winograd():
     check_layer(layer, x, tol=1e-6)
 
 
+def test_conv2d_layer_gradcheck_on_winograd4(monkeypatch):
+    """The public layer on the F(4x4) path (forced by the threshold), with odd sizes."""
+    monkeypatch.setattr(K, "WINOGRAD4_MIN_CF", 0)
+    monkeypatch.setattr(K, "WINOGRAD_MIN_CHANNELS", 1)
+    for c, hw, padding in ((16, (8, 8), "same"), (16, (7, 9), "valid"), (2, (28, 26), "valid")):
+        layer = Conv2D(4, 3, padding=padding)
+        layer.build((c,) + hw, rng=np.random.default_rng(0), dtype=np.float64)
+        x = np.random.default_rng(1).standard_normal((2, c) + hw)
+        layer.forward(x, training=True)
+        assert layer._cache.winograd and layer._cache.tile == 4
+        layer._cache = None
+        check_layer(layer, x, tol=1e-6)
+
+
+def test_choice_of_tile_follows_the_measured_rule():
+    def tile(c, f, h, stride=1):
+        g = K.conv_geometry((64, c, h, h), (3, 3), stride=(stride, stride),
+                            padding=(1, 1, 1, 1))
+        return K.winograd_tile(g, f)
+    assert tile(16, 16, 32) == 4 and tile(16, 32, 32) == 4  # big planes
+    assert tile(32, 32, 16) == 2 and tile(16, 16, 14) == 2 and tile(16, 16, 24) == 2
+    assert tile(64, 64, 8) == 4 and tile(64, 128, 16) == 4 and tile(512, 512, 4) == 4
+    assert tile(3, 16, 32) == 0 and tile(32, 32, 16, stride=2) == 0  # im2col
+
+
+def test_method_winograd4_rejects_what_it_cannot_compute():
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    with pytest.raises(ValueError, match="method='winograd4' needs a 3x3 kernel, stride 1"):
+        K.conv2d_forward(x, np.zeros((2, 4, 3, 3), np.float32), None, (2, 2), (1, 1, 1, 1),
+                         method="winograd4")
+    with pytest.raises(ValueError, match="needs a 3x3 kernel"):
+        K.conv2d_forward(x, np.zeros((2, 4, 5, 5), np.float32), None, (1, 1), (2, 2, 2, 2),
+                         method="winograd4")
+
+
 def test_choice_keeps_im2col_where_winograd_loses():
     g = K.conv_geometry((64, 3, 32, 32), (3, 3), padding=(1, 1, 1, 1))
     assert not K.use_winograd(g, 16)
@@ -152,11 +224,12 @@ def test_choice_keeps_im2col_where_winograd_loses():
     assert K.use_winograd(g, 32)
 
 
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @pytest.mark.parametrize("threads,split_mnk", [(1, 1 << 62), (2, 1 << 62), (2, 0)])
 @pytest.mark.parametrize("n,c,f,h,w,pads", [(9, 4, 4, 32, 32, (1, 1, 1, 1)),
                                             (3, 16, 8, 15, 13, (0, 1, 1, 0))])
 def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h, w, pads,
-                                                  monkeypatch):
+                                                  method, monkeypatch):
     """Two threads either take whole blocks each (the default) or split every kernel
     (SPLIT_MNK below the GEMM size); both give the reference result, with and without a
     layer's work-array dict."""
@@ -173,14 +246,15 @@ def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h
     kernels.set_num_threads(threads)
     try:
         for ws in (None, {}):
-            for got, r in zip(run(x, wt, b, pads, dy, ws=ws), ref):
+            for got, r in zip(run(x, wt, b, pads, dy, ws=ws, method=method), ref):
                 np.testing.assert_allclose(got, r, atol=1e-10)
     finally:
         kernels.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_winograd_empty_batch(threads):
+def test_winograd_empty_batch(threads, method):
     """No samples: an empty y and dx, and zero weight and bias gradients."""
     from distnn import kernels
     x = np.zeros((0, 16, 8, 8), np.float32)
@@ -189,7 +263,7 @@ def test_winograd_empty_batch(threads):
     kernels.set_num_threads(threads)
     try:
         y, dx, dw, db = run(x, w, np.ones(8, np.float32), (1, 1, 1, 1),
-                            np.zeros((0, 8, 8, 8), np.float32))
+                            np.zeros((0, 8, 8, 8), np.float32), method=method)
     finally:
         kernels.set_num_threads(previous)
     assert y.shape == (0, 8, 8, 8) and dx.shape == x.shape

@@ -66,6 +66,20 @@ def use_winograd(g: ConvGeometry, f: int) -> bool:
             and min(g.oh, g.ow) >= WINOGRAD_MIN_SIZE)
 
 
+def winograd_tile(g: ConvGeometry, f: int) -> int:
+    """The compiled path's Winograd output tile for this convolution: 4 (F(4x4, 3x3)), 2
+    (F(2x2, 3x3)) or 0 (im2col)."""
+    if not use_winograd(g, f):
+        return 0
+    return 4 if use_winograd4(g, f) else 2
+
+
+def use_winograd4(g: ConvGeometry, f: int) -> bool:
+    """F(4x4, 3x3) rather than F(2x2, 3x3) for a convolution that Winograd computes."""
+    return min(g.oh, g.ow) >= WINOGRAD4_MIN_SIZE and (g.c * f >= WINOGRAD4_MIN_CF
+                                                      or g.oh * g.ow >= WINOGRAD4_MIN_AREA)
+
+
 # Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host, medians of 5
 # alternated): 512->512 4x4 201 vs 394, 256->512 4x4 117 vs 187, 64->64 4x4 3.6 vs 12.4,
 # 256->256 8x8 200 vs 325, 64->128 16x16 112 vs 161, 32->32 16x16 22 vs 29, 16->16 32x32
@@ -73,6 +87,20 @@ def use_winograd(g: ConvGeometry, f: int) -> bool:
 # than the 2.25x fewer multiplies save with few channels), 512->512 2x2 a tie (one tile).
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 4
+
+# F(4x4) against F(2x2) (python benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of
+# process CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread |
+# 2 threads): with many channels the smaller GEMM wins: 64->64 8x8 6.5 vs 5.9 | 6.9 vs 5.9,
+# 64->128 16x16 42.5 vs 34.0 | 43.6 vs 36.1, 128->256 8x8 39.7 vs 32.0 | 43.0 vs 33.0,
+# 256->256 8x8 71.9 vs 53.1 | 74.8 vs 56.9, 512->512 4x4 76.5 vs 66.6 | 84.2 vs 79.3. With
+# few channels the transforms decide: on big planes (>= 48 tiles, ``_winograd4w``) F(4x4)'s
+# are vectorized over tiles and win, 16->16 32x32 14.1 vs 11.6 | 14.6 vs 12.0, 16->32 32x32
+# 22.7 vs 19.0 | 23.3 vs 19.8 (16->16 28x28 11.4 vs 11.5, a tie); on small planes they run
+# tile by tile and lose, 16->16 14x14 3.2 vs 4.1, 16->16 24x24 8.7 vs 9.4. Ties (32->32
+# 16x16 9.0 vs 8.8, 32->32 7x7 2.7 vs 2.6) keep F(2x2), whose rounding error is ~8x smaller.
+WINOGRAD4_MIN_SIZE = 4
+WINOGRAD4_MIN_CF = 64 * 64
+WINOGRAD4_MIN_AREA = 30 * 30
 
 
 class ConvCache(NamedTuple):
@@ -87,6 +115,7 @@ class ConvCache(NamedTuple):
     chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
     direct: bool = False  # the direct kernels (``direct``); xf is then the padded input
     pointwise: bool = False  # the 1x1 kernels (``direct``); xf is then the strided input
+    tile: int = 2  # the Winograd output tile (F(2x2) or F(4x4))
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -201,8 +230,9 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
     "flat" (stride 1 only) or "compact"; or "direct" (stride 1, compiled: no columns,
-    ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs) or
-    "winograd"; by default it is chosen from measured costs.
+    ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs),
+    "winograd" or "winograd4" (Winograd F(2x2, 3x3) or F(4x4, 3x3); ``winograd_tile`` is
+    the default choice); by default it is chosen from measured costs.
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the
@@ -214,16 +244,19 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
-    fast = compiled() if method in (None, "winograd") else None
-    if method == "winograd" or (fast is not None and use_winograd(g, f)):
+    fast = compiled() if method in (None, "winograd", "winograd4") else None
+    tile = {"winograd": 2, "winograd4": 4}.get(method or "")
+    if tile is None and fast is not None:
+        tile = winograd_tile(g, f) or None
+    if tile is not None:
         if not winograd_applies(g):
-            raise ValueError(f"method='winograd' needs a 3x3 kernel, stride 1 and dilation 1, "
+            raise ValueError(f"method={method!r} needs a 3x3 kernel, stride 1 and dilation 1, "
                              f"got {g.kh}x{g.kw}, stride {(g.sh, g.sw)}, dilation "
-                             f"{(g.dh, g.dw)}")
+                             f"{(g.dh, g.dw)}; use method='compact' or leave method unset")
         from . import winograd
         x = np.ascontiguousarray(x)
-        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr)
-        return y, ConvCache(g, None, False, x, True, True)
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=tile)
+        return y, ConvCache(g, None, False, x, True, True, tile=tile)
     if method == "direct" or (fast is not None and direct.use_direct(g, f)):
         if not direct.direct_applies(g):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
@@ -298,7 +331,8 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
-                                 dw_out, db_out if need_db else None, need_dx)
+                                 dw_out, db_out if need_db else None, need_dx,
+                                 tile=cache.tile)
     if cache.direct:
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)

@@ -1,12 +1,16 @@
-"""Winograd F(2x2, 3x3) convolution for 3x3, stride-1, undilated kernels (compiled, numba).
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for 3x3, stride-1, undilated kernels.
 
-Each 4x4 input tile d (stride 2, overlapping by 2) of every channel becomes
-V = B^T d B, each filter g becomes U = G g G^T, and a 2x2 output tile is
-Y = A^T (sum_c U ⊙ V) A. The sum over channels at each of the 16 transformed positions
-is one GEMM, so a block of tiles costs one batched ``np.matmul`` (16, F, C) @ (16, C, T)
-in BLAS: 16 multiplies per 4 outputs instead of 36 (2.25x fewer). Tiles are processed in
-blocks of samples sized so that V and M = U V stay in cache between the transform and
-the GEMM.
+F(m x m, 3x3): each (m+2)x(m+2) input tile d (stride m, overlapping by 2) of every
+channel becomes V = B^T d B, each filter g becomes U = G g G^T, and an m x m output tile
+is Y = A^T (sum_c U ⊙ V) A. The sum over channels at each of the P = (m+2)^2 transformed
+positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F, C) @
+(P, C, T) in BLAS: F(2x2) does 16 multiplies per 4 outputs instead of 36 (2.25x fewer),
+F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
+Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
+the transform and the GEMM. ``conv.winograd_tile`` picks the tile per layer shape from
+measurements: F(4x4) where the GEMM dominates (C*F >= 4096) and on big planes (>= 30x30
+outputs), where its transforms run vectorized over tiles (``_winograd4w``); F(2x2) for
+the smaller planes with few channels, where F(4x4)'s tile-by-tile transforms cost more.
 
 Backward is the exact adjoint of that computed map (not a second, flipped convolution):
 dM = A dY A^T per tile, dV = U^T dM and dx = scatter-add of B dV B^T (backward-data),
@@ -14,28 +18,43 @@ dU = dM V^T and dw = G^T dU G (backward-weights), each again one batched GEMM. S
 layer's gradients are the true gradients of the function it computes, and gradient checks
 hold to rounding.
 
-The tile loops are compiled (``_winograd``); the GEMMs stay in BLAS. With more than one
-thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each thread take whole
-blocks of samples (no copies; dw summed in a fixed order), bigger ones split every kernel.
+The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` and ``_winograd4w``
+for F(4x4), the same four kernels with the same signatures); the GEMMs stay in BLAS.
+With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each
+thread take whole blocks of samples (no copies; dw summed in a fixed order), bigger ones
+split every kernel.
 
-Rounding (u = 2^-24 for float32): all transform coefficients are 0, ±1/2 or ±1, so
-U, V, dM, dV are exact up to the rounding of their additions. With E the same pipeline
-evaluated with |x|, |w| and the absolute values of every transform matrix, the standard
-forward-error argument gives, per output element, |y_winograd - y| <= gamma(C + 10) * E
-(gamma(n) = n u / (1 - n u)); for dx, E uses |dy|, |w| and n = F + 10; for dw, |dy|, |x|
-and n = N*tiles + 10 (the sum over tiles; blocked summation in BLAS does far better).
-E itself is at most 4 x 2.25 x 9 = 81 times conv(|x|, |w|) (row sums of |B^T|, |G|,
-|A^T| squared), against 1x for im2col; tests/kernels/test_winograd.py checks the bound
-per layer shape against the float64 reference.
+Matrices. F(2x2): points 0, 1, -1, infinity. F(4x4): Lavin & Gray's, points 0, 1, -1, 2,
+-2, infinity (``BT4``, ``G4``, ``AT4``). The other common set, 0, ±1, ±1/2, infinity, was
+measured no more accurate (float32 F(4x4) on one 64-channel tile, 200 trials, relative
+error median 3.5e-6 with either set, max 1.1e-5 vs 9.9e-6 with ±2), and with ±2 the input
+and output transforms, run on every tile, have small integer coefficients only (1/6,
+1/12 and 1/24 are in G, applied once per weight).
+
+Rounding (u = 2^-24 for float32). With E the same pipeline evaluated with |x|, |w| and
+the absolute values of every transform matrix, the standard forward-error argument gives,
+per output element, |y_winograd - y| <= gamma(C + k) * E (gamma(n) = n u / (1 - n u)),
+k = 10 for F(2x2) and 24 for F(4x4) (the additions and coefficient roundings of the
+transforms, and G4's rounded entries); for dx, E uses |dy|, |w| and n = F + k; for dw,
+|dy|, |x| and n = N*tiles + k (the sum over tiles; blocked summation in BLAS does far
+better). F(2x2)'s coefficients are 0, ±1/2, ±1 (exact), and its E is at most 4 x 2.25 x 9
+= 81 times conv(|x|, |w|) (row sums of |B^T|, |G|, |A^T| squared), against 1x for im2col;
+F(4x4)'s row sums are 10, 1 and 19, so E can reach 100 x 1 x 361 = 36100 conv(|x|, |w|);
+measured on resnet20/vgg11bn shapes E / conv(|x|, |w|) is ~60 (median) and <= 820 for
+F(4x4) against ~7 and <= 18 for F(2x2), and the float32 relative error of y, dx, dw is
+2-5e-6 for F(4x4) against 2-6e-7 for F(2x2) and 3-5e-7 for im2col.
+tests/kernels/test_winograd.py checks the bound per layer shape against the float64
+reference, for both tiles.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from ._numba import get_num_threads, scratch
 from ._threads import blas_for, kernel, run
-from ._winograd import (input_transform, input_transform_adjoint, output_transform,
-                        output_transform_adjoint)
+from . import _winograd, _winograd4
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -43,32 +62,60 @@ BT = np.array([[1.0, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
 AT = np.array([[1.0, 1, 1, 0], [0, 1, -1, -1]])
 
 
-def tiles(oh: int, ow: int) -> tuple[int, int]:
-    """Tile rows and columns of 2x2 output tiles covering an (oh, ow) output."""
-    return (oh + 1) // 2, (ow + 1) // 2
+# F(4x4, 3x3), Lavin & Gray, points 0, 1, -1, 2, -2, infinity: V = BT4 d BT4^T on 6x6
+# tiles (stride 4), U = G4 g G4^T, Y = AT4 M AT4^T (4x4 outputs)
+BT4 = np.array([[4.0, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]])
+G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+AT4 = np.array([[1.0, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+                [0, 1, -1, 8, -8, 1]])
 
 
-# KG[(a, b), (i, j)] = G[a, i] * G[b, j]: the weight transform of a flattened 3x3 kernel
-KG = np.kron(G, G)
+class Tiling(NamedTuple):
+    """One Winograd F(m x m, 3x3): output tile m, the weight transform KG (P, 9) of a
+    flattened 3x3 kernel (KG[(a, b), (i, j)] = G[a, i] * G[b, j], P = (m + 2)^2 transformed
+    positions) and its four compiled tile transforms."""
+    m: int
+    kg: np.ndarray
+    kernels: object
+
+    @property
+    def p(self) -> int:
+        return (self.m + 2) ** 2
 
 
-def weights_transform(w: np.ndarray) -> np.ndarray:
-    """U (16, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the 4x4 transform: one GEMM
+F2 = Tiling(2, np.kron(G, G), _winograd)
+F4 = Tiling(4, np.kron(G4, G4), _winograd4)
+TILINGS = {2: F2, 4: F4}
+KG = F2.kg
+
+
+def tiles(oh: int, ow: int, m: int = 2) -> tuple[int, int]:
+    """Tile rows and columns of m x m output tiles covering an (oh, ow) output."""
+    return -(-oh // m), -(-ow // m)
+
+
+def weights_transform(w: np.ndarray, tiling: Tiling = F2) -> np.ndarray:
+    """U (P, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the transform: one GEMM
     (an einsum measured 100 ms for 512x512 filters). U is the calling thread's scratch
-    (16 MB for 512x512 filters: a new array per call is retained by the allocator)."""
+    (16 MB for 512x512 filters at F(2x2): a new array per call is kept by the allocator)."""
     f, c = w.shape[:2]
-    u = scratch("wino_u", (16, f, c), w.dtype)
-    np.matmul(KG.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(16, f * c))
+    p = tiling.p
+    u = scratch("wino_u", (p, f, c), w.dtype)
+    np.matmul(tiling.kg.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(p, f * c))
     return u
 
 
-def weights_transform_adjoint(du: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """dw (F, C, 3, 3) = G^T dU G for dU (16, F, C), written into ``out``."""
-    f, c = du.shape[1:]
+def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2
+                              ) -> np.ndarray:
+    """dw (F, C, 3, 3) = G^T dU G for dU (P, F, C), written into ``out``."""
+    p, f, c = du.shape
+    kg = tiling.kg.astype(du.dtype)
     if out.flags.c_contiguous:
-        np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype), out=out.reshape(f * c, 9))
+        np.matmul(du.reshape(p, f * c).T, kg, out=out.reshape(f * c, 9))
     else:
-        out[...] = np.matmul(du.reshape(16, f * c).T, KG.astype(du.dtype)).reshape(out.shape)
+        out[...] = np.matmul(du.reshape(p, f * c).T, kg).reshape(out.shape)
     return out
 
 
@@ -92,13 +139,13 @@ PAD = 16
 # recomputed, 32->32 16x16 11.1 vs 10.8, 256->256 8x8 80.4 vs 82.0).
 
 
-def _work(name: str, rows: int, t: int, dtype):
-    """A (16, rows * t + PAD) work array and its (16, rows, t) view for the GEMMs."""
-    a2 = scratch(name, (16, rows * t + PAD), dtype)
-    return a2, a2[:, :rows * t].reshape(16, rows, t)
+def _work(name: str, rows: int, t: int, dtype, p: int = 16):
+    """A (P, rows * t + PAD) work array and its (P, rows, t) view for the GEMMs."""
+    a2 = scratch(name, (p, rows * t + PAD), dtype)
+    return a2, a2[:, :rows * t].reshape(p, rows, t)
 
 
-def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
+def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16):
     """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
     take whole blocks side by side.
 
@@ -107,9 +154,9 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int):
     blocks whose GEMMs are bigger run one after the other with every kernel split instead.
     """
     threads = get_num_threads()
-    per_sample = 16 * (c + f) * th * tw * itemsize
+    per_sample = p * (c + f) * th * tw * itemsize
     k = BLOCK_BYTES // per_sample
-    if 16 * f * c * itemsize > BLOCK_BYTES // 4:
+    if p * f * c * itemsize > BLOCK_BYTES // 4:
         # big U: at least MIN_TILES tiles a GEMM, or re-reading U for every block costs
         # more than V and M leaving the cache (256->256 at 8x8: 32 tiles a block otherwise)
         k = max(k, -(-MIN_TILES // (th * tw)))
@@ -126,18 +173,20 @@ SPLIT_MNK = 1 << 62
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
-            pr: int, relu: bool = False) -> np.ndarray:
+            pr: int, relu: bool = False, tile: int = 2) -> np.ndarray:
     """y (N, F, OH, OW) = conv2d(x, w) + b (then ReLU when ``relu``) for w (F, C, 3, 3),
-    stride 1, zero padding (top, bottom, left, right). The work arrays are per-thread
-    scratch shared by all layers (one block of V and one of M)."""
+    stride 1, zero padding (top, bottom, left, right), by F(tile x tile, 3x3) (2 or 4). The
+    work arrays are per-thread scratch shared by all layers (one block of V and one of M)."""
     n, c, h, wd = x.shape
     f = w.shape[0]
     oh, ow = h + pt + pb - 2, wd + pl + pr - 2
-    th, tw = tiles(oh, ow)
+    tiling = TILINGS[tile]
+    p, ks = tiling.p, tiling.kernels
+    th, tw = tiles(oh, ow, tiling.m)
     x = np.ascontiguousarray(x)
-    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w)
+        u = weights_transform(w, tiling)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
 
@@ -145,11 +194,11 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
         for i in indices:
             n0, n1 = blocks[i]
             t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype)
-            m2, m = _work("wino_m", f, t, x.dtype)
-            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            v2, v = _work("wino_v", c, t, x.dtype, p)
+            m2, m = _work("wino_m", f, t, x.dtype, p)
+            kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
             np.matmul(u, v, out=m)
-            kernel(output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
+            kernel(ks.output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
                                              tw, y)
 
     run(len(blocks), workers, body)
@@ -157,17 +206,19 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
 
 
 def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
-             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool
+             dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool, tile: int = 2
              ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
     """(dx or None, dw, db or None) of ``forward`` (without ReLU) for dy (N, F, OH, OW):
     the exact adjoint of the Winograd map. dw and db are overwritten into the outputs."""
     n, c, h, wd = x.shape
     f, oh, ow = dy.shape[1:]
-    th, tw = tiles(oh, ow)
+    tiling = TILINGS[tile]
+    p, ks = tiling.p, tiling.kernels
+    th, tw = tiles(oh, ow, tiling.m)
     dy = np.ascontiguousarray(dy)
-    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize)
+    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w)
+        u = weights_transform(w, tiling)
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
 
@@ -175,19 +226,19 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         # dU and its per-block part: this thread's scratch (16 MB each for 512x512 filters;
         # new arrays per call were kept by each thread's malloc arena: +40 MiB peak RSS on
         # vgg11bn at 2 threads)
-        du = scratch("wino_du", (16, f, c), x.dtype)
-        part = scratch("wino_part", (16, f, c), x.dtype) if len(indices) > 1 else None
+        du = scratch("wino_du", (p, f, c), x.dtype)
+        part = scratch("wino_part", (p, f, c), x.dtype) if len(indices) > 1 else None
         db64 = np.zeros(f, np.float64)
         dbpbuf = np.empty(f * k, np.float64)
         for j, i in enumerate(indices):
             n0, n1 = blocks[i]
             t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype)
-            m2, dm = _work("wino_m", f, t, x.dtype)
+            v2, v = _work("wino_v", c, t, x.dtype, p)
+            m2, dm = _work("wino_m", f, t, x.dtype, p)
             dbp = dbpbuf[:f * (n1 - n0)]
-            kernel(output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
+            kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
-            kernel(input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+            kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
             if j == 0:
                 np.matmul(dm, v.transpose(0, 2, 1), out=du)
             else:
@@ -195,7 +246,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
                 du += part
             if need_dx:
                 np.matmul(ut, dm, out=v)
-                kernel(input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+                kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
         return (du if len(indices) else None), db64
 
     parts = run(len(blocks), workers, body)
@@ -208,7 +259,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         dw_out.fill(0)
     else:
         with blas_for(workers):
-            weights_transform_adjoint(du, dw_out)
+            weights_transform_adjoint(du, dw_out, tiling)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out

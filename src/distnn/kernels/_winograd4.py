@@ -1,0 +1,345 @@
+"""Compiled tile loops of the Winograd F(4x4, 3x3) convolution (numba; see ``winograd``).
+
+The same four transforms as ``_winograd`` (same signatures, same layouts) for 6x6 input
+tiles at stride 4 and 4x4 output tiles: input (B^T d B), output (A^T M A, + bias, +
+ReLU) and the adjoints of both, between NCHW arrays and (36, rows x tiles) arrays whose
+row k starts ``a.shape[1]`` elements after row k-1. The matrices are Lavin & Gray's with
+interpolation points 0, 1, -1, 2, -2 and infinity (``winograd.BT4``, ``AT4``, ``G4``); each
+1-D transform is a small inlined function applied to the rows of a tile, then to its
+columns, all in scalar locals (tuples), so LLVM keeps a tile in registers. Planes of
+``_winograd4w.WIDE_TILES`` tiles and more (from ~26x26 outputs) go to ``_winograd4w``
+instead, whose loops are vectorized over a plane's tiles (the output adjoint, output and
+input transforms then stage the plane by phases). Each kernel has a serial twin.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ._numba import _U, _dispatch
+from ._winograd4w import (WIDE_TILES, input_adjoint_plane, input_plane, output_adjoint_plane,
+                         output_plane)
+
+_jit = nb.njit(parallel=True, cache=True, nogil=True)
+_jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+_inline = nb.njit(inline="always", cache=True, nogil=True)
+
+
+@_inline
+def _bt(d0, d1, d2, d3, d4, d5):
+    """B^T d: rows (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+    (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)."""
+    p = d4 - 4 * d2
+    q = d3 - 4 * d1
+    r = d4 - d2
+    s = 2 * (d3 - d1)
+    return 4 * d0 - 5 * d2 + d4, p + q, p - q, r + s, r - s, 4 * d1 - 5 * d3 + d5
+
+
+@_inline
+def _b(v0, v1, v2, v3, v4, v5):
+    """B v (the transpose of ``_bt``)."""
+    return (4 * v0, 4 * (v2 - v1) + 2 * (v4 - v3) + 4 * v5,
+            -5 * v0 - 4 * (v1 + v2) - (v3 + v4), (v1 - v2) + 2 * (v3 - v4) - 5 * v5,
+            v0 + v1 + v2 + v3 + v4, v5)
+
+
+@_inline
+def _at(m0, m1, m2, m3, m4, m5):
+    """A^T m: rows (1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
+    (0, 1, -1, 8, -8, 1)."""
+    a = m1 + m2
+    b = m1 - m2
+    c = m3 + m4
+    d = m3 - m4
+    return m0 + a + c, b + 2 * d, a + 4 * c, b + 8 * d + m5
+
+
+@_inline
+def _a(g0, g1, g2, g3):
+    """A g (the transpose of ``_at``)."""
+    e = g0 + g2
+    o = g1 + g3
+    e4 = g0 + 4 * g2
+    o8 = 2 * g1 + 8 * g3
+    return g0, e + o, e - o, e4 + o8, e4 - o8, g3
+
+
+@_inline
+def _load6(a, o, step):
+    return (a[_U(o)], a[_U(o + step)], a[_U(o + 2 * step)], a[_U(o + 3 * step)],
+            a[_U(o + 4 * step)], a[_U(o + 5 * step)])
+
+
+@_inline
+def _load4(a, o, step):
+    return a[_U(o)], a[_U(o + step)], a[_U(o + 2 * step)], a[_U(o + 3 * step)]
+
+
+@_inline
+def _put6(a, o, step, c):
+    a[_U(o)] = c[0]
+    a[_U(o + step)] = c[1]
+    a[_U(o + 2 * step)] = c[2]
+    a[_U(o + 3 * step)] = c[3]
+    a[_U(o + 4 * step)] = c[4]
+    a[_U(o + 5 * step)] = c[5]
+
+
+@_inline
+def _add6(a, o, step, c):
+    a[_U(o)] += c[0]
+    a[_U(o + step)] += c[1]
+    a[_U(o + 2 * step)] += c[2]
+    a[_U(o + 3 * step)] += c[3]
+    a[_U(o + 4 * step)] += c[4]
+    a[_U(o + 5 * step)] += c[5]
+
+
+@_inline
+def _put4(a, o, step, c):
+    a[_U(o)] = c[0]
+    a[_U(o + step)] = c[1]
+    a[_U(o + 2 * step)] = c[2]
+    a[_U(o + 3 * step)] = c[3]
+
+
+@_inline
+def _bt_(q):
+    return _bt(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _b_(q):
+    return _b(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _at_(q):
+    return _at(q[0], q[1], q[2], q[3], q[4], q[5])
+
+
+@_inline
+def _a_(q):
+    return _a(q[0], q[1], q[2], q[3])
+
+
+@_jit
+def input_transform(x, n0, n1, pt, pl, th, tw, v):
+    """v (36, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 6x6 tile d of
+    samples n0..n1-1 of x (N, C, H, W), tile (ty, tx) at input row 4*ty - pt, column
+    4*tx - pl, zeros outside (each plane is staged in a zero-padded buffer first)."""
+    _, c_, h_, w_ = x.shape
+    k_ = n1 - n0
+    nt = k_ * th * tw
+    cs = v.shape[1]
+    hp, wp = 4 * th + 2, 4 * tw + 2
+    xf = x.ravel()
+    vf = v.ravel()
+    ntp = th * (tw + 1)
+    for cn in nb.prange(c_ * k_):
+        c = cn // k_
+        n = cn % k_
+        xb = ((n + n0) * c_ + c) * h_ * w_
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            input_plane(xf, xb, h_, w_, pt, pl, th, tw, vf, cs, c * nt + n * th * tw,
+                        np.empty(16 * (th + 1) * (tw + 1) + 8, x.dtype),
+                        np.empty(36 * ntp, x.dtype), np.empty(36 * ntp, x.dtype))
+            continue
+        d = np.zeros(hp * wp, x.dtype)
+        for r in range(max(0, -pt), min(h_, hp - pt)):
+            for q in range(max(0, -pl), min(w_, wp - pl)):
+                d[_U((r + pt) * wp + q + pl)] = xf[_U(xb + r * w_ + q)]
+        for ty in range(th):
+            o = c * nt + (n * th + ty) * tw
+            for tx in range(tw):
+                s = 4 * ty * wp + 4 * tx
+                # columns of the tile: c_j = B^T d[:, j]
+                c0 = _bt_(_load6(d, s, wp))
+                c1 = _bt_(_load6(d, s + 1, wp))
+                c2 = _bt_(_load6(d, s + 2, wp))
+                c3 = _bt_(_load6(d, s + 3, wp))
+                c4 = _bt_(_load6(d, s + 4, wp))
+                c5 = _bt_(_load6(d, s + 5, wp))
+                # rows: v[i, :] = (B^T d)[i, :] B, position (i, j) at row 6 i + j
+                t = o + tx
+                _put6(vf, t, cs, _bt(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0]))
+                _put6(vf, t + 6 * cs, cs, _bt(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1]))
+                _put6(vf, t + 12 * cs, cs, _bt(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2]))
+                _put6(vf, t + 18 * cs, cs, _bt(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3]))
+                _put6(vf, t + 24 * cs, cs, _bt(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4]))
+                _put6(vf, t + 30 * cs, cs, _bt(c0[5], c1[5], c2[5], c3[5], c4[5], c5[5]))
+
+
+@_jit
+def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
+    """y[n0:n0+k] (k, F, OH, OW) = A^T M A of every tile of m (36, >= F*k*th*tw), plus b[f]
+    when use_b, then max(., 0) when relu; tiles past OH/OW are cut."""
+    _, f_, oh, ow = y.shape
+    nt = nk * th * tw
+    fs = m.shape[1]
+    wp = 4 * tw
+    mf = m.ravel()
+    yf = y.ravel()
+    for fn in nb.prange(f_ * nk):
+        f = fn // nk
+        n = fn % nk
+        yb = ((n + n0) * f_ + f) * oh * ow
+        bias = b[f] if use_b else mf[0] * 0
+        z = mf[0] * 0
+        ntp = th * (tw + 1)
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            out = np.empty(16 * ntp, m.dtype)
+            output_plane(mf, fs, f * nt + n * th * tw, th, tw, np.empty(36 * ntp, m.dtype),
+                         np.empty(24 * ntp, m.dtype), out)
+            for r in range(oh):  # out by phases (q >= 0: & and >> for % and //)
+                ob = (r & 3) * 4 * ntp + (r >> 2) * (tw + 1)
+                for q in range(ow):
+                    val = out[_U(ob + (q & 3) * ntp + (q >> 2))] + bias
+                    if relu and val < z:
+                        val = z
+                    yf[_U(yb + r * ow + q)] = val
+            continue
+        out = np.empty(4 * th * wp, m.dtype)
+        for ty in range(th):
+            o = f * nt + (n * th + ty) * tw
+            for tx in range(tw):
+                t = o + tx
+                # rows: r_i = M[i, :] A
+                r0 = _at_(_load6(mf, t, fs))
+                r1 = _at_(_load6(mf, t + 6 * fs, fs))
+                r2 = _at_(_load6(mf, t + 12 * fs, fs))
+                r3 = _at_(_load6(mf, t + 18 * fs, fs))
+                r4 = _at_(_load6(mf, t + 24 * fs, fs))
+                r5 = _at_(_load6(mf, t + 30 * fs, fs))
+                # columns: A^T r[:, j] is column j of the 4x4 output tile
+                s = 4 * ty * wp + 4 * tx
+                _put4(out, s, wp, _at(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                _put4(out, s + 1, wp, _at(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                _put4(out, s + 2, wp, _at(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                _put4(out, s + 3, wp, _at(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
+        for r in range(oh):
+            for q in range(ow):
+                val = out[_U(r * wp + q)] + bias
+                if relu and val < z:
+                    val = z
+                yf[_U(yb + r * ow + q)] = val
+
+
+@_jit_sums
+def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
+    """dm (36, >= F*(n1-n0)*th*tw) = A dY A^T of every 4x4 tile of dy[n0:n1] (zeros past
+    OH/OW); dbp[f * (n1-n0) + n] = the sum of dy[n0 + n, f] (float64)."""
+    _, f_, oh, ow = dy.shape
+    k_ = n1 - n0
+    nt = k_ * th * tw
+    fs = dm.shape[1]
+    wp = 4 * tw
+    df = dy.ravel()
+    mf = dm.ravel()
+    for fn in nb.prange(f_ * k_):
+        f = fn // k_
+        n = fn % k_
+        yb = ((n + n0) * f_ + f) * oh * ow
+        ntp = th * (tw + 1)
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            g = np.zeros(16 * ntp, dy.dtype)
+            acc = 0.0
+            for r in range(oh):  # dY by phases, as output_transform's out
+                gb = (r & 3) * 4 * ntp + (r >> 2) * (tw + 1)
+                for q in range(ow):
+                    val = df[_U(yb + r * ow + q)]
+                    g[_U(gb + (q & 3) * ntp + (q >> 2))] = val
+                    acc += val
+            dbp[fn] = acc
+            output_adjoint_plane(g, th, tw, mf, fs, f * nt + n * th * tw,
+                                 np.empty(24 * ntp, dy.dtype), np.empty(36 * ntp, dy.dtype))
+            continue
+        g = np.zeros(4 * th * wp, dy.dtype)
+        acc = 0.0
+        for r in range(oh):
+            for q in range(ow):
+                val = df[_U(yb + r * ow + q)]
+                g[_U(r * wp + q)] = val
+                acc += val
+        dbp[fn] = acc
+        for ty in range(th):
+            o = f * nt + (n * th + ty) * tw
+            for tx in range(tw):
+                s = 4 * ty * wp + 4 * tx
+                # columns: c_j = A g[:, j]
+                c0 = _a_(_load4(g, s, wp))
+                c1 = _a_(_load4(g, s + 1, wp))
+                c2 = _a_(_load4(g, s + 2, wp))
+                c3 = _a_(_load4(g, s + 3, wp))
+                # rows: dM[i, :] = (A g)[i, :] A^T
+                t = o + tx
+                _put6(mf, t, fs, _a(c0[0], c1[0], c2[0], c3[0]))
+                _put6(mf, t + 6 * fs, fs, _a(c0[1], c1[1], c2[1], c3[1]))
+                _put6(mf, t + 12 * fs, fs, _a(c0[2], c1[2], c2[2], c3[2]))
+                _put6(mf, t + 18 * fs, fs, _a(c0[3], c1[3], c2[3], c3[3]))
+                _put6(mf, t + 24 * fs, fs, _a(c0[4], c1[4], c2[4], c3[4]))
+                _put6(mf, t + 30 * fs, fs, _a(c0[5], c1[5], c2[5], c3[5]))
+
+
+@_jit
+def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
+    """dx[n0:n1] = the sum over tiles of B dV B^T, at the positions input_transform read
+    (positions in the padding are dropped); dx[n0:n1] is overwritten."""
+    _, c_, h_, w_ = dx.shape
+    k_ = n1 - n0
+    nt = k_ * th * tw
+    cs = dv.shape[1]
+    hp, wp = 4 * th + 2, 4 * tw + 2
+    vf = dv.ravel()
+    xf = dx.ravel()
+    t1 = tw + 1
+    ntp = th * t1
+    for cn in nb.prange(c_ * k_):
+        c = cn // k_
+        n = cn % k_
+        xb = ((n + n0) * c_ + c) * h_ * w_
+        if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
+            ph = (th + 1) * t1
+            d = np.empty(16 * ph + 8, dv.dtype)
+            input_adjoint_plane(vf, cs, c * nt + n * th * tw, th, tw, d,
+                                np.empty(36 * ntp, dv.dtype), np.empty(36 * ntp, dv.dtype))
+            for r in range(h_):  # by phases (r + pt, q + pl >= 0: & and >>)
+                rr = r + pt
+                rb = (rr & 3) * 4 * ph + (rr >> 2) * t1
+                for q in range(w_):
+                    qq = q + pl
+                    inside = rr < hp and qq < wp
+                    val = d[_U(rb + (qq & 3) * ph + (qq >> 2))] if inside else d[0] * 0
+                    xf[_U(xb + r * w_ + q)] = val
+            continue
+        d = np.zeros(hp * wp, dv.dtype)
+        for ty in range(th):
+            o = c * nt + (n * th + ty) * tw
+            for tx in range(tw):
+                t = o + tx
+                # rows: r_i = dV[i, :] B^T
+                r0 = _b_(_load6(vf, t, cs))
+                r1 = _b_(_load6(vf, t + 6 * cs, cs))
+                r2 = _b_(_load6(vf, t + 12 * cs, cs))
+                r3 = _b_(_load6(vf, t + 18 * cs, cs))
+                r4 = _b_(_load6(vf, t + 24 * cs, cs))
+                r5 = _b_(_load6(vf, t + 30 * cs, cs))
+                # columns: B r[:, j], added into column j of the tile's place in the plane
+                s = 4 * ty * wp + 4 * tx
+                _add6(d, s, wp, _b(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                _add6(d, s + 1, wp, _b(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                _add6(d, s + 2, wp, _b(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                _add6(d, s + 3, wp, _b(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
+                _add6(d, s + 4, wp, _b(r0[4], r1[4], r2[4], r3[4], r4[4], r5[4]))
+                _add6(d, s + 5, wp, _b(r0[5], r1[5], r2[5], r3[5], r4[5], r5[5]))
+        for r in range(h_):
+            for q in range(w_):
+                rr, qq = r + pt, q + pl
+                inside = rr < hp and qq < wp
+                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else d[0] * 0
+
+
+for _name in ("input_transform", "output_transform", "output_transform_adjoint",
+              "input_transform_adjoint"):
+    globals()[_name] = _dispatch(globals()[_name])

@@ -1,0 +1,234 @@
+"""Per-plane F(4x4, 3x3) transforms vectorized over tiles, for planes of many tiles.
+
+``_winograd4``'s tile loops run one tile at a time (36 values in scalar locals): with few
+tiles a row, LLVM's vectors (16 floats) never fill, but on a 32x32 output (8 tiles a row)
+the scalar loops cost 1.5x F(2x2)'s. Here the tiles of one (sample, channel) plane are
+numbered T = ty * (tw + 1) + tx, one spare column per tile row, and the plane is stored by
+phases (row r, column q at ((r % 4) * 4 + q % 4) * ph + (r // 4) * (tw + 1) + q // 4), so
+that element (i, j) of every tile is one contiguous run over T: each 1-D transform is then a
+loop over T that LLVM vectorizes. The spare tiles are computed and dropped when the (36,
+tiles) rows are copied to or from the GEMM's arrays. Measured, 16 channels 32x32, blocks of
+3 samples as the driver runs them, ms per 64 samples (tile by tile -> here; F(2x2)): input
+2.3 -> 1.3 (1.3), output 1.5 -> 1.3 (0.4), output adjoint 1.2 -> 1.3 (1.4), input adjoint
+3.5 -> 1.7 (2.0). On small planes the short runs cost more than they save (input transform
+at 8x8: 0.15 ms tile by tile, 0.42 here), so ``_winograd4`` calls these from WIDE_TILES
+tiles a plane.
+"""
+from __future__ import annotations
+
+import numba as nb
+
+from ._numba import _U
+
+_plane = nb.njit(cache=True, nogil=True)
+
+# th * (tw + 1) from which the planes are transformed here (32x32 outputs: 72; 16x16: 20)
+WIDE_TILES = 48
+
+
+@_plane
+def _bt(d0, d1, d2, d3, d4, d5):
+    p = d4 - 4 * d2
+    q = d3 - 4 * d1
+    r = d4 - d2
+    s = 2 * (d3 - d1)
+    return 4 * d0 - 5 * d2 + d4, p + q, p - q, r + s, r - s, 4 * d1 - 5 * d3 + d5
+
+
+@_plane
+def _at(m0, m1, m2, m3, m4, m5):
+    a = m1 + m2
+    b = m1 - m2
+    c = m3 + m4
+    d = m3 - m4
+    return m0 + a + c, b + 2 * d, a + 4 * c, b + 8 * d + m5
+
+
+@_plane
+def _a(g0, g1, g2, g3):
+    e = g0 + g2
+    o = g1 + g3
+    e4 = g0 + 4 * g2
+    o8 = 2 * g1 + 8 * g3
+    return g0, e + o, e - o, e4 + o8, e4 - o8, g3
+
+
+@_plane
+def input_plane(xf, xb, h_, w_, pt, pl, th, tw, vf, cs, o, d, tmp, tmp2):
+    """Rows o, o + cs, ... (36 of them, th*tw values each from o) of v = B^T d B of the tiles
+    of the plane at xf[xb:] (h_, w_); d (>= 16 * (th + 1) * (tw + 1) + 1; spare tiles read
+    one past their phase), tmp, tmp2 (36 * th * (tw + 1)) are work arrays."""
+    t1 = tw + 1
+    ph = (th + 1) * t1
+    ntp = th * t1
+    d[:] = 0
+    q0, q1 = max(0, -pl), min(w_, 4 * tw + 2 - pl)
+    for r in range(max(0, -pt), min(h_, 4 * th + 2 - pt)):
+        rr = r + pt
+        rb = (rr % 4) * 4 * ph + (rr // 4) * t1
+        for j in range(4):  # input columns q with (q + pl) % 4 == j: no division per element
+            qs = q0 + (j - q0 - pl) % 4
+            dst = rb + j * ph
+            for q in range(qs, q1, 4):
+                d[_U(dst + ((q + pl) >> 2))] = xf[_U(xb + r * w_ + q)]
+    for j in range(6):  # columns: tmp[i, j] = (B^T d)[i, j], row (6 i + j) of tmp
+        o0 = (j % 4) * ph + j // 4
+        o4 = o0 + t1
+        o5 = o0 + 4 * ph + t1
+        for t in range(ntp):
+            r0, r1, r2, r3, r4, r5 = _bt(d[_U(o0 + t)], d[_U(o0 + 4 * ph + t)],
+                                         d[_U(o0 + 8 * ph + t)], d[_U(o0 + 12 * ph + t)],
+                                         d[_U(o4 + t)], d[_U(o5 + t)])
+            tmp[_U(j * ntp + t)] = r0
+            tmp[_U((6 + j) * ntp + t)] = r1
+            tmp[_U((12 + j) * ntp + t)] = r2
+            tmp[_U((18 + j) * ntp + t)] = r3
+            tmp[_U((24 + j) * ntp + t)] = r4
+            tmp[_U((30 + j) * ntp + t)] = r5
+    for i in range(6):  # rows: tmp2[i, b] = (B^T d B)[i, b], row 6 i + b
+        b = 6 * i * ntp
+        for t in range(ntp):
+            r0, r1, r2, r3, r4, r5 = _bt(tmp[_U(b + t)], tmp[_U(b + ntp + t)],
+                                         tmp[_U(b + 2 * ntp + t)], tmp[_U(b + 3 * ntp + t)],
+                                         tmp[_U(b + 4 * ntp + t)], tmp[_U(b + 5 * ntp + t)])
+            tmp2[_U(b + t)] = r0
+            tmp2[_U(b + ntp + t)] = r1
+            tmp2[_U(b + 2 * ntp + t)] = r2
+            tmp2[_U(b + 3 * ntp + t)] = r3
+            tmp2[_U(b + 4 * ntp + t)] = r4
+            tmp2[_U(b + 5 * ntp + t)] = r5
+    for k in range(36):  # drop the spare column
+        for ty in range(th):
+            src = k * ntp + ty * t1
+            dst = k * cs + o + ty * tw
+            for tx in range(tw):
+                vf[_U(dst + tx)] = tmp2[_U(src + tx)]
+
+
+@_plane
+def output_plane(mf, fs, o, th, tw, tmp, tmp2, out):
+    """out (16 * th * (tw + 1)) = A^T M A of the tiles whose 36 rows start at mf[o], mf[o +
+    fs], ...: output row r, column q of the plane at ((r % 4) * 4 + q % 4) * th * (tw + 1) +
+    (r // 4) * (tw + 1) + q // 4."""
+    t1 = tw + 1
+    ntp = th * t1
+    for k in range(36):  # add the spare column
+        for ty in range(th):
+            src = k * fs + o + ty * tw
+            dst = k * ntp + ty * t1
+            for tx in range(tw):
+                tmp[_U(dst + tx)] = mf[_U(src + tx)]
+            tmp[_U(dst + tw)] = 0
+    # columns first (measured 2x faster here than rows first, as the other transforms)
+    for b in range(6):  # columns: tmp2[p, b] = (A^T M)[p, b], row 6 p + b
+        for t in range(ntp):
+            r0, r1, r2, r3 = _at(tmp[_U(b * ntp + t)], tmp[_U((6 + b) * ntp + t)],
+                                 tmp[_U((12 + b) * ntp + t)], tmp[_U((18 + b) * ntp + t)],
+                                 tmp[_U((24 + b) * ntp + t)], tmp[_U((30 + b) * ntp + t)])
+            tmp2[_U(b * ntp + t)] = r0
+            tmp2[_U((6 + b) * ntp + t)] = r1
+            tmp2[_U((12 + b) * ntp + t)] = r2
+            tmp2[_U((18 + b) * ntp + t)] = r3
+    for p in range(4):  # rows: out[p, j] = (A^T M A)[p, j], phase plane 4 p + j
+        e = 6 * p * ntp
+        o4 = 4 * p * ntp
+        for t in range(ntp):
+            c0, c1, c2, c3 = _at(tmp2[_U(e + t)], tmp2[_U(e + ntp + t)],
+                                 tmp2[_U(e + 2 * ntp + t)], tmp2[_U(e + 3 * ntp + t)],
+                                 tmp2[_U(e + 4 * ntp + t)], tmp2[_U(e + 5 * ntp + t)])
+            out[_U(o4 + t)] = c0
+            out[_U(o4 + ntp + t)] = c1
+            out[_U(o4 + 2 * ntp + t)] = c2
+            out[_U(o4 + 3 * ntp + t)] = c3
+
+
+@_plane
+def output_adjoint_plane(g, th, tw, mf, fs, o, tmp, tmp2):
+    """Rows o, o + fs, ... of dM = A dY A^T for g, the plane's dY by phases (as
+    ``output_plane``'s out, zeros past OH/OW)."""
+    t1 = tw + 1
+    ntp = th * t1
+    for j in range(4):  # columns: tmp[a, j] = (A g)[a, j], row 4 a + j
+        for t in range(ntp):
+            a0, a1, a2, a3, a4, a5 = _a(g[_U(j * ntp + t)], g[_U((4 + j) * ntp + t)],
+                                        g[_U((8 + j) * ntp + t)], g[_U((12 + j) * ntp + t)])
+            tmp[_U(j * ntp + t)] = a0
+            tmp[_U((4 + j) * ntp + t)] = a1
+            tmp[_U((8 + j) * ntp + t)] = a2
+            tmp[_U((12 + j) * ntp + t)] = a3
+            tmp[_U((16 + j) * ntp + t)] = a4
+            tmp[_U((20 + j) * ntp + t)] = a5
+    for i in range(6):  # rows: dM[i, b] = (A g A^T)[i, b], row 6 i + b
+        b = 4 * i * ntp
+        for t in range(ntp):
+            r0, r1, r2, r3, r4, r5 = _a(tmp[_U(b + t)], tmp[_U(b + ntp + t)],
+                                        tmp[_U(b + 2 * ntp + t)], tmp[_U(b + 3 * ntp + t)])
+            e = 6 * i * ntp
+            tmp2[_U(e + t)] = r0
+            tmp2[_U(e + ntp + t)] = r1
+            tmp2[_U(e + 2 * ntp + t)] = r2
+            tmp2[_U(e + 3 * ntp + t)] = r3
+            tmp2[_U(e + 4 * ntp + t)] = r4
+            tmp2[_U(e + 5 * ntp + t)] = r5
+    for k in range(36):  # drop the spare column
+        for ty in range(th):
+            src = k * ntp + ty * t1
+            dst = k * fs + o + ty * tw
+            for tx in range(tw):
+                mf[_U(dst + tx)] = tmp2[_U(src + tx)]
+
+
+@_plane
+def _b(v0, v1, v2, v3, v4, v5):
+    return (4 * v0, 4 * (v2 - v1) + 2 * (v4 - v3) + 4 * v5,
+            -5 * v0 - 4 * (v1 + v2) - (v3 + v4), (v1 - v2) + 2 * (v3 - v4) - 5 * v5,
+            v0 + v1 + v2 + v3 + v4, v5)
+
+
+@_plane
+def input_adjoint_plane(vf, cs, o, th, tw, d, tmp, tmp2):
+    """d (16 * (th + 1) * (tw + 1) + 8, by phases as in ``input_plane``) = the sum over the
+    tiles of B dV B^T, dV's 36 rows from vf[o], vf[o + cs], ... Spare tiles get zeros, so
+    what they add (also where their places wrap into the next tile row) is zero."""
+    t1 = tw + 1
+    ph = (th + 1) * t1
+    ntp = th * t1
+    for k in range(36):  # add the spare column (zeros)
+        for ty in range(th):
+            src = k * cs + o + ty * tw
+            dst = k * ntp + ty * t1
+            for tx in range(tw):
+                tmp[_U(dst + tx)] = vf[_U(src + tx)]
+            tmp[_U(dst + tw)] = 0
+    for i in range(6):  # rows: tmp2[i, j] = (dV B^T)[i, j], row 6 i + j
+        b = 6 * i * ntp
+        for t in range(ntp):
+            e0, e1, e2, e3, e4, e5 = _b(tmp[_U(b + t)], tmp[_U(b + ntp + t)],
+                                        tmp[_U(b + 2 * ntp + t)], tmp[_U(b + 3 * ntp + t)],
+                                        tmp[_U(b + 4 * ntp + t)], tmp[_U(b + 5 * ntp + t)])
+            tmp2[_U(b + t)] = e0
+            tmp2[_U(b + ntp + t)] = e1
+            tmp2[_U(b + 2 * ntp + t)] = e2
+            tmp2[_U(b + 3 * ntp + t)] = e3
+            tmp2[_U(b + 4 * ntp + t)] = e4
+            tmp2[_U(b + 5 * ntp + t)] = e5
+    for j in range(6):  # columns: tmp[i, j] = (B dV B^T)[i, j]
+        for t in range(ntp):
+            c0, c1, c2, c3, c4, c5 = _b(tmp2[_U(j * ntp + t)], tmp2[_U((6 + j) * ntp + t)],
+                                        tmp2[_U((12 + j) * ntp + t)],
+                                        tmp2[_U((18 + j) * ntp + t)],
+                                        tmp2[_U((24 + j) * ntp + t)],
+                                        tmp2[_U((30 + j) * ntp + t)])
+            tmp[_U(j * ntp + t)] = c0
+            tmp[_U((6 + j) * ntp + t)] = c1
+            tmp[_U((12 + j) * ntp + t)] = c2
+            tmp[_U((18 + j) * ntp + t)] = c3
+            tmp[_U((24 + j) * ntp + t)] = c4
+            tmp[_U((30 + j) * ntp + t)] = c5
+    d[:] = 0
+    for i in range(6):  # element (i, j) of every tile into its place (distinct over t)
+        for j in range(6):
+            dst = ((i % 4) * 4 + j % 4) * ph + (i // 4) * t1 + j // 4
+            src = (6 * i + j) * ntp
+            for t in range(ntp):
+                d[_U(dst + t)] += tmp[_U(src + t)]
