@@ -104,16 +104,18 @@ def bn_normalize(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.nda
     return y, xhat, invstd
 
 
-def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float
+def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
+                     out: np.ndarray | None = None, xhat_out: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Training-mode batch norm with this batch's statistics, centring x only once.
 
     Returns (y, xhat, mean, var, invstd); var is the biased batch variance.
+    ``out`` / ``xhat_out``: arrays the compiled path writes y / xhat into when they fit.
     """
     fast = _compiled_for(x)
     if fast is not None:
         c = x.shape[1]
-        y, xhat = np.empty_like(x), np.empty_like(x)
+        y, xhat = _out(out, x), _out(xhat_out, x)
         mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
         fast.bn_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
                               np.ascontiguousarray(beta, x.dtype), float(eps),
@@ -160,9 +162,11 @@ def bn_grad_sums(dy: np.ndarray, xhat: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def bn_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, invstd: np.ndarray,
-                   sum_dy: np.ndarray, sum_dy_xhat: np.ndarray, count: int) -> np.ndarray:
+                   sum_dy: np.ndarray, sum_dy_xhat: np.ndarray, count: int,
+                   out: np.ndarray | None = None) -> np.ndarray:
     """dx of training-mode batch norm, given the (global) sums and count:
-    dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count)."""
+    dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).
+    ``out``: an array the compiled path writes dx into when it fits."""
     dt = dy.dtype
     count = max(count, 1)
     g = np.asarray(gamma, np.float64) * np.asarray(invstd, np.float64)
@@ -171,7 +175,7 @@ def bn_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, invstd: 
     c = -g * np.asarray(sum_dy, np.float64) / count         # constant
     fast = _compiled_for(dy)
     if fast is not None and xhat.flags.c_contiguous and xhat.dtype == dt:
-        dx = np.empty_like(dy)
+        dx = _out(out, dy)
         fast.bn_backward_dx(_by_channel(dy), _by_channel(xhat), a.astype(dt), b.astype(dt),
                             c.astype(dt), _by_channel(dx))
         return dx
@@ -187,3 +191,114 @@ def bn_backward_dx_inference(dy: np.ndarray, gamma: np.ndarray, var: np.ndarray,
     """dx of ``bn_inference`` (statistics are constants there)."""
     scale = np.asarray(gamma, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
     return np.multiply(dy, _bshape(dy, scale))
+
+
+# -- batch norm fused with the ReLU after it ---------------------------------------------
+# y = max(bn(x), 0) in one pass; backward recomputes the ReLU mask gamma * xhat + beta > 0
+# from the xhat it reads anyway. The compiled kernels run the loops of the unfused ones
+# with dy masked; the NumPy path is the unfused reference plus the mask.
+
+def _fused_for(x: np.ndarray, *others: np.ndarray):
+    """The compiled fused kernels when selected and every array is C-contiguous of x's
+    dtype and shape."""
+    if _compiled_for(x) is None or not all(
+            o.flags.c_contiguous and o.dtype == x.dtype and o.shape == x.shape for o in others):
+        return None
+    from . import _numba_bnrelu
+    return _numba_bnrelu
+
+
+def _out(out: np.ndarray | None, like: np.ndarray) -> np.ndarray:
+    """``out`` when it can hold the result (C-contiguous, like's shape and dtype), else a
+    new array."""
+    if (out is not None and out.shape == like.shape and out.dtype == like.dtype
+            and out.flags.c_contiguous and out is not like):
+        return out
+    return np.empty_like(like)
+
+
+def relu_mask(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """dy where y > 0, else 0 (a new array): the ReLU backward given its output y."""
+    return dy * (y > 0)
+
+
+def bn_relu_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
+                          out: np.ndarray | None = None, xhat_out: np.ndarray | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                     np.ndarray]:
+    """``bn_forward_train`` followed by ReLU: returns (max(y, 0), xhat, mean, var, invstd).
+    ``out`` / ``xhat_out``: arrays to write y / xhat into when they fit (reused buffers)."""
+    fast = _fused_for(x)
+    if fast is None:
+        y, xhat, mean, var, invstd = bn_forward_train(x, gamma, beta, eps)
+        np.maximum(y, 0, out=y)
+        return y, xhat, mean, var, invstd
+    c = x.shape[1]
+    y, xhat = _out(out, x), _out(xhat_out, x)
+    mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
+    fast.bn_relu_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
+                               np.ascontiguousarray(beta, x.dtype), float(eps),
+                               _by_channel(y), _by_channel(xhat), mean, var, invstd)
+    dt = x.dtype
+    return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
+
+
+def bn_relu_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.ndarray,
+                      beta: np.ndarray, eps: float) -> np.ndarray:
+    """max(``bn_inference``(...), 0) in one pass."""
+    fast = _fused_for(x)
+    if fast is None:
+        y = bn_inference(x, mean, var, gamma, beta, eps)
+        np.maximum(y, 0, out=y)
+        return y
+    invstd = 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
+    scale = np.asarray(gamma, np.float64) * invstd
+    shift = np.asarray(beta, np.float64) - np.asarray(mean, np.float64) * scale
+    y = np.empty_like(x)
+    fast.scale_shift_relu(_by_channel(x), scale.astype(x.dtype), shift.astype(x.dtype),
+                          _by_channel(y))
+    return y
+
+
+def _bn_relu_mask(dy, xhat, gamma, beta):
+    """dy where gamma * xhat + beta > 0 (the fused forward's y > 0), else 0 (NumPy)."""
+    pre = np.multiply(xhat, _bshape(xhat, np.asarray(gamma)))
+    pre += _bshape(xhat, np.asarray(beta))
+    return dy * (pre > 0)
+
+
+def bn_relu_grad_sums(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, beta: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``bn_grad_sums`` of the ReLU-masked dy. The mask is recomputed from xhat as the
+    forward computed y (gamma * xhat + beta > 0: the same operations and rounding), so the
+    backward reads no saved output."""
+    fast = _fused_for(dy, xhat)
+    if fast is None:
+        return bn_grad_sums(_bn_relu_mask(dy, xhat, gamma, beta), xhat)
+    sums = np.empty((2, dy.shape[1]), np.float64)
+    fast.bn_relu_grad_sums(_by_channel(dy), _by_channel(xhat),
+                           np.ascontiguousarray(gamma, dy.dtype),
+                           np.ascontiguousarray(beta, dy.dtype), sums[0], sums[1])
+    return sums[0].astype(dy.dtype), sums[1].astype(dy.dtype)
+
+
+def bn_relu_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray,
+                        beta: np.ndarray, invstd: np.ndarray, sum_dy: np.ndarray,
+                        sum_dy_xhat: np.ndarray, count: int, out: np.ndarray | None = None
+                        ) -> np.ndarray:
+    """``bn_backward_dx`` of the ReLU-masked dy (mask as in ``bn_relu_grad_sums``); the
+    sums are ``bn_relu_grad_sums``'s. ``out``: an array to write dx into when it fits."""
+    fast = _fused_for(dy, xhat)
+    if fast is None:
+        return bn_backward_dx(_bn_relu_mask(dy, xhat, gamma, beta), xhat, gamma, invstd,
+                              sum_dy, sum_dy_xhat, count)
+    dt = dy.dtype
+    count = max(count, 1)
+    g = np.asarray(gamma, np.float64) * np.asarray(invstd, np.float64)
+    b = -g * np.asarray(sum_dy_xhat, np.float64) / count
+    c = -g * np.asarray(sum_dy, np.float64) / count
+    dx = _out(out, dy)
+    fast.bn_relu_backward_dx(_by_channel(dy), _by_channel(xhat),
+                             np.ascontiguousarray(gamma, dt), np.ascontiguousarray(beta, dt),
+                             g.astype(dt), b.astype(dt), c.astype(dt), _by_channel(dx))
+    return dx

@@ -6,7 +6,7 @@ from .containers import Add, Concat, Sequential
 from .conv import Conv2D
 from .core import Dense, Dropout, Flatten
 from .model import Model, ModelMethods
-from .normalization import BatchNormalization
+from .normalization import BatchNormalization, set_bn_relu_fusion
 from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 
 reuse_freed_memory()
@@ -15,4 +15,5 @@ __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential",
            "Concat", "Dense", "Flatten",
            "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
            "BatchNormalization", "ReLU",
-           "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS"]
+           "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS",
+           "set_bn_relu_fusion"]

@@ -21,24 +21,55 @@ def _fast_for(*arrays):
 
 
 class ReLU(Layer):
-    """max(x, 0)."""
+    """max(x, 0).
+
+    After a ``BatchNormalization`` that is linked to it (``fused_relu``, set when the
+    container is built) the pair runs as one pass: this layer then passes the already
+    rectified array on, and its backward passes dy on (the batch norm applies the mask).
+    ``reuse_buffers`` (default False): as ``BatchNormalization``'s, for the output and dx.
+    """
+
+    reuse_buffers = False
+
+    def __init__(self, name: str | None = None):
+        super().__init__(name)
+        self._rectified = None  # set by a fused batch norm to the array it just returned
+        self._passed = False
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def _buf(self, key, like):
+        """A kept array for key when it fits like (and buffers are reused), else a new one."""
+        buf = self._bufs.get(key) if self.reuse_buffers else None
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = np.empty_like(like)
+            if self.reuse_buffers:
+                self._bufs[key] = buf
+        return buf
 
     def forward(self, x, training=False):
         check_input(self, x)
+        rectified, self._rectified = self._rectified, None
+        self._passed = x is rectified
+        if self._passed:
+            self._y = x
+            return x
         fast = _fast_for(x)
+        y = self._buf("y", x) if training else np.empty_like(x)
         if fast is not None:
-            self._y = np.empty_like(x)
-            fast.relu_forward(x, self._y)
+            fast.relu_forward(x, y)
         else:
-            self._y = np.maximum(x, 0)
-        return self._y
+            np.maximum(x, 0, out=y)
+        self._y = y
+        return y
 
     def backward(self, dy):
         if not self.need_dx:
             return None
+        if self._passed:
+            return dy
         fast = _fast_for(dy, self._y)
         if fast is not None:
-            dx = np.empty_like(dy)
+            dx = self._buf("dx", dy)
             fast.relu_backward(dy, self._y, dx)
             return dx
         # multiplying by the boolean mask is ~10x faster than np.where here

@@ -12,6 +12,7 @@ import numpy as np
 
 from .base import Layer, check_input
 from .model import ModelMethods
+from .normalization import link_bn_relu
 
 GradHook = Callable[[Layer], None]
 
@@ -49,6 +50,7 @@ class _Chain(Layer):
         shape = input_shape
         for layer in self.layers:
             shape = layer.build(shape, rng=rng, dtype=self.dtype)
+        link_bn_relu(self.layers)  # a BatchNormalization + ReLU pair runs as one pass
         return shape
 
     def forward(self, x, training=False):

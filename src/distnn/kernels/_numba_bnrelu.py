@@ -1,0 +1,128 @@
+"""Compiled batch norm fused with the ReLU after it, over axis 1 of (N, C, S) arrays.
+
+One pass writes y = max(gamma * xhat + beta, 0) where batch norm and ReLU apart write and
+read the normalized array twice. Backward recomputes the ReLU mask gamma * xhat + beta > 0
+from the xhat it reads anyway (no FMA contraction here nor in ``_numba``'s batch-norm
+kernels, so it rounds as the forward did) instead of reading the saved output or making a
+masked copy of dy: 1.7-2x faster than reading y as a third stream (64x16x32x32 float32,
+cold cache: 0.37 vs 0.62 ms; ReLU + batch norm apart 0.76 ms). The loops and accumulation
+orders are those of ``_numba``'s batch-norm kernels with dy replaced by the masked dy, so
+fused and unfused results agree (float64: to the last bit in the tests). Dispatch (serial
+at 1 thread, ``prange`` over channels or (sample, channel) rows with more) is
+``_numba_runtime``'s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._numba import _jit_bn
+from ._numba_runtime import _U, _dispatch, _jit, nb
+
+
+@_jit_bn
+def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
+    """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0)."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    cnt = max(n_ * s_, 1)
+    for c in nb.prange(c_):
+        # one read of x: sums of x - x0 and its square (float64), x0 = the channel's
+        # first value, so that the variance cancels only against the data's own spread
+        x0 = np.float64(xf[_U(c * s_)]) if n_ * s_ > 0 else 0.0
+        acc = 0.0
+        acc2 = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                d = xf[_U(b + k)] - x0
+                acc += d
+                acc2 += d * d
+        dm = acc / cnt
+        m = x0 + dm
+        v = max(acc2 / cnt - dm * dm, 0.0)
+        inv = 1.0 / np.sqrt(v + eps)
+        mean[c] = m
+        var[c] = v
+        invstd[c] = inv
+        mx = x.dtype.type(m)
+        ix = x.dtype.type(inv)
+        g = gamma[c]
+        bb = beta[c]
+        z = g * 0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                h = (xf[_U(b + k)] - mx) * ix
+                hf[_U(b + k)] = h
+                o = h * g + bb
+                yf[_U(b + k)] = o if o > z else z
+
+
+@_jit
+def scale_shift_relu(x, scale, shift, y):
+    """y = max(x * scale[c] + shift[c], 0) over (N, C, S) (batch norm in inference)."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    yf = y.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        a = scale[c]
+        b2 = shift[c]
+        z = a * 0
+        b = t * s_
+        for k in range(s_):
+            o = xf[_U(b + k)] * a + b2
+            yf[_U(b + k)] = o if o > z else z
+
+
+@_jit_bn
+def bn_relu_grad_sums(dy, xhat, gamma, beta, sum_dy, sum_dy_xhat):
+    """Per-channel sum(dy') and sum(dy' * xhat) with dy' = dy where the forward's
+    gamma * xhat + beta > 0, else 0 (the mask recomputed from xhat: no read of y)."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    for c in nb.prange(c_):
+        g = gamma[c]
+        bb = beta[c]
+        z = g * 0
+        a = 0.0
+        b2 = 0.0
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                h = hf[_U(b + k)]
+                d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * 0
+                a += d
+                b2 += d * h
+        sum_dy[c] = a
+        sum_dy_xhat[c] = b2
+
+
+@_jit
+def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
+    """dx = ca[c] * dy' + cb[c] * xhat + cc[c] with dy' as in ``bn_relu_grad_sums``."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    xf = dx.ravel()
+    for t in nb.prange(n_ * c_):
+        c = t % c_
+        g = gamma[c]
+        bb = beta[c]
+        z = g * 0
+        a = ca[c]
+        b2 = cb[c]
+        k0 = cc[c]
+        b = t * s_
+        for k in range(s_):
+            h = hf[_U(b + k)]
+            d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * 0
+            xf[_U(b + k)] = a * d + b2 * h + k0
+
+
+for _name in ("bn_relu_forward_train", "scale_shift_relu", "bn_relu_grad_sums",
+              "bn_relu_backward_dx"):
+    globals()[_name] = _dispatch(globals()[_name])

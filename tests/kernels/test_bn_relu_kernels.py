@@ -1,0 +1,128 @@
+"""Batch norm fused with ReLU (kernels.batchnorm.bn_relu_*) against naive per-channel loops,
+on both backends, at 1 and 2 threads, float32 and float64, (N, C) and (N, C, H, W)."""
+import numpy as np
+import pytest
+
+from distnn import kernels
+from distnn.kernels import batchnorm as K
+
+SHAPES = [(5, 3), (4, 3, 5, 7), (2, 16, 8, 8), (1, 1, 1, 1)]
+EPS = 1e-5
+
+
+@pytest.fixture(params=[1, 2], ids=["1t", "2t"])
+def threads(request):
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(request.param)
+    yield request.param
+    kernels.set_num_threads(previous)
+
+
+def reference(x, gamma, beta, dy):
+    """y = relu(bn(x)) and its backward, one channel at a time in float64 loops."""
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    y, xhat, dx = (np.empty_like(x64) for _ in range(3))
+    dgamma, dbeta = np.empty(x.shape[1]), np.empty(x.shape[1])
+    for c in range(x.shape[1]):
+        v = x64[:, c]
+        m = v.mean()
+        inv = 1.0 / np.sqrt(((v - m) ** 2).mean() + EPS)
+        h = (v - m) * inv
+        out = gamma[c] * h + beta[c]
+        y[:, c] = np.where(out > 0, out, 0.0)
+        d = np.where(out > 0, dy64[:, c], 0.0)
+        xhat[:, c] = h
+        dbeta[c], dgamma[c] = d.sum(), (d * h).sum()
+        n = v.size
+        dx[:, c] = gamma[c] * inv * (d - dbeta[c] / n - h * dgamma[c] / n)
+    return y, xhat, dx, dgamma, dbeta
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_train_forward_backward_match_loops(shape, dtype, threads):
+    rng = np.random.default_rng(sum(shape))
+    x = (1.0 + 2.0 * rng.standard_normal(shape)).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    beta = rng.standard_normal(shape[1]).astype(dtype)
+    y, xhat, mean, var, invstd = K.bn_relu_forward_train(x, gamma, beta, EPS)
+    ry, rxhat, rdx, rdgamma, rdbeta = reference(x, gamma, beta, dy)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert y.dtype == dtype and y.shape == shape
+    assert np.all(y >= 0)
+    np.testing.assert_allclose(y, ry, **tol)
+    np.testing.assert_allclose(xhat, rxhat, **tol)
+    sum_dy, sum_dy_xhat = K.bn_relu_grad_sums(dy, xhat, gamma, beta)
+    np.testing.assert_allclose(sum_dy, rdbeta, **tol)
+    np.testing.assert_allclose(sum_dy_xhat, rdgamma, **tol)
+    dx = K.bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, sum_dy, sum_dy_xhat,
+                               K.channel_count(x))
+    np.testing.assert_allclose(dx, rdx, **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_equals_bn_then_relu(dtype, threads):
+    """The fused kernels give the unfused kernels' results: bit for bit in float64; in
+    float32 the per-channel sums may differ in the last float32 place (LLVM vectorizes the
+    masked float64 accumulation differently)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 6, 5, 5)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, 6).astype(dtype)
+    beta = rng.standard_normal(6).astype(dtype)
+    y, xhat, _, _, invstd = K.bn_relu_forward_train(x, gamma, beta, EPS)
+    u, uxhat, _, _, uinvstd = K.bn_forward_train(x, gamma, beta, EPS)
+    np.testing.assert_array_equal(y, np.maximum(u, 0))
+    np.testing.assert_array_equal(xhat, uxhat)
+    masked = K.relu_mask(dy, np.maximum(u, 0))
+    sums = K.bn_relu_grad_sums(dy, xhat, gamma, beta)
+    usums = K.bn_grad_sums(masked, uxhat)
+    same = (np.testing.assert_array_equal if dtype == np.float64 else
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6))
+    same(sums, usums)
+    n = K.channel_count(x)
+    same(K.bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, *sums, n),
+         K.bn_backward_dx(masked, uxhat, gamma, uinvstd, *sums, n))
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 7)], ids=str)
+def test_fused_inference_matches_bn_inference_then_relu(shape, threads):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    mean, var = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3)
+    gamma, beta = rng.uniform(0.5, 2.0, 3), rng.standard_normal(3)
+    expect = np.maximum(K.bn_inference(x, mean, var, gamma, beta, EPS), 0)
+    np.testing.assert_array_equal(K.bn_relu_inference(x, mean, var, gamma, beta, EPS), expect)
+
+
+def test_out_buffers_are_written_when_they_fit_and_ignored_otherwise():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    out, xout = np.empty_like(x), np.empty_like(x)
+    y, xhat, *_ = K.bn_relu_forward_train(x, g, b, EPS, out=out, xhat_out=xout)
+    expect = np.maximum(K.bn_forward_train(x, g, b, EPS)[0], 0)
+    np.testing.assert_array_equal(y, expect)
+    assert (y is out and xhat is xout) == (kernels.backend() == "numba")
+    wrong = np.empty((3, 4, 6), np.float32)
+    y2, *_ = K.bn_relu_forward_train(x, g, b, EPS, out=wrong)
+    assert y2 is not wrong
+    np.testing.assert_array_equal(y2, expect)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["bn_relu", "bn"])
+def test_statistics_of_offset_data_keep_float32_accuracy(fused, threads):
+    """One read of x for mean and variance: data far from 0 relative to its spread (mean
+    1000, std 0.01) still gives the variance to float32 accuracy."""
+    rng = np.random.default_rng(5)
+    x = (1000.0 + 0.01 * rng.standard_normal((8, 4, 6, 6))).astype(np.float32)
+    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    forward = K.bn_relu_forward_train if fused else K.bn_forward_train
+    _, xhat, mean, var, _ = forward(x, g, b, EPS)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(axis=(0, 2, 3)), rtol=1e-7)
+    np.testing.assert_allclose(var, x64.var(axis=(0, 2, 3)), rtol=1e-4)
+    ref = (x64 - x64.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(
+        x64.var(axis=(0, 2, 3), keepdims=True) + EPS)
+    np.testing.assert_allclose(xhat, ref, atol=2e-2)
