@@ -131,9 +131,10 @@ def _chunks(n: int, per_sample: int, keep: bool):
     """(samples per block, blocks (n0, n1), workers) of the compiled path: blocks of about
     CHUNK_BYTES of columns, or the whole batch when its columns are kept; with 2+ threads
     each thread takes whole blocks (``_threads``)."""
-    from ._threads import block_workers
+    from ._threads import block_workers, split_blocks
     k, workers = block_workers(n, n if keep else CHUNK_BYTES // max(per_sample, 1))
-    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], workers
+    blocks = split_blocks(n, k, workers)  # the first block is the largest
+    return (blocks[0][1] - blocks[0][0] if blocks else k), blocks, workers
 
 
 def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
