@@ -287,6 +287,26 @@ def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
 _jit_bn = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc"})
 
 
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc"}, inline="always")
+def channel_stats(xf, c, n_, c_, s_, eps):
+    """(mean, biased variance, 1/sqrt(var + eps)) of channel c of a flat (N, C, S) array
+    from one read: float64 sums of x - x0 and its square, x0 = the channel's first value,
+    so that the variance cancels only against the data's own spread."""
+    cnt = max(n_ * s_, 1)
+    x0 = np.float64(xf[_U(c * s_)]) if n_ * s_ > 0 else 0.0
+    acc = 0.0
+    acc2 = 0.0
+    for n in range(n_):
+        b = (n * c_ + c) * s_
+        for k in range(s_):
+            d = xf[_U(b + k)] - x0
+            acc += d
+            acc2 += d * d
+    dm = acc / cnt
+    v = max(acc2 / cnt - dm * dm, 0.0)
+    return x0 + dm, v, 1.0 / np.sqrt(v + eps)
+
+
 @_jit_bn
 def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     """Per-channel mean and biased variance from one read of x (float64 sums of x - x0
@@ -297,23 +317,8 @@ def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     xf = x.ravel()
     yf = y.ravel()
     hf = xhat.ravel()
-    cnt = max(n_ * s_, 1)
     for c in nb.prange(c_):
-        # one read of x: sums of x - x0 and its square (float64), x0 = the channel's
-        # first value, so that the variance cancels only against the data's own spread
-        x0 = np.float64(xf[_U(c * s_)]) if n_ * s_ > 0 else 0.0
-        acc = 0.0
-        acc2 = 0.0
-        for n in range(n_):
-            b = (n * c_ + c) * s_
-            for k in range(s_):
-                d = xf[_U(b + k)] - x0
-                acc += d
-                acc2 += d * d
-        dm = acc / cnt
-        m = x0 + dm
-        v = max(acc2 / cnt - dm * dm, 0.0)
-        inv = 1.0 / np.sqrt(v + eps)
+        m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
         mean[c] = m
         var[c] = v
         invstd[c] = inv

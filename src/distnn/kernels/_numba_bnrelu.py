@@ -13,9 +13,8 @@ at 1 thread, ``prange`` over channels or (sample, channel) rows with more) is
 """
 from __future__ import annotations
 
-import numpy as np
 
-from ._numba import _jit_bn
+from ._numba import _jit_bn, channel_stats
 from ._numba_runtime import _U, _dispatch, _jit, nb
 
 
@@ -26,23 +25,8 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     xf = x.ravel()
     yf = y.ravel()
     hf = xhat.ravel()
-    cnt = max(n_ * s_, 1)
     for c in nb.prange(c_):
-        # one read of x: sums of x - x0 and its square (float64), x0 = the channel's
-        # first value, so that the variance cancels only against the data's own spread
-        x0 = np.float64(xf[_U(c * s_)]) if n_ * s_ > 0 else 0.0
-        acc = 0.0
-        acc2 = 0.0
-        for n in range(n_):
-            b = (n * c_ + c) * s_
-            for k in range(s_):
-                d = xf[_U(b + k)] - x0
-                acc += d
-                acc2 += d * d
-        dm = acc / cnt
-        m = x0 + dm
-        v = max(acc2 / cnt - dm * dm, 0.0)
-        inv = 1.0 / np.sqrt(v + eps)
+        m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
         mean[c] = m
         var[c] = v
         invstd[c] = inv
