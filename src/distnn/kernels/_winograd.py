@@ -18,6 +18,32 @@ _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def write_plane(out, wp, yf, yb, oh, ow, bias, relu):
+    """The (oh, ow) corner of ``out`` (row stride wp) + bias, then max(., 0) when relu, into
+    the plane of the flat y that starts at yb."""
+    z = out[0] * 0
+    for r in range(oh):
+        for q in range(ow):
+            val = out[_U(r * wp + q)] + bias
+            if relu and val < z:
+                val = z
+            yf[_U(yb + r * ow + q)] = val
+
+
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, inline="always")
+def stage_plane(df, yb, oh, ow, g, wp):
+    """The (oh, ow) plane of the flat dy at yb into g (row stride wp); returns its sum
+    (float64, for the bias gradient)."""
+    acc = 0.0
+    for r in range(oh):
+        for q in range(ow):
+            val = df[_U(yb + r * ow + q)]
+            g[_U(r * wp + q)] = val
+            acc += val
+    return acc
+
+
 @_jit
 def input_transform(x, n0, n1, pt, pl, th, tw, v):
     """v (16, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 4x4 tile d of
@@ -98,7 +124,6 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
         bias = b[f] if use_b else mf[0] * 0
-        z = mf[0] * 0
         out = np.empty(2 * th * wp, m.dtype)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
@@ -118,12 +143,7 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
                 out[_U(s + 1)] = p01 + p11 + p21
                 out[_U(s + wp)] = p10 - p20 - p30
                 out[_U(s + wp + 1)] = p11 - p21 - p31
-        for r in range(oh):
-            for q in range(ow):
-                val = out[_U(r * wp + q)] + bias
-                if relu and val < z:
-                    val = z
-                yf[_U(yb + r * ow + q)] = val
+        write_plane(out, wp, yf, yb, oh, ow, bias, relu)
 
 
 @_jit_sums
@@ -142,13 +162,7 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
         g = np.zeros(2 * th * wp, dy.dtype)
-        acc = 0.0
-        for r in range(oh):
-            for q in range(ow):
-                val = df[_U(yb + r * ow + q)]
-                g[_U(r * wp + q)] = val
-                acc += val
-        dbp[fn] = acc
+        dbp[fn] = stage_plane(df, yb, oh, ow, g, wp)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
             for tx in range(tw):

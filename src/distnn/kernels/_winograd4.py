@@ -17,6 +17,7 @@ import numba as nb
 import numpy as np
 
 from ._numba import _U, _dispatch
+from ._winograd import stage_plane, write_plane
 from ._winograd4w import (WIDE_TILES, input_adjoint_plane, input_plane, output_adjoint_plane,
                          output_plane)
 
@@ -218,12 +219,7 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
                 _put4(out, s + 1, wp, _at(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
                 _put4(out, s + 2, wp, _at(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
                 _put4(out, s + 3, wp, _at(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
-        for r in range(oh):
-            for q in range(ow):
-                val = out[_U(r * wp + q)] + bias
-                if relu and val < z:
-                    val = z
-                yf[_U(yb + r * ow + q)] = val
+        write_plane(out, wp, yf, yb, oh, ow, bias, relu)
 
 
 @_jit_sums
@@ -256,13 +252,7 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
                                  np.empty(24 * ntp, dy.dtype), np.empty(36 * ntp, dy.dtype))
             continue
         g = np.zeros(4 * th * wp, dy.dtype)
-        acc = 0.0
-        for r in range(oh):
-            for q in range(ow):
-                val = df[_U(yb + r * ow + q)]
-                g[_U(r * wp + q)] = val
-                acc += val
-        dbp[fn] = acc
+        dbp[fn] = stage_plane(df, yb, oh, ow, g, wp)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
             for tx in range(tw):
