@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import direct
+from . import _vgemm, direct
 from .backend import compiled
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
@@ -137,6 +137,27 @@ def _chunks(n: int, per_sample: int, keep: bool):
     return (blocks[0][1] - blocks[0][0] if blocks else k), blocks, workers
 
 
+def gemm(a, b, out):
+    """out = a @ b (2-D): the register-tiled kernels where they apply, else BLAS."""
+    if _vgemm.usable(a[None], b[None], out[None]):
+        _vgemm.matmul(a[None], b[None], out[None])
+    else:
+        np.matmul(a, b, out=out)
+    return out
+
+
+def gemm_nt(a, b, out, add, part):
+    """out (+)= a @ b.T (2-D; ``part``: BLAS's scratch for the sum when adding)."""
+    if out.size <= _vgemm.NT_MAX and _vgemm.usable(a[None], b[None], out[None], nt=True):
+        _vgemm.matmul_nt(a[None], b[None], out[None], add)
+    elif add:
+        np.matmul(a, b.T, out=part)
+        out += part
+    else:
+        np.matmul(a, b.T, out=out)
+    return out
+
+
 def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
     from ._threads import kernel, run
     f = w.shape[0]
@@ -159,7 +180,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
                 fast.scratch("col", (ckk, m), x.dtype)
             yw = fast.scratch("yw", (f, m), x.dtype)
             kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
-            np.matmul(w2, col, out=yw)
+            gemm(w2, col, yw)
             kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
 
     run(len(chunks), workers, body)
@@ -197,11 +218,9 @@ def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, n
             else:
                 col = fast.scratch("col", (ckk, m), dy.dtype)
                 kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
-            np.matmul(dyw, col.T, out=dw2 if j == 0 else part)
-            if j:
-                dw2 += part
+            gemm_nt(dyw, col, dw2, j > 0, part)
             if need_dx:
-                np.matmul(w2t, dyw, out=col)
+                gemm(w2t, dyw, col)
                 kernel(fast.col2im, serial)(col, n0, n1, *_im2col_args(g), dx)
         return (dw2 if len(indices) else None), db64
 

@@ -1,0 +1,106 @@
+"""The register-tiled batched products (kernels/_vgemm.py) against float64 references:
+odd column counts (vector and scalar tails), transposed and strided operands, accumulation,
+and the convolutions that route their GEMMs through them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distnn.kernels import _vgemm
+
+pytestmark = pytest.mark.skipif(not _vgemm.AVX512, reason="the tiles are used on AVX-512 CPUs only")
+
+
+def _rel(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def _work(rng, p, rows, t, pad=16):
+    """A (p, rows, t) view of a padded (p, rows * t + pad) array, as the Winograd driver's."""
+    a2 = rng.standard_normal((p, rows * t + pad)).astype(np.float32)
+    return a2[:, :rows * t].reshape(p, rows, t)
+
+
+@pytest.mark.parametrize("p,r,k,t", [(1, 8, 1, 32), (16, 16, 16, 64), (36, 16, 16, 75),
+                                     (3, 24, 7, 47), (2, 32, 33, 16), (4, 64, 64, 15),
+                                     (1, 8, 144, 200), (5, 512, 40, 3)])
+def test_matmul_matches_float64(p, r, k, t):
+    rng = np.random.default_rng(p * 1000 + t)
+    a = rng.standard_normal((p, r, k)).astype(np.float32)
+    b = _work(rng, p, k, t)
+    out = _work(rng, p, r, t)
+    assert _vgemm.usable(a, b, out)
+    _vgemm.matmul(a, b, out)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert _rel(out, want) < 1e-6 * np.sqrt(k)
+
+
+@pytest.mark.parametrize("p,r,k,t", [(36, 16, 16, 64), (16, 32, 8, 33), (1, 144, 32, 70)])
+def test_matmul_reads_a_transposed_view_in_place(p, r, k, t):
+    rng = np.random.default_rng(7)
+    u = rng.standard_normal((p, k, r)).astype(np.float32)  # its transpose is (p, r, k)
+    b = _work(rng, p, k, t)
+    out = np.empty((p, r, t), np.float32)
+    assert _vgemm.usable(u.transpose(0, 2, 1), b, out)
+    _vgemm.matmul(u.transpose(0, 2, 1), b, out)
+    want = np.matmul(u.transpose(0, 2, 1).astype(np.float64), b.astype(np.float64))
+    assert _rel(out, want) < 1e-6 * np.sqrt(k)
+
+
+@pytest.mark.parametrize("p,i,j,t", [(36, 16, 16, 64), (16, 4, 8, 15), (3, 32, 12, 1000),
+                                     (1, 8, 144, 257)])
+def test_matmul_nt_sets_and_adds(p, i, j, t):
+    rng = np.random.default_rng(t)
+    a = _work(rng, p, i, t)
+    b = _work(rng, p, j, t)
+    out = np.full((p, i, j), 7.0, np.float32)
+    assert _vgemm.usable(a, b, out, nt=True)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64).transpose(0, 2, 1))
+    _vgemm.matmul_nt(a, b, out)
+    assert _rel(out, want) < 1e-6 * np.sqrt(t)
+    _vgemm.matmul_nt(a, b, out, add=True)
+    assert _rel(out, 2 * want) < 1e-6 * np.sqrt(t)
+
+
+def test_usable_refuses_what_the_tiles_cannot_take():
+    a = np.ones((2, 8, 4), np.float32)
+    b = np.ones((2, 4, 32), np.float32)
+    out = np.ones((2, 8, 32), np.float32)
+    assert _vgemm.usable(a, b, out)
+    assert not _vgemm.usable(a.astype(np.float64), b.astype(np.float64), out.astype(np.float64))
+    assert not _vgemm.usable(a[:, :6], b, out[:, :6])            # rows not a multiple of 8
+    assert not _vgemm.usable(a, b[:, :, ::2], out[:, :, :16])    # columns not contiguous
+    assert not _vgemm.usable(a[:, :, ::-1], b, out)              # negative strides
+    assert not _vgemm.usable(out, b[:, :3], out[:, :8, :8], nt=True)  # 3 rows of b
+
+
+@pytest.mark.parametrize("shape,method", [((16, 16, 12), "winograd"), ((16, 16, 12), "winograd4"),
+                                          ((32, 16, 9), "winograd"), ((16, 32, 10), None)])
+def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, kernel_backend):
+    """A conv whose GEMMs run on the tiles gives BLAS's results to float32 rounding, forward
+    and backward (the stride-2 case runs im2col's GEMMs on them). F(4x4)'s own error is
+    2-5e-6 relative (winograd.py), so two summation orders may differ by twice that."""
+    from distnn.kernels import conv as K
+    if kernel_backend != "numba":
+        pytest.skip("the NumPy reference path does not use the tiles")
+    c, f, h = shape
+    rng = np.random.default_rng(c + f + h)
+    x = rng.standard_normal((5, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    stride = (1, 1) if method else (2, 2)
+    kw = {"method": method} if method else {}
+    outs = []
+    for enabled in (True, False):
+        _vgemm.ENABLED = enabled
+        try:
+            y, cache = K.conv2d_forward(x, w, None, stride, (1, 1, 1, 1), **kw)
+            dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+            dx, dw, _ = K.conv2d_backward(dy, cache, w)
+        finally:
+            _vgemm.ENABLED = True
+        outs.append((y, dx, dw))
+    errors = [_rel(got, want) for got, want in zip(*outs)]
+    assert max(errors) < (1e-5 if method == "winograd4" else 2e-6), errors
+    # the tiles did run: dw's sums (16 partial sums a lane) are ordered unlike BLAS's
+    # (y and dx may agree bit for bit: both add the products one k after the other)
+    assert errors[2] > 0
