@@ -216,8 +216,10 @@ def test_method_winograd4_rejects_what_it_cannot_compute():
 def test_choice_keeps_im2col_where_winograd_loses():
     g = K.conv_geometry((64, 3, 32, 32), (3, 3), padding=(1, 1, 1, 1))
     assert not K.use_winograd(g, 16)
-    g = K.conv_geometry((64, 256, 2, 2), (3, 3), padding=(1, 1, 1, 1))
-    assert not K.use_winograd(g, 256)
+    g = K.conv_geometry((64, 256, 1, 1), (3, 3), padding=(1, 1, 1, 1))
+    assert not K.use_winograd(g, 256)  # a 1x1 output: 3 of F(2x2)'s 4 outputs wasted
+    g = K.conv_geometry((64, 512, 2, 2), (3, 3), padding=(1, 1, 1, 1))
+    assert K.winograd_tile(g, 512) == 2  # one F(2x2) tile a plane, F(4x4) would waste 3/4
     g = K.conv_geometry((64, 32, 16, 16), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
     assert not K.use_winograd(g, 32)
     g = K.conv_geometry((64, 32, 16, 16), (3, 3), padding=(1, 1, 1, 1))

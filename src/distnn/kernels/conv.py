@@ -84,9 +84,11 @@ def use_winograd4(g: ConvGeometry, f: int) -> bool:
 # alternated): 512->512 4x4 201 vs 394, 256->512 4x4 117 vs 187, 64->64 4x4 3.6 vs 12.4,
 # 256->256 8x8 200 vs 325, 64->128 16x16 112 vs 161, 32->32 16x16 22 vs 29, 16->16 32x32
 # 38 vs 41; but 3->16 32x32 18 vs 15, 8->8 26x26 11.4 vs 9.6 (the transforms cost more
-# than the 2.25x fewer multiplies save with few channels), 512->512 2x2 a tie (one tile).
+# than the 2.25x fewer multiplies save with few channels). 512->512 2x2 (one F(2x2) tile
+# a plane) was a tie on BLAS; with the GEMMs on ``_vgemm`` 23.0 vs 34.2 ms at 1 thread,
+# 15.0 vs 18.9 at 2 (idle host, medians of 5), so outputs from 2x2 go to Winograd.
 WINOGRAD_MIN_CHANNELS = 16
-WINOGRAD_MIN_SIZE = 4
+WINOGRAD_MIN_SIZE = 2
 
 # F(4x4) against F(2x2) (python benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of
 # process CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread |

@@ -96,15 +96,33 @@ def tiles(oh: int, ow: int, m: int = 2) -> tuple[int, int]:
     return -(-oh // m), -(-ow // m)
 
 
-def weights_transform(w: np.ndarray, tiling: Tiling = F2) -> np.ndarray:
+def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> np.ndarray:
     """U (P, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the transform: one GEMM
-    (an einsum measured 100 ms for 512x512 filters). U is the calling thread's scratch
-    (16 MB for 512x512 filters at F(2x2): a new array per call is kept by the allocator)."""
+    (an einsum measured 100 ms for 512x512 filters), its columns split among ``workers``
+    threads from SPLIT_WEIGHTS filter pairs. U is the calling thread's scratch (16 MB for
+    512x512 filters at F(2x2): a new array per call is kept by the allocator)."""
     f, c = w.shape[:2]
     p = tiling.p
     u = scratch("wino_u", (p, f, c), w.dtype)
-    np.matmul(tiling.kg.astype(w.dtype), w.reshape(f * c, 9).T, out=u.reshape(p, f * c))
+    kg, w2, u2 = tiling.kg.astype(w.dtype), w.reshape(f * c, 9), u.reshape(p, f * c)
+    if workers <= 1 or f * c < SPLIT_WEIGHTS:
+        np.matmul(kg, w2.T, out=u2)
+        return u
+    step = -(-f * c // workers)
+
+    def body(indices, serial):
+        for i in indices:
+            a, b = i * step, min(f * c, (i + 1) * step)
+            np.matmul(kg, w2[a:b].T, out=u2[:, a:b])
+
+    run(workers, workers, body)
     return u
+
+
+# Filter pairs (F * C) from which the weight transform is split among the threads: at 2
+# threads vgg11bn's 512x512 transforms (36 x 9 by 9 x 262144, 38 MB written) and their
+# adjoints were ~30 ms a step on the calling thread while the other waited.
+SPLIT_WEIGHTS = 64 * 64
 
 
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2
@@ -205,7 +223,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     x = np.ascontiguousarray(x)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w, tiling)
+        u = weights_transform(w, tiling, workers)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
 
@@ -237,7 +255,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     dy = np.ascontiguousarray(dy)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w, tiling)
+        u = weights_transform(w, tiling, workers)
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
 
@@ -262,6 +280,11 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
             if need_dx:
                 _mm(ut, dm, v)
                 kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+        if workers > 1 and len(indices):
+            # each thread takes the adjoint of its own dU (linear: the dw parts add up),
+            # so that the serial sum after reads 9 values a filter pair, not P
+            return weights_transform_adjoint(du, scratch("wino_dw", w.shape, x.dtype),
+                                             tiling), db64
         return (du if len(indices) else None), db64
 
     parts = run(len(blocks), workers, body)
@@ -272,9 +295,10 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         db64 += db_i
     if du is None:  # an empty batch
         dw_out.fill(0)
+    elif workers > 1:
+        dw_out[...] = du
     else:
-        with blas_for(workers):
-            weights_transform_adjoint(du, dw_out, tiling)
+        weights_transform_adjoint(du, dw_out, tiling)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out
