@@ -268,7 +268,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     ckk = g.c * g.kh * g.kw
     fast = compiled() if method in (None, "winograd", "winograd4") else None
     tile = {"winograd": 2, "winograd4": 4}.get(method or "")
-    if tile is None and fast is not None:
+    vector = method is None and fast is not None and direct.use_vector(g, f, x.dtype)
+    if tile is None and fast is not None and not vector:
         tile = winograd_tile(g, f) or None
     if tile is not None:
         if not winograd_applies(g):
@@ -279,7 +280,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         x = np.ascontiguousarray(x)
         y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=tile)
         return y, ConvCache(g, None, False, x, True, True, tile=tile)
-    if method == "direct" or (fast is not None and direct.use_direct(g, f)):
+    if method == "direct" or vector or (fast is not None and direct.use_direct(g, f)):
         if not direct.direct_applies(g):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
         y, xp = direct.forward(x, w, b, g, ws)

@@ -38,6 +38,21 @@ def use_direct(g: ConvGeometry, f: int) -> bool:
     return direct_applies(g) and g.kw >= 2 and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
 
 
+def use_vector(g: ConvGeometry, f: int, dtype) -> bool:
+    """The compiled path's choice of the register-tiled direct kernels (``_vdirect``):
+    float32 on an AVX-512 CPU, filters and channels multiples of 8, and the layer shapes
+    where they were measured faster than Winograd and im2col (few channels on big planes,
+    VECTOR_MAX_CF and VECTOR_MIN_AREA)."""
+    from . import _vgemm
+    return (_vgemm.ENABLED and _vgemm.AVX512 and np.dtype(dtype) == np.float32
+            and direct_applies(g) and f % 8 == 0 and g.c % 8 == 0
+            and g.c * f <= VECTOR_MAX_CF and g.oh * g.ow >= VECTOR_MIN_AREA)
+
+
+VECTOR_MAX_CF = 32 * 32
+VECTOR_MIN_AREA = 16 * 16
+
+
 def _module():
     from . import _direct
     return _direct
@@ -54,12 +69,16 @@ def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
             ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """(y, the padded input backward needs) for a stride-1 convolution of NCHW x."""
+    """(y, the padded input backward needs) for a stride-1 convolution of NCHW x; on the
+    register-tiled kernels where ``use_vector`` says so (the padded input is then one flat
+    buffer with zeros past its end)."""
     from ._numba import scratch
     from ._threads import block_workers, run
     k = _module()
     x = np.ascontiguousarray(x)
     w = np.ascontiguousarray(w, x.dtype)
+    if use_vector(g, w.shape[0], x.dtype):
+        return _vector_forward(x, w, b, g)
     f = w.shape[0]
     xp = _padded(x, g, ws)
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
@@ -87,6 +106,8 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
     from ._threads import block_workers, run
     k = _module()
     dy = np.ascontiguousarray(dy)
+    if use_vector(g, w.shape[0], dy.dtype):  # forward kept x itself
+        return _vector_backward(dy, xp, w, g, dw_out, db_out, need_dx)
     f = w.shape[0]
     ll = (g.oh - 1) * g.wp + g.ow
     if need_dx:
@@ -119,6 +140,98 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
         dw64 += dw_i
         db64 += db_i
     dw_out[...] = dw64
+    if db_out is not None:
+        db_out[...] = db64
+    return (dx if need_dx else None), dw_out, db_out
+
+
+def _vector_blocks(g: ConvGeometry):
+    """(blocks (n0, n1), workers): blocks of about VECTOR_BLOCK_BYTES of padded input."""
+    from ._threads import block_workers, split_blocks
+    k, workers = block_workers(g.n, VECTOR_BLOCK_BYTES // (g.c * g.hp * g.wp * 4))
+    return split_blocks(g.n, k, workers), workers
+
+
+# Samples per block: their padded planes about this size, read by every tile from L2
+VECTOR_BLOCK_BYTES = 256 << 10
+
+
+def _vector_forward(x, w, b, g: ConvGeometry):
+    """(y, x) on the register-tiled kernels: each block of samples is padded into the
+    thread's scratch; backward pads x again (as Winograd transforms it again)."""
+    from ._numba import scratch
+    from ._threads import run
+    from . import _vdirect as v
+    f = w.shape[0]
+    offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
+    lp = v.tiles_of(g.oh, g.ow, g.wp)
+    y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
+    bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    blocks, workers = _vector_blocks(g)
+    k = max(n1 - n0 for n0, n1 in blocks) if blocks else 1
+
+    def body(indices, serial):
+        acc = scratch("vdirect_acc", (f * lp,), x.dtype)
+        xpf = scratch("vdirect_xp", (k * g.c * g.hp * g.wp + v.SLACK,), x.dtype)
+        for i in indices:
+            n0, n1 = blocks[i]
+            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, xpf)
+            v.forward(xpf, g.c, g.hp, g.wp, w, bias, n0, n1, offs, g.oh, g.ow, acc, y)
+
+    run(len(blocks), workers, body)
+    return y, x
+
+
+# dw's work array (dy of a block of samples as flat rows) about this size: the block's dy
+# and input rows stay in L2 while every tap reads them
+VECTOR_DW_BYTES = 128 << 10
+
+
+def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
+    from ._numba import scratch
+    from ._threads import run
+    from . import _vdirect as v
+    f = w.shape[0]
+    offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
+    l16 = -(-((g.oh - 1) * g.wp + g.ow) // 16) * 16
+    nb = max(1, VECTOR_DW_BYTES // (f * l16 * dy.itemsize))
+    blocks, workers = _vector_blocks(g)
+    k = max(n1 - n0 for n0, n1 in blocks) if blocks else 1
+    if need_dx:
+        dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype)
+        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dy.dtype)
+        et, el = g.dh * (g.kh - 1) - g.pt, g.dw * (g.kw - 1) - g.pl
+        hq, wq = g.h + g.dh * (g.kh - 1), g.w + g.dw * (g.kw - 1)
+        offs_t = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, wq)
+        lx = v.tiles_of(g.h, g.w, wq)
+        nobias = np.zeros(g.c, dy.dtype)
+
+    def body(indices, serial):
+        dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
+        xpf = scratch("vdirect_xp", (k * g.c * g.hp * g.wp + v.SLACK,), dy.dtype)
+        if need_dx:
+            dypf = scratch("vdirect_dyp", (k * f * hq * wq + v.SLACK,), dy.dtype)
+            acc = scratch("vdirect_acc", (g.c * lx,), dy.dtype)
+        dw64 = np.zeros((f, g.c * g.kh * g.kw), np.float64)
+        db64 = np.zeros(f, np.float64)
+        for i in indices:
+            n0, n1 = blocks[i]
+            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, xpf)
+            for m0 in range(n0, n1, nb):
+                m1 = min(n1, m0 + nb)
+                v.weight_grad(xpf[(m0 - n0) * g.c * g.hp * g.wp:], g.c, g.hp, g.wp, dy, m0,
+                              m1, offs, dyw, dw64, db64)
+            if need_dx:
+                v.pad_block(dy, n0, n1, et, el, hq, wq, dypf)
+                v.forward(dypf, f, hq, wq, wt, nobias, n0, n1, offs_t, g.h, g.w, acc, dx)
+        return dw64, db64
+
+    parts = run(len(blocks), workers, body)
+    dw64, db64 = parts[0]
+    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+        dw64 += dw_i
+        db64 += db_i
+    dw_out[...] = dw64.reshape(w.shape)
     if db_out is not None:
         db_out[...] = db64
     return (dx if need_dx else None), dw_out, db_out

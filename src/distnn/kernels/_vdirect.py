@@ -1,0 +1,230 @@
+"""Direct stride-1 convolution with register tiles of 16-float vectors (float32; LLVM IR
+through numba intrinsics, as ``_vgemm``).
+
+A sample's padded planes are read as flat rows (``_direct``'s layout): output position k =
+p*Wp + q of filter f is sum over channels c and taps (i, j) of w[f, c, i, j] *
+xp[c, k + i*dh*Wp + j*dw], so for each tap and channel the 32 positions of a tile are one
+contiguous run of the input plane. A tile of 8 filters x 32 positions (16 accumulators)
+stays in registers over all C*KH*KW terms: 16 FMAs for 2 vector loads and 8 broadcasts,
+nothing written until the end, no column matrix and no transform. The Wp - OW columns
+between output rows are computed and dropped (2 of 34 on a 32x32 'same' plane).
+
+dw is the sum over positions of dy (as flat rows of Wp, zeros between rows) times the
+shifted input rows: ``_vgemm._tile_nt`` 4 x 4 tiles of 16-lane partial sums per tap, summed
+per sample into float64 (so the result does not depend on how the batch is split).
+dx is the forward kernel over dy padded for a full correlation with the flipped weights.
+
+The input buffers carry SLACK zeros past their last plane: a tile reads up to 31
+positions past a plane's last output, which lands in the next plane or in that tail.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._numba_runtime import _U
+from ._vgemm import NT_ROWS, V16, _I64, _fma, _splat, _vptr
+
+_jit = nb.njit(cache=True, nogil=True)
+# reassoc: the row sums of db vectorize
+_jit_sums = nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+ROWS = 8
+COLS = 32
+SLACK = 64  # zeros after the last plane of a padded buffer
+
+
+@intrinsic
+def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
+    """c[co + r*crs + j] = sum over taps t < ntaps, channels k < nc of
+    a[ao + r*ars + k*ntaps + t] * b[bo + offs[t] + k*cs + j], r < 8, j < 32."""
+    sig = types.void(a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs)
+
+    def codegen(context, builder, sig, args):
+        a_, ao_, ars_, b_, bo_, offs_, nt_, cs_, nc_, c_, co_, crs_ = args
+        ap = context.make_array(sig.args[0])(context, builder, a_).data
+        bp = context.make_array(sig.args[3])(context, builder, b_).data
+        op = context.make_array(sig.args[5])(context, builder, offs_).data
+        cp = context.make_array(sig.args[9])(context, builder, c_).data
+        fma = _fma(builder)
+        zero = ir.Constant(V16, [0.0] * 16)
+        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
+        with cgutils.for_range(builder, nt_) as taps:
+            t = taps.index
+            tb = builder.add(bo_, builder.load(builder.gep(op, [t])))
+            ta = builder.add(ao_, t)
+            with cgutils.for_range(builder, nc_) as chans:
+                k = chans.index
+                brow = builder.add(tb, builder.mul(k, cs_))
+                bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
+                                   align=4) for j in range(2)]
+                acol = builder.add(ta, builder.mul(k, nt_))
+                for r in range(ROWS):
+                    ai = builder.add(acol, builder.mul(ir.Constant(_I64, r), ars_))
+                    av = _splat(builder, builder.load(builder.gep(ap, [ai])))
+                    for j in range(2):
+                        builder.store(builder.call(fma, [av, bv[j], builder.load(acc[r][j])]),
+                                      acc[r][j])
+        for r in range(ROWS):
+            crow = builder.add(co_, builder.mul(ir.Constant(_I64, r), crs_))
+            for j in range(2):
+                builder.store(builder.load(acc[r][j]),
+                              _vptr(builder, cp, builder.add(crow, ir.Constant(_I64, 16 * j))),
+                              align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _tile_nt_samples(typingctx, a, ao, ars, sa, b, bo, brs, sb, ns, n16, s):
+    """s[i*4 + j] = sum over samples m < ns and t < 16*n16 of a[ao + m*sa + i*ars + t] *
+    b[bo + m*sb + j*brs + t], i, j < 4: 16 partial sums a lane, halved pairwise at the end."""
+    sig = types.void(a, ao, ars, sa, b, bo, brs, sb, ns, n16, s)
+
+    def codegen(context, builder, sig, args):
+        a_, ao_, ars_, sa_, b_, bo_, brs_, sb_, ns_, n16_, s_ = args
+        ap = context.make_array(sig.args[0])(context, builder, a_).data
+        bp = context.make_array(sig.args[4])(context, builder, b_).data
+        sp = context.make_array(sig.args[10])(context, builder, s_).data
+        fma = _fma(builder)
+        zero = ir.Constant(V16, [0.0] * 16)
+        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NT_ROWS)]
+               for _ in range(NT_ROWS)]
+        with cgutils.for_range(builder, ns_) as samples:
+            m = samples.index
+            am = builder.add(ao_, builder.mul(m, sa_))
+            bm = builder.add(bo_, builder.mul(m, sb_))
+            with cgutils.for_range(builder, n16_) as loop:
+                t = builder.mul(loop.index, ir.Constant(_I64, 16))
+                av = [builder.load(_vptr(builder, ap, builder.add(
+                    builder.add(am, builder.mul(ir.Constant(_I64, i), ars_)), t)), align=4)
+                    for i in range(NT_ROWS)]
+                bv = [builder.load(_vptr(builder, bp, builder.add(
+                    builder.add(bm, builder.mul(ir.Constant(_I64, j), brs_)), t)), align=4)
+                    for j in range(NT_ROWS)]
+                for i in range(NT_ROWS):
+                    for j in range(NT_ROWS):
+                        builder.store(builder.call(fma, [av[i], bv[j], builder.load(acc[i][j])]),
+                                      acc[i][j])
+        i32 = ir.IntType(32)
+        for i in range(NT_ROWS):
+            for j in range(NT_ROWS):
+                v = builder.load(acc[i][j])
+                width = 16
+                while width > 1:
+                    width //= 2
+                    lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
+                                                                  list(range(width))))
+                    hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
+                                                                  list(range(width, 2 * width))))
+                    v = builder.fadd(lo, hi)
+                builder.store(builder.extract_element(v, ir.Constant(i32, 0)),
+                              builder.gep(sp, [ir.Constant(_I64, i * NT_ROWS + j)]))
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@_jit
+def pad_block(x, n0, n1, pt, pl, hp, wp, out):
+    """out[:(n1-n0)*C*Hp*Wp] = the planes of x[n0:n1] moved down pt rows and right pl
+    columns in Hp x Wp, zeros elsewhere (negative pt / pl crop), then SLACK zeros."""
+    _, c_, h_, w_ = x.shape
+    xf = x.ravel()
+    q0 = min(max(pl, 0), wp)
+    q1 = max(q0, min(wp, w_ + pl))
+    for t in range((n1 - n0) * c_):
+        d0 = t * hp * wp
+        s0 = (n0 * c_ + t) * h_ * w_
+        for r in range(hp):
+            d = d0 + r * wp
+            sr = r - pt
+            if sr < 0 or sr >= h_:
+                for k in range(wp):
+                    out[_U(d + k)] = 0
+                continue
+            for k in range(q0):
+                out[_U(d + k)] = 0
+            s = s0 + sr * w_ - pl
+            for k in range(q0, q1):
+                out[_U(d + k)] = xf[_U(s + k)]
+            for k in range(q1, wp):
+                out[_U(d + k)] = 0
+    end = (n1 - n0) * c_ * hp * wp
+    for k in range(SLACK):
+        out[_U(end + k)] = 0
+
+
+def tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
+    return np.array([i * dh * wp + j * dw for i in range(kh) for j in range(kw)], np.int64)
+
+
+def tiles_of(oh: int, ow: int, wp: int) -> int:
+    """Flat output positions computed per filter: (OH-1)*Wp + OW rounded up to COLS."""
+    ll = (oh - 1) * wp + ow
+    return -(-ll // COLS) * COLS
+
+
+@_jit
+def forward(xpf, c_, hp, wp, w, b, n0, n1, offs, oh, ow, acc, y):
+    """y[n0:n1] (N, F, OH, OW) = conv of the padded planes of samples n0..n1-1 (flat in
+    xpf from its start, C planes of Hp x Wp a sample) with w (F, C, KH, KW) (F a multiple
+    of 8), plus b; acc: F*L work."""
+    f_ = w.shape[0]
+    ntaps = offs.shape[0]
+    wf = w.ravel()
+    ll = (oh - 1) * wp + ow
+    lp = -(-ll // COLS) * COLS
+    plane = hp * wp
+    yr = y.ravel()
+    for n in range(n0, n1):
+        base = (n - n0) * c_ * plane
+        for q0 in range(0, lp, COLS):
+            for f0 in range(0, f_, ROWS):
+                _tile_conv(wf, f0 * c_ * ntaps, c_ * ntaps, xpf, base + q0, offs, ntaps,
+                           plane, c_, acc, f0 * lp + q0, lp)
+        for f in range(f_):
+            bias = b[f]
+            for p in range(oh):
+                src = f * lp + p * wp
+                dst = ((n * f_ + f) * oh + p) * ow
+                for q in range(ow):
+                    yr[_U(dst + q)] = acc[_U(src + q)] + bias
+
+
+@_jit_sums
+def weight_grad(xpf, c_, hp, wp, dy, n0, n1, offs, dyw, dw64, db64):
+    """dw64 (F, C*taps) and db64 (F,) += the sums over samples n0..n1-1 (float32 within
+    the block, then float64), their padded planes flat in xpf from its start; dyw:
+    (n1-n0)*F*L work (dy as flat rows of Wp, zeros between rows and past the end)."""
+    _, f_, oh, ow = dy.shape
+    ntaps = offs.shape[0]
+    ll = (oh - 1) * wp + ow
+    lp = -(-ll // 16) * 16
+    plane = hp * wp
+    s = np.empty(16, np.float32)
+    df = dy.ravel()
+    for n in range(n0, n1):
+        for f in range(f_):
+            dyr = ((n - n0) * f_ + f) * lp
+            for k in range(lp):
+                dyw[_U(dyr + k)] = 0
+            for p in range(oh):
+                src = ((n * f_ + f) * oh + p) * ow
+                row = np.float32(0)
+                for q in range(ow):
+                    v = df[_U(src + q)]
+                    dyw[_U(dyr + p * wp + q)] = v
+                    row += v
+                db64[f] += row
+    base = 0
+    for t in range(ntaps):
+        for f0 in range(0, f_, 4):
+            for c0 in range(0, c_, 4):
+                _tile_nt_samples(dyw, f0 * lp, lp, f_ * lp, xpf, base + offs[t] + c0 * plane,
+                                 plane, c_ * plane, n1 - n0, lp // 16, s)
+                for i in range(4):
+                    for j in range(4):
+                        dw64[f0 + i, (c0 + j) * ntaps + t] += s[i * 4 + j]

@@ -1,0 +1,127 @@
+"""The register-tiled direct convolution (kernels/_vdirect.py, chosen by
+``direct.use_vector``): float32 against the float64 loop reference for y, dx, dw and db
+(the reference is the one the layers' gradient checks hold against), padding, dilation,
+kernel sizes, odd batches and positions past a tile, 1 and 2 threads; and the choice."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from test_conv_kernels import ref_conv
+
+pytest.importorskip("numba")
+from distnn import kernels  # noqa: E402
+from distnn.kernels import _vgemm  # noqa: E402
+from distnn.kernels import conv as K  # noqa: E402
+from distnn.kernels import direct as D  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not _vgemm.AVX512, reason="used on AVX-512 CPUs only")
+
+
+@pytest.fixture(autouse=True)
+def _compiled_only(kernel_backend):
+    if kernel_backend == "numpy":
+        pytest.skip("the register-tiled kernels are compiled only")
+
+
+@pytest.fixture
+def anywhere(monkeypatch):
+    """use_vector for every shape it can take (not only where it was measured faster)."""
+    monkeypatch.setattr(D, "VECTOR_MAX_CF", 1 << 30)
+    monkeypatch.setattr(D, "VECTOR_MIN_AREA", 1)
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(request.param)
+    yield request.param
+    kernels.set_num_threads(previous)
+
+
+def _rel(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run(x, w, b, stride, pads, dil, dy, need_dx=True):
+    y, cache = K.conv2d_forward(x, w, b, stride, pads, dil)
+    assert cache.direct and not cache.winograd  # the direct kernels took it
+    dx, dw, db = K.conv2d_backward(dy, cache, w, need_dx=need_dx)
+    return y, dx, dw, db
+
+
+@st.composite
+def cases(draw):
+    k = draw(st.sampled_from([(3, 3), (1, 3), (5, 5), (2, 2)]))
+    dil = draw(st.sampled_from([(1, 1), (2, 1)]))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    n = draw(st.integers(1, 5))
+    c, f = 8 * draw(st.integers(1, 3)), 8 * draw(st.integers(1, 3))
+    need_h = dil[0] * (k[0] - 1) + 1 - pads[0] - pads[1]
+    need_w = dil[1] * (k[1] - 1) + 1 - pads[2] - pads[3]
+    h = draw(st.integers(max(1, need_h), 13))
+    w = draw(st.integers(max(1, need_w), 13))
+    return (n, c, h, w), (f, c) + k, pads, dil, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
+@given(case=cases())
+def test_matches_float64_loops(anywhere, case):
+    x_shape, w_shape, pads, dil, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))
+    b = rng.standard_normal(w_shape[0])
+    y_ref = ref_conv(x, w, b, (1, 1), pads, dil)
+    dy = rng.standard_normal(y_ref.shape)
+    refs = (y_ref,) + tuple(ref_conv(x, w, b, (1, 1), pads, dil, dy)[1:])
+    got = run(*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
+              dy.astype(np.float32))
+    for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
+        assert g.dtype == np.float32
+        assert _rel(g, r) < 2e-6, name
+
+
+@pytest.mark.parametrize("n,c,f,h", [(7, 16, 16, 32), (3, 32, 32, 16), (64, 16, 16, 32),
+                                     (5, 8, 24, 11)])
+def test_threads_give_the_same_results(anywhere, threads, n, c, f, h):
+    rng = np.random.default_rng(n + h)
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    dy = rng.standard_normal((n, f, h, h)).astype(np.float32)
+    got = run(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), dy)
+    y_ref = ref_conv(x.astype(np.float64), w.astype(np.float64), None, (1, 1), (1, 1, 1, 1),
+                     (1, 1))
+    _, dx_ref, dw_ref, _ = ref_conv(x.astype(np.float64), w.astype(np.float64), None, (1, 1),
+                                    (1, 1, 1, 1), (1, 1), dy.astype(np.float64))
+    for g, r in zip(got[:3], (y_ref, dx_ref, dw_ref)):
+        assert _rel(g, r) < 2e-6
+    again = run(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), dy)
+    for g, a in zip(got[:3], again[:3]):  # the same thread count sums in the same order
+        np.testing.assert_array_equal(g, a)
+
+
+def test_no_dx_for_first_layers(anywhere):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    dx, dw, db = run(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), dy, need_dx=False)[1:]
+    assert dx is None and dw.shape == w.shape and db.shape == (8,)
+
+
+def test_choice_follows_the_measurements():
+    def geo(c, h):
+        return K.conv_geometry((64, c, h, h), (3, 3), padding=(1, 1, 1, 1))
+    assert D.use_vector(geo(16, 32), 16, np.float32)      # resnet20's first stage
+    assert D.use_vector(geo(32, 16), 32, np.float32)      # its second
+    assert not D.use_vector(geo(64, 8), 64, np.float32)   # Winograd F(4x4) is faster
+    assert not D.use_vector(geo(16, 32), 16, np.float64)  # float32 only
+    assert not D.use_vector(geo(12, 32), 16, np.float32)  # channels not a multiple of 8
+    strided = K.conv_geometry((64, 16, 32, 32), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    assert not D.use_vector(strided, 16, np.float32)
+    _, cache = K.conv2d_forward(np.zeros((2, 16, 32, 32), np.float32),
+                                np.zeros((16, 16, 3, 3), np.float32), None, (1, 1),
+                                (1, 1, 1, 1))
+    assert cache.direct and not cache.winograd
