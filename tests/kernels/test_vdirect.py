@@ -1,7 +1,8 @@
 """The register-tiled direct convolution (kernels/_vdirect.py, chosen by
 ``direct.use_vector``): float32 against the float64 loop reference for y, dx, dw and db
 (the reference is the one the layers' gradient checks hold against), padding, dilation,
-kernel sizes, odd batches and positions past a tile, 1 and 2 threads; and the choice."""
+kernel sizes, stride 2 (by input phases), odd batches and positions past a tile, 1 and 2
+threads; and the choice."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,7 @@ def _compiled_only(kernel_backend):
 def anywhere(monkeypatch):
     """use_vector for every shape it can take (not only where it was measured faster)."""
     monkeypatch.setattr(D, "VECTOR_MAX_CF", 1 << 30)
+    monkeypatch.setattr(D, "VECTOR_MAX_CF2", 1 << 30)
     monkeypatch.setattr(D, "VECTOR_MIN_AREA", 1)
 
 
@@ -83,6 +85,35 @@ def test_matches_float64_loops(anywhere, case):
         assert _rel(g, r) < 2e-6, name
 
 
+@st.composite
+def strided_cases(draw):
+    k = draw(st.sampled_from([(3, 3), (2, 2), (5, 5), (4, 3)]))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    n = draw(st.integers(1, 4))
+    c, f = 8 * draw(st.integers(1, 2)), 8 * draw(st.integers(1, 3))
+    h = draw(st.integers(max(1, k[0] - pads[0] - pads[1]), 14))
+    w = draw(st.integers(max(1, k[1] - pads[2] - pads[3]), 14))
+    return (n, c, h, w), (f, c) + k, pads, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
+@given(case=strided_cases())
+def test_stride_2_by_phases_matches_float64_loops(anywhere, case):
+    x_shape, w_shape, pads, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))
+    b = rng.standard_normal(w_shape[0])
+    y_ref = ref_conv(x, w, b, (2, 2), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    refs = (y_ref,) + tuple(ref_conv(x, w, b, (2, 2), pads, (1, 1), dy)[1:])
+    got = run(*(a.astype(np.float32) for a in (x, w, b)), (2, 2), pads, (1, 1),
+              dy.astype(np.float32))
+    for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
+        assert _rel(g, r) < 2e-6, name
+
+
 @pytest.mark.parametrize("n,c,f,h", [(7, 16, 16, 32), (3, 32, 32, 16), (64, 16, 16, 32),
                                      (5, 8, 24, 11)])
 def test_threads_give_the_same_results(anywhere, threads, n, c, f, h):
@@ -120,7 +151,11 @@ def test_choice_follows_the_measurements():
     assert not D.use_vector(geo(16, 32), 16, np.float64)  # float32 only
     assert not D.use_vector(geo(12, 32), 16, np.float32)  # channels not a multiple of 8
     strided = K.conv_geometry((64, 16, 32, 32), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
-    assert not D.use_vector(strided, 16, np.float32)
+    assert D.use_vector(strided, 32, np.float32)          # resnet20's downsampling convs
+    deep = K.conv_geometry((64, 64, 8, 8), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
+    assert not D.use_vector(deep, 128, np.float32)        # im2col is faster there
+    pointwise = K.conv_geometry((64, 16, 32, 32), (1, 1), stride=(2, 2))
+    assert not D.use_vector(pointwise, 32, np.float32)    # 1x1: the strided-slice GEMM
     _, cache = K.conv2d_forward(np.zeros((2, 16, 32, 32), np.float32),
                                 np.zeros((16, 16, 3, 3), np.float32), None, (1, 1),
                                 (1, 1, 1, 1))

@@ -168,42 +168,87 @@ def tiles_of(oh: int, ow: int, wp: int) -> int:
 
 
 @_jit
-def forward(xpf, c_, hp, wp, w, b, n0, n1, offs, oh, ow, acc, y):
-    """y[n0:n1] (N, F, OH, OW) = conv of the padded planes of samples n0..n1-1 (flat in
-    xpf from its start, C planes of Hp x Wp a sample) with w (F, C, KH, KW) (F a multiple
-    of 8), plus b; acc: F*L work."""
+def forward(xpf, c_, cs, wp, w, b, n0, n1, offs, oh, ow, acc, y, oy0, ox0, sy, sx):
+    """Output (p, q), p < oh, q < ow, of the padded planes of samples n0..n1-1 (flat in xpf
+    from its start, channel planes cs apart, rows wp apart) with w (F, C, taps) (F a
+    multiple of 8) plus b, written to y[n, f, oy0 + p*sy, ox0 + q*sx] where inside y
+    (N, F, YH, YW); acc: F*L work."""
     f_ = w.shape[0]
+    yh, yw = y.shape[2], y.shape[3]
     ntaps = offs.shape[0]
     wf = w.ravel()
     ll = (oh - 1) * wp + ow
     lp = -(-ll // COLS) * COLS
-    plane = hp * wp
     yr = y.ravel()
+    p0 = max(0, -(oy0 // sy)) if oy0 < 0 else 0
+    q0 = max(0, -(ox0 // sx)) if ox0 < 0 else 0
+    p1 = min(oh, (yh - 1 - oy0) // sy + 1)
+    q1 = min(ow, (yw - 1 - ox0) // sx + 1)
     for n in range(n0, n1):
-        base = (n - n0) * c_ * plane
-        for q0 in range(0, lp, COLS):
+        base = (n - n0) * c_ * cs
+        for t0 in range(0, lp, COLS):
             for f0 in range(0, f_, ROWS):
-                _tile_conv(wf, f0 * c_ * ntaps, c_ * ntaps, xpf, base + q0, offs, ntaps,
-                           plane, c_, acc, f0 * lp + q0, lp)
+                _tile_conv(wf, f0 * c_ * ntaps, c_ * ntaps, xpf, base + t0, offs, ntaps,
+                           cs, c_, acc, f0 * lp + t0, lp)
         for f in range(f_):
             bias = b[f]
-            for p in range(oh):
+            for p in range(p0, p1):
                 src = f * lp + p * wp
-                dst = ((n * f_ + f) * oh + p) * ow
-                for q in range(ow):
-                    yr[_U(dst + q)] = acc[_U(src + q)] + bias
+                dst = ((n * f_ + f) * yh + oy0 + p * sy) * yw + ox0
+                if sx == 1:
+                    for q in range(q0, q1):
+                        yr[_U(dst + q)] = acc[_U(src + q)] + bias
+                else:
+                    for q in range(q0, q1):
+                        yr[_U(dst + q * sx)] = acc[_U(src + q)] + bias
+
+
+@_jit
+def pad_phases(x, n0, n1, pt, pl, hph, wph, out):
+    """out = the planes of x[n0:n1] padded (pt rows, pl columns before) and split into
+    their 4 phases: out[n - n0, c, 2a + b, r, s] = padded x[n, c, 2r + a, 2s + b] (zeros
+    outside x), each phase hph x wph; then SLACK zeros."""
+    _, c_, h_, w_ = x.shape
+    xf = x.ravel()
+    plane = hph * wph
+    for t in range((n1 - n0) * c_):
+        s0 = (n0 * c_ + t) * h_ * w_
+        for ph in range(4):
+            a, bb = ph >> 1, ph & 1
+            d0 = (t * 4 + ph) * plane
+            for r in range(hph):
+                d = d0 + r * wph
+                sr = 2 * r + a - pt
+                if sr < 0 or sr >= h_:
+                    for k in range(wph):
+                        out[_U(d + k)] = 0
+                    continue
+                srow = s0 + sr * w_
+                for k in range(wph):
+                    sc = 2 * k + bb - pl
+                    out[_U(d + k)] = xf[_U(srow + sc)] if 0 <= sc < w_ else xf[0] * 0
+    end = (n1 - n0) * c_ * 4 * plane
+    for k in range(SLACK):
+        out[_U(end + k)] = 0
+
+
+def phase_offsets(kh: int, kw: int, hph: int, wph: int) -> np.ndarray:
+    """Tap offsets of a stride-2 kernel over the 4-phase layout of ``pad_phases``."""
+    return np.array([((i % 2) * 2 + j % 2) * hph * wph + (i // 2) * wph + j // 2
+                     for i in range(kh) for j in range(kw)], np.int64)
 
 
 @_jit_sums
-def weight_grad(xpf, c_, hp, wp, dy, n0, n1, offs, dyw, dw64, db64):
+def weight_grad(xpf, c_, cs, wp, dy, n0, n1, offs, dyw, dw64, db64):
     """dw64 (F, C*taps) and db64 (F,) += the sums over samples n0..n1-1 (float32 within
-    the block, then float64), their padded planes flat in xpf from its start; dyw:
+    the block, then float64), their padded planes flat in xpf from its start (channel
+    planes cs apart, rows wp apart, the outputs' flat rows wp long too); dyw:
     (n1-n0)*F*L work (dy as flat rows of Wp, zeros between rows and past the end)."""
     _, f_, oh, ow = dy.shape
     ntaps = offs.shape[0]
     ll = (oh - 1) * wp + ow
     lp = -(-ll // 16) * 16
-    plane = hp * wp
+    plane = cs
     s = np.empty(16, np.float32)
     df = dy.ravel()
     for n in range(n0, n1):
@@ -220,9 +265,11 @@ def weight_grad(xpf, c_, hp, wp, dy, n0, n1, offs, dyw, dw64, db64):
                     row += v
                 db64[f] += row
     base = 0
-    for t in range(ntaps):
-        for f0 in range(0, f_, 4):
-            for c0 in range(0, c_, 4):
+    # taps innermost: the 4 dy rows and 4 input rows of a tile stay in L1 for all taps
+    # (each tap reads the same input rows shifted)
+    for f0 in range(0, f_, 4):
+        for c0 in range(0, c_, 4):
+            for t in range(ntaps):
                 _tile_nt_samples(dyw, f0 * lp, lp, f_ * lp, xpf, base + offs[t] + c0 * plane,
                                  plane, c_ * plane, n1 - n0, lp // 16, s)
                 for i in range(4):

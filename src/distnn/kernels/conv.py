@@ -281,7 +281,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=tile)
         return y, ConvCache(g, None, False, x, True, True, tile=tile)
     if method == "direct" or vector or (fast is not None and direct.use_direct(g, f)):
-        if not direct.direct_applies(g):
+        if not (vector or direct.direct_applies(g)):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
         y, xp = direct.forward(x, w, b, g, ws)
         return y, ConvCache(g, None, False, xp, True, direct=True)

@@ -38,19 +38,30 @@ def use_direct(g: ConvGeometry, f: int) -> bool:
     return direct_applies(g) and g.kw >= 2 and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
 
 
+def vector_applies(g: ConvGeometry) -> bool:
+    """Whether the register-tiled kernels compute this convolution: stride 1 (any
+    dilation), or stride 2 undilated with kernels of 2x2 and up (by input phases)."""
+    return (g.sh, g.sw) == (1, 1) or ((g.sh, g.sw) == (2, 2) and (g.dh, g.dw) == (1, 1)
+                                       and min(g.kh, g.kw) >= 2)
+
+
 def use_vector(g: ConvGeometry, f: int, dtype) -> bool:
     """The compiled path's choice of the register-tiled direct kernels (``_vdirect``):
     float32 on an AVX-512 CPU, filters and channels multiples of 8, and the layer shapes
-    where they were measured faster than Winograd and im2col (few channels on big planes,
-    VECTOR_MAX_CF and VECTOR_MIN_AREA)."""
+    where they were measured faster than Winograd and im2col (few channels on big planes:
+    VECTOR_MAX_CF and VECTOR_MIN_AREA at stride 1, VECTOR_MAX_CF2 at stride 2)."""
     from . import _vgemm
-    return (_vgemm.ENABLED and _vgemm.AVX512 and np.dtype(dtype) == np.float32
-            and direct_applies(g) and f % 8 == 0 and g.c % 8 == 0
-            and g.c * f <= VECTOR_MAX_CF and g.oh * g.ow >= VECTOR_MIN_AREA)
+    if not (_vgemm.ENABLED and _vgemm.AVX512 and np.dtype(dtype) == np.float32
+            and vector_applies(g) and f % 8 == 0 and g.c % 8 == 0):
+        return False
+    if (g.sh, g.sw) == (2, 2):
+        return g.c * f <= VECTOR_MAX_CF2
+    return g.c * f <= VECTOR_MAX_CF and g.oh * g.ow >= VECTOR_MIN_AREA
 
 
 VECTOR_MAX_CF = 32 * 32
 VECTOR_MIN_AREA = 16 * 16
+VECTOR_MAX_CF2 = 32 * 64
 
 
 def _module():
@@ -69,9 +80,8 @@ def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
             ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
-    """(y, the padded input backward needs) for a stride-1 convolution of NCHW x; on the
-    register-tiled kernels where ``use_vector`` says so (the padded input is then one flat
-    buffer with zeros past its end)."""
+    """(y, what backward needs) for a stride-1 convolution of NCHW x: the padded input;
+    or, on the register-tiled kernels where ``use_vector`` says so (stride 2 too), x."""
     from ._numba import scratch
     from ._threads import block_workers, run
     k = _module()
@@ -145,11 +155,38 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
     return (dx if need_dx else None), dw_out, db_out
 
 
-def _vector_blocks(g: ConvGeometry):
-    """(blocks (n0, n1), workers): blocks of about VECTOR_BLOCK_BYTES of padded input."""
+class _Layout:
+    """Where a block of samples' padded input lies in the flat work array of the
+    register-tiled kernels: stride 1 as Hp x Wp planes, stride 2 as the 4 phases of each
+    plane (``_vdirect.pad_phases``), so that every tap reads contiguous runs."""
+
+    def __init__(self, g: ConvGeometry):
+        from . import _vdirect as v
+        self.g = g
+        if (g.sh, g.sw) == (1, 1):
+            self.rows, self.cs = g.wp, g.hp * g.wp
+            self.offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
+        else:
+            hph, wph = -(-g.hp // 2), -(-g.wp // 2)
+            self.hph, self.rows, self.cs = hph, wph, 4 * hph * wph
+            self.offs = v.phase_offsets(g.kh, g.kw, hph, wph)
+
+    def pad(self, x, n0, n1, out):
+        from . import _vdirect as v
+        g = self.g
+        if (g.sh, g.sw) == (1, 1):
+            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, out)
+        else:
+            v.pad_phases(x, n0, n1, g.pt, g.pl, self.hph, self.rows, out)
+
+
+def _vector_blocks(g: ConvGeometry, cs: int):
+    """(blocks (n0, n1), workers, most samples a block): blocks of about
+    VECTOR_BLOCK_BYTES of padded input."""
     from ._threads import block_workers, split_blocks
-    k, workers = block_workers(g.n, VECTOR_BLOCK_BYTES // (g.c * g.hp * g.wp * 4))
-    return split_blocks(g.n, k, workers), workers
+    k, workers = block_workers(g.n, VECTOR_BLOCK_BYTES // (g.c * cs * 4))
+    blocks = split_blocks(g.n, k, workers)
+    return blocks, workers, max((n1 - n0 for n0, n1 in blocks), default=1)
 
 
 # Samples per block: their padded planes about this size, read by every tile from L2
@@ -163,20 +200,20 @@ def _vector_forward(x, w, b, g: ConvGeometry):
     from ._threads import run
     from . import _vdirect as v
     f = w.shape[0]
-    offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
-    lp = v.tiles_of(g.oh, g.ow, g.wp)
+    lay = _Layout(g)
+    lp = v.tiles_of(g.oh, g.ow, lay.rows)
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
-    blocks, workers = _vector_blocks(g)
-    k = max(n1 - n0 for n0, n1 in blocks) if blocks else 1
+    blocks, workers, k = _vector_blocks(g, lay.cs)
 
     def body(indices, serial):
         acc = scratch("vdirect_acc", (f * lp,), x.dtype)
-        xpf = scratch("vdirect_xp", (k * g.c * g.hp * g.wp + v.SLACK,), x.dtype)
+        xpf = scratch("vdirect_xp", (k * g.c * lay.cs + v.SLACK,), x.dtype)
         for i in indices:
             n0, n1 = blocks[i]
-            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, xpf)
-            v.forward(xpf, g.c, g.hp, g.wp, w, bias, n0, n1, offs, g.oh, g.ow, acc, y)
+            lay.pad(x, n0, n1, xpf)
+            v.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh, g.ow,
+                      acc, y, 0, 0, 1, 1)
 
     run(len(blocks), workers, body)
     return y, x
@@ -187,28 +224,51 @@ def _vector_forward(x, w, b, g: ConvGeometry):
 VECTOR_DW_BYTES = 128 << 10
 
 
+def _dx_parts(w, g: ConvGeometry):
+    """The input gradient as stride-1 correlations of dy, padded (dh, dw) before, each
+    (weights (C, F, taps) flipped, tap offsets over rows of ``wq``, output origin and step):
+    one for stride 1; for stride 2 one per phase (a, b) of the padded input, with the
+    taps i = a, a + 2, ... and j = b, b + 2, ...; with (hq, wq) the padded dy's shape."""
+    from . import _vdirect as v
+    if (g.sh, g.sw) == (1, 1):
+        et, el = g.dh * (g.kh - 1) - g.pt, g.dw * (g.kw - 1) - g.pl
+        wq = g.w + g.dw * (g.kw - 1)
+        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        parts = [(wt, v.tap_offsets(g.kh, g.kw, g.dh, g.dw, wq), g.h, g.w, 0, 0, 1)]
+        return (et, el, g.h + g.dh * (g.kh - 1), wq), parts
+    dh, dw = (g.kh - 1) // 2, (g.kw - 1) // 2
+    hq, wq = -(-g.hp // 2) + dh, -(-g.wp // 2) + dw
+    parts = []
+    for a in range(2):
+        for b in range(2):
+            ka, kb = (g.kh - a + 1) // 2, (g.kw - b + 1) // 2
+            wt = np.ascontiguousarray(w[:, :, a::2, b::2][:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+            sa, sb = dh - ka + 1, dw - kb + 1
+            offs = np.array([(i + sa) * wq + j + sb for i in range(ka) for j in range(kb)],
+                            np.int64)
+            parts.append((wt, offs, (g.hp - a + 1) // 2, (g.wp - b + 1) // 2,
+                          a - g.pt, b - g.pl, 2))
+    return (dh, dw, hq, wq), parts
+
+
 def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
     from ._numba import scratch
     from ._threads import run
     from . import _vdirect as v
     f = w.shape[0]
-    offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
-    l16 = -(-((g.oh - 1) * g.wp + g.ow) // 16) * 16
+    lay = _Layout(g)
+    l16 = -(-((g.oh - 1) * lay.rows + g.ow) // 16) * 16
     nb = max(1, VECTOR_DW_BYTES // (f * l16 * dy.itemsize))
-    blocks, workers = _vector_blocks(g)
-    k = max(n1 - n0 for n0, n1 in blocks) if blocks else 1
+    blocks, workers, k = _vector_blocks(g, lay.cs)
     if need_dx:
         dx = np.empty((g.n, g.c, g.h, g.w), dy.dtype)
-        wt = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), dy.dtype)
-        et, el = g.dh * (g.kh - 1) - g.pt, g.dw * (g.kw - 1) - g.pl
-        hq, wq = g.h + g.dh * (g.kh - 1), g.w + g.dw * (g.kw - 1)
-        offs_t = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, wq)
-        lx = v.tiles_of(g.h, g.w, wq)
+        (et, el, hq, wq), parts = _dx_parts(w.astype(dy.dtype, copy=False), g)
+        lx = max(v.tiles_of(ph, pw, wq) for _, _, ph, pw, _, _, _ in parts)
         nobias = np.zeros(g.c, dy.dtype)
 
     def body(indices, serial):
         dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
-        xpf = scratch("vdirect_xp", (k * g.c * g.hp * g.wp + v.SLACK,), dy.dtype)
+        xpf = scratch("vdirect_xp", (k * g.c * lay.cs + v.SLACK,), dy.dtype)
         if need_dx:
             dypf = scratch("vdirect_dyp", (k * f * hq * wq + v.SLACK,), dy.dtype)
             acc = scratch("vdirect_acc", (g.c * lx,), dy.dtype)
@@ -216,19 +276,20 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
         db64 = np.zeros(f, np.float64)
         for i in indices:
             n0, n1 = blocks[i]
-            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, xpf)
+            lay.pad(x, n0, n1, xpf)
             for m0 in range(n0, n1, nb):
-                m1 = min(n1, m0 + nb)
-                v.weight_grad(xpf[(m0 - n0) * g.c * g.hp * g.wp:], g.c, g.hp, g.wp, dy, m0,
-                              m1, offs, dyw, dw64, db64)
+                v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy, m0,
+                              min(n1, m0 + nb), lay.offs, dyw, dw64, db64)
             if need_dx:
                 v.pad_block(dy, n0, n1, et, el, hq, wq, dypf)
-                v.forward(dypf, f, hq, wq, wt, nobias, n0, n1, offs_t, g.h, g.w, acc, dx)
+                for wt, offs, ph, pw, oy0, ox0, step in parts:
+                    v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, acc,
+                              dx, oy0, ox0, step, step)
         return dw64, db64
 
-    parts = run(len(blocks), workers, body)
-    dw64, db64 = parts[0]
-    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+    results = run(len(blocks), workers, body)
+    dw64, db64 = results[0]
+    for dw_i, db_i in results[1:]:  # fixed order: the same sums for the same thread count
         dw64 += dw_i
         db64 += db_i
     dw_out[...] = dw64.reshape(w.shape)
