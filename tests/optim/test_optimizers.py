@@ -327,3 +327,34 @@ def test_functional_without_scratch_and_scratch_count():
     assert F.scratch_count("rmsprop", weight_decay=0.1) == 2
     with pytest.raises(ValueError, match="unknown"):
         F.scratch_count("lamb")
+
+
+@pytest.mark.parametrize("case", ["sgd_nesterov_wd", "adam_wd_amsgrad", "rmsprop_all",
+                                  "nadam_wd", "adadelta_wd", "adamw"])
+def test_long_buffers_update_in_pieces_to_the_same_numbers(case):
+    """A flat buffer of a few million parameters is updated in one piece per kernel thread
+    (kernels.pieces): 2 threads give exactly what 1 thread gives."""
+    from distnn import kernels
+    cls, kw, _, _ = CASES[case]
+    rng = np.random.default_rng(1)
+    n = 3 * (1 << 20) + 5  # uneven pieces
+    assert n >= 1 << 20  # kernels.pieces splits from there
+    start = rng.standard_normal(n).astype(np.float32)
+    grads_ = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    previous = kernels.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            kernels.set_num_threads(threads)
+            p, g = start.copy(), np.zeros(n, np.float32)
+            model = type("Flat", (), {"parameters_flat": lambda s: p,
+                                      "gradients_flat": lambda s: g})()
+            opt = cls(model, **kw)
+            for gi in grads_:
+                g[...] = gi
+                opt.step()
+            results.append(p)
+    finally:
+        kernels.set_num_threads(previous)
+    assert np.abs(results[0] - start).max() > 1e-4
+    np.testing.assert_array_equal(results[0], results[1])

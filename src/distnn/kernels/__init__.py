@@ -14,7 +14,7 @@ from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats
 from .node import node_cores, threads_per_rank
 from .conv import (ConvCache, ConvGeometry, col2im, conv2d_backward, conv2d_forward,
                    conv_geometry, conv_output_size, im2col, same_padding)
-from ._threads import matmul
+from ._threads import matmul, pieces
 from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       global_avgpool2d_backward, global_avgpool2d_forward, maxpool2d_backward,
                       maxpool2d_forward, pool_output_shape)
@@ -28,5 +28,5 @@ __all__ = [
     "global_avgpool2d_forward", "global_avgpool2d_backward", "pool_output_shape", "PoolCache",
     "bn_forward_train", "bn_batch_stats", "bn_sums", "bn_stats_from_sums", "bn_normalize",
     "bn_xhat", "bn_inference", "bn_grad_sums", "bn_backward_dx", "bn_backward_dx_inference",
-    "channel_sum", "channel_dot", "channel_count", "matmul",
+    "channel_sum", "channel_dot", "channel_count", "matmul", "pieces",
 ]

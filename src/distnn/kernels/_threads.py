@@ -151,3 +151,21 @@ def matmul(a, b, out=None):
         with one_blas_thread():
             return np.matmul(a, b, out=out)
     return np.matmul(a, b, out=out)
+
+
+def pieces(n: int, fn, min_items: int = 1 << 20) -> None:
+    """fn(a, b) over contiguous pieces [a, b) covering range(n), one piece per thread when
+    n >= min_items and more than one thread is set (else fn(0, n) here): for elementwise
+    work on long flat arrays (an optimizer step over a model's parameter buffer), whose
+    NumPy ufuncs release the GIL. Each element is computed as it would be in one piece."""
+    threads = get_num_threads()
+    if threads <= 1 or n < min_items:
+        fn(0, n)
+        return
+    step = -(-n // threads)
+
+    def body(indices, serial):
+        for i in indices:
+            fn(i * step, min(n, (i + 1) * step))
+
+    run(threads, threads, body)

@@ -201,8 +201,24 @@ class Optimizer:
             self._scratch = [[np.empty_like(p) for _ in range(n)] for p, _ in pairs]
         step = self.iterations + 1
         for (p, g), state, scratch in zip(pairs, self.state, self._scratch):
-            self._update(p, g, state, scratch, step)
+            self._update_pieces(p, g, state, scratch, step)
         self.iterations = step
+
+    def _update_pieces(self, p, g, state, scratch, step) -> None:
+        """``_update`` over contiguous pieces of a long flat buffer, one per kernel thread
+        (every update rule here is elementwise: the same numbers as one call). vgg11bn's
+        SGD step (9.7M parameters) took 6.3 ms on one thread while the other waited."""
+        from ..kernels import pieces  # the kernels' threads (numba loads with the layers)
+        arrays = [p, g, *state.values(), *scratch]
+        if p.ndim != 1 or any(a.ndim != 1 or a.shape != p.shape for a in arrays):
+            self._update(p, g, state, scratch, step)
+            return
+
+        def piece(a, b):
+            self._update(p[a:b], g[a:b], {k: v[a:b] for k, v in state.items()},
+                         [s[a:b] for s in scratch], step)
+
+        pieces(p.size, piece)
 
     def zero_grad(self) -> None:
         """Set every gradient array to zero (layers overwrite gradients anyway)."""
