@@ -346,9 +346,9 @@ def test_long_buffers_update_in_pieces_to_the_same_numbers(case):
     try:
         for threads in (1, 2):
             kernels.set_num_threads(threads)
-            p, g = start.copy(), np.zeros(n, np.float32)
-            model = type("Flat", (), {"parameters_flat": lambda s: p,
-                                      "gradients_flat": lambda s: g})()
+            model = FlatModel(np.float32)
+            model.p, model.g = start.copy(), np.zeros(n, np.float32)
+            p, g = model.p, model.g
             opt = cls(model, **kw)
             for gi in grads_:
                 g[...] = gi
