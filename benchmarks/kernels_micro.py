@@ -2,12 +2,15 @@
 ReLU layers on the NumPy path and the compiled (numba) path, at 1 and 2 threads, with
 PyTorch CPU at the same thread counts. Prints a Markdown table of medians (ms).
 
-The compiled path runs 3x3 stride-1 convolutions with C >= 16 as Winograd F(2x2, 3x3)
-(``kernels/winograd.py``), stride-1 ones with few channels as direct loops and 1x1 ones
-as a strided slice + GEMMs (``kernels/direct.py``); the "im2col" columns force the
-compiled im2col + GEMM path on the same layers, so the two are side by side; "F2" and "F4"
-force Winograd F(2x2, 3x3) or F(4x4, 3x3) wherever the default would take Winograd
-(elsewhere they equal "numba").
+The compiled path runs few-channel 3x3 convolutions on big planes (stride 1 and 2) as
+register-tiled direct convolutions (``kernels/_vdirect.py``), other 3x3 stride-1 ones with
+C >= 16 as Winograd F(2x2, 3x3) or F(4x4, 3x3) (``kernels/winograd.py``), stride-1 ones with
+very few channels as direct loops and 1x1 ones as a strided slice + GEMMs
+(``kernels/direct.py``); the "im2col" columns force the compiled im2col + GEMM path on the
+same layers, so they are side by side; "F2" and "F4" force Winograd F(2x2, 3x3) or F(4x4,
+3x3) wherever the default would take Winograd or the register-tiled direct kernels
+(elsewhere they equal the default, less those); "blas" is the default with the register
+tiles off (every GEMM on BLAS, no register-tiled direct kernels: the engine before them).
 
     python benchmarks/kernels_micro.py [--batch 64] [--repeat 30] [--threads 1,2] [--clock cpu]
 
@@ -36,7 +39,7 @@ from threadpoolctl import threadpool_limits
 
 from distnn import kernels
 from distnn.kernels import conv as conv_kernels
-from distnn.kernels import direct
+from distnn.kernels import _vgemm, direct
 from distnn.nn.activations import ReLU
 from distnn.nn.conv import Conv2D
 from distnn.nn.normalization import BatchNormalization
@@ -133,6 +136,7 @@ def torch_step(layer, x, dy, need_dx):
 
 _DIRECT = direct.use_direct, direct.use_pointwise  # the compiled path's own choices
 _NO_DIRECT = (lambda g, f: False,) * 2
+_VECTOR = direct.use_vector
 
 
 def measure(variants, args, step, tstep):
@@ -150,11 +154,15 @@ def measure(variants, args, step, tstep):
                 torch.set_num_threads(t)
                 fn = tstep
             else:
-                kernels.set_backend("numba" if kind in ("im2col", "F2", "F4") else kind)
+                kernels.set_backend("numba" if kind in ("im2col", "F2", "F4", "blas") else kind)
                 kernels.set_num_threads(t)
                 conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
                 direct.use_direct, direct.use_pointwise = _NO_DIRECT if kind == "im2col" \
                     else _DIRECT
+                # the register-tiled direct kernels only in the default column; "blas" is the
+                # default with every GEMM on BLAS and no register tiles (the last engine)
+                direct.use_vector = _VECTOR if kind == "numba" else (lambda g, f, dt: False)
+                _vgemm.ENABLED = kind != "blas"
                 conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = {
                     "F2": (1 << 62, 1 << 62), "F4": (0, 0)}.get(kind, wino4)
                 fn = step
@@ -170,6 +178,7 @@ def measure(variants, args, step, tstep):
             times[v].append(run(v))
     conv_kernels.WINOGRAD_MIN_CHANNELS = wino
     direct.use_direct, direct.use_pointwise = _DIRECT
+    direct.use_vector, _vgemm.ENABLED = _VECTOR, True
     conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = wino4
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
@@ -205,7 +214,8 @@ def main(argv=None) -> None:
         if proc.returncode != 0:
             raise SystemExit(f"the PyTorch process failed:\n{proc.stderr[-2000:]}")
         torch_ms = json.loads(proc.stdout.strip().splitlines()[-1])
-    variants = [(k, t) for t in threads for k in ("numpy", "im2col", "F2", "F4", "numba")]
+    variants = [(k, t) for t in threads
+                for k in ("numpy", "im2col", "F2", "F4", "blas", "numba")]
     head = ["case"] + [f"{k} {t}t" for k, t in variants]
     if torch_ms is not None:
         head += [f"torch {t}t" for t in threads]
@@ -214,9 +224,10 @@ def main(argv=None) -> None:
     print(f"batch {args.batch}, float32, forward+backward, median ms "
           f"({'process CPU time' if args.clock == 'cpu' else 'wall time'}) over {args.repeat} "
           "interleaved rounds (first conv layers skip dx, as in a model; PyTorch measured "
-          "first, in a process of its own; numba = the compiled default, Winograd, direct or 1x1 "
-          "where they apply; im2col = the compiled im2col path forced; F2/F4 = Winograd "
-          "F(2x2)/F(4x4) forced where Winograd applies)")
+          "first, in a process of its own; numba = the compiled default: register-tiled direct "
+          "convolutions, Winograd, direct loops or 1x1 where they apply; im2col = the compiled "
+          "im2col path forced; F2/F4 = Winograd F(2x2)/F(4x4) forced where Winograd applies; "
+          "blas = the default without register tiles, every GEMM on BLAS)")
     print()
     print("| " + " | ".join(head + ratio_heads) + " |")
     print("|---" + "|---:" * (len(head) - 1 + len(ratio_heads)) + "|")

@@ -118,6 +118,7 @@ class ConvCache(NamedTuple):
     direct: bool = False  # the direct kernels (``direct``); xf is then the padded input
     pointwise: bool = False  # the 1x1 kernels (``direct``); xf is then the strided input
     tile: int = 2  # the Winograd output tile (F(2x2) or F(4x4))
+    vector: bool = False  # the register-tiled direct kernels; xf is then x itself
 
 
 # Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
@@ -268,7 +269,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     ckk = g.c * g.kh * g.kw
     fast = compiled() if method in (None, "winograd", "winograd4") else None
     tile = {"winograd": 2, "winograd4": 4}.get(method or "")
-    vector = method is None and fast is not None and direct.use_vector(g, f, x.dtype)
+    vector = (method in (None, "direct") and compiled() is not None
+              and direct.use_vector(g, f, x.dtype))
     if tile is None and fast is not None and not vector:
         tile = winograd_tile(g, f) or None
     if tile is not None:
@@ -283,8 +285,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if method == "direct" or vector or (fast is not None and direct.use_direct(g, f)):
         if not (vector or direct.direct_applies(g)):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
-        y, xp = direct.forward(x, w, b, g, ws)
-        return y, ConvCache(g, None, False, xp, True, direct=True)
+        y, xp = direct.forward(x, w, b, g, ws, vector)
+        return y, ConvCache(g, None, False, xp, True, direct=True, vector=vector)
     if method == "pointwise" or (fast is not None and direct.use_pointwise(g, f)):
         if not direct.pointwise_applies(g):
             raise ValueError(f"method='pointwise' needs a 1x1 kernel and no padding, got "
@@ -362,7 +364,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return direct.backward(dy, cache.xf, w, cache.geometry, dw_out,
-                               db_out if need_db else None, need_dx, ws)
+                               db_out if need_db else None, need_dx, ws, cache.vector)
     if cache.pointwise:
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)

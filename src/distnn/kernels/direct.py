@@ -79,15 +79,16 @@ def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
 
 
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
-            ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
+            ws: dict | None, vector: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(y, what backward needs) for a stride-1 convolution of NCHW x: the padded input;
-    or, on the register-tiled kernels where ``use_vector`` says so (stride 2 too), x."""
+    or, on the register-tiled kernels (``vector``, where ``use_vector`` says so; stride 2
+    too), x itself."""
     from ._numba import scratch
     from ._threads import block_workers, run
     k = _module()
     x = np.ascontiguousarray(x)
     w = np.ascontiguousarray(w, x.dtype)
-    if use_vector(g, w.shape[0], x.dtype):
+    if vector:
         return _vector_forward(x, w, b, g)
     f = w.shape[0]
     xp = _padded(x, g, ws)
@@ -108,15 +109,15 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
 
 def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
              dw_out: np.ndarray, db_out: np.ndarray | None, need_dx: bool,
-             ws: dict | None = None):
-    """(dx or None, dw, db or None) of ``forward``; dw and db are written into the given
-    arrays. dx is the forward kernel over dy padded for a full correlation with the
-    flipped, transposed weights."""
+             ws: dict | None = None, vector: bool = False):
+    """(dx or None, dw, db or None) of ``forward`` (``vector`` as it was given); dw and db
+    are written into the given arrays. dx is the forward kernel over dy padded for a full
+    correlation with the flipped, transposed weights."""
     from ._numba import scratch
     from ._threads import block_workers, run
     k = _module()
     dy = np.ascontiguousarray(dy)
-    if use_vector(g, w.shape[0], dy.dtype):  # forward kept x itself
+    if vector:  # forward kept x itself
         return _vector_backward(dy, xp, w, g, dw_out, db_out, need_dx)
     f = w.shape[0]
     ll = (g.oh - 1) * g.wp + g.ow
