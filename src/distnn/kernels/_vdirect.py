@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_runtime import _U
-from ._vgemm import NT_ROWS, V16, _I64, _fma, _splat, _vptr
+from ._vgemm import V16, _I64, _fma, _splat, _tile_nt, _vptr
 
 _jit = nb.njit(cache=True, nogil=True)
 # reassoc: the row sums of db vectorize
@@ -74,55 +74,6 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
                 builder.store(builder.load(acc[r][j]),
                               _vptr(builder, cp, builder.add(crow, ir.Constant(_I64, 16 * j))),
                               align=4)
-        return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
-def _tile_nt_samples(typingctx, a, ao, ars, sa, b, bo, brs, sb, ns, n16, s):
-    """s[i*4 + j] = sum over samples m < ns and t < 16*n16 of a[ao + m*sa + i*ars + t] *
-    b[bo + m*sb + j*brs + t], i, j < 4: 16 partial sums a lane, halved pairwise at the end."""
-    sig = types.void(a, ao, ars, sa, b, bo, brs, sb, ns, n16, s)
-
-    def codegen(context, builder, sig, args):
-        a_, ao_, ars_, sa_, b_, bo_, brs_, sb_, ns_, n16_, s_ = args
-        ap = context.make_array(sig.args[0])(context, builder, a_).data
-        bp = context.make_array(sig.args[4])(context, builder, b_).data
-        sp = context.make_array(sig.args[10])(context, builder, s_).data
-        fma = _fma(builder)
-        zero = ir.Constant(V16, [0.0] * 16)
-        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NT_ROWS)]
-               for _ in range(NT_ROWS)]
-        with cgutils.for_range(builder, ns_) as samples:
-            m = samples.index
-            am = builder.add(ao_, builder.mul(m, sa_))
-            bm = builder.add(bo_, builder.mul(m, sb_))
-            with cgutils.for_range(builder, n16_) as loop:
-                t = builder.mul(loop.index, ir.Constant(_I64, 16))
-                av = [builder.load(_vptr(builder, ap, builder.add(
-                    builder.add(am, builder.mul(ir.Constant(_I64, i), ars_)), t)), align=4)
-                    for i in range(NT_ROWS)]
-                bv = [builder.load(_vptr(builder, bp, builder.add(
-                    builder.add(bm, builder.mul(ir.Constant(_I64, j), brs_)), t)), align=4)
-                    for j in range(NT_ROWS)]
-                for i in range(NT_ROWS):
-                    for j in range(NT_ROWS):
-                        builder.store(builder.call(fma, [av[i], bv[j], builder.load(acc[i][j])]),
-                                      acc[i][j])
-        i32 = ir.IntType(32)
-        for i in range(NT_ROWS):
-            for j in range(NT_ROWS):
-                v = builder.load(acc[i][j])
-                width = 16
-                while width > 1:
-                    width //= 2
-                    lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
-                                                                  list(range(width))))
-                    hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
-                                                                  list(range(width, 2 * width))))
-                    v = builder.fadd(lo, hi)
-                builder.store(builder.extract_element(v, ir.Constant(i32, 0)),
-                              builder.gep(sp, [ir.Constant(_I64, i * NT_ROWS + j)]))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -270,7 +221,7 @@ def weight_grad(xpf, c_, cs, wp, dy, n0, n1, offs, dyw, dw64, db64):
     for f0 in range(0, f_, 4):
         for c0 in range(0, c_, 4):
             for t in range(ntaps):
-                _tile_nt_samples(dyw, f0 * lp, lp, f_ * lp, xpf, base + offs[t] + c0 * plane,
+                _tile_nt(dyw, f0 * lp, lp, f_ * lp, xpf, base + offs[t] + c0 * plane,
                                  plane, c_ * plane, n1 - n0, lp // 16, s)
                 for i in range(4):
                     for j in range(4):

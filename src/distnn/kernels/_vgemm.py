@@ -106,45 +106,51 @@ _tile_nn1 = _tile_nn(1)
 
 
 @intrinsic
-def _tile_nt(typingctx, a, ao, ars, b, bo, brs, n16, s):
-    """s[i*4 + j] = sum_{t < 16*n16} a[ao + i*ars + t] * b[bo + j*brs + t], i, j < 4."""
-    sig = types.void(a, ao, ars, b, bo, brs, n16, s)
+def _tile_nt(typingctx, a, ao, ars, sa, b, bo, brs, sb, ns, n16, s):
+    """s[i*4 + j] = sum over samples m < ns and t < 16*n16 of a[ao + m*sa + i*ars + t] *
+    b[bo + m*sb + j*brs + t], i, j < 4: 16 partial sums a lane, halved pairwise at the end
+    (the same order on every call)."""
+    sig = types.void(a, ao, ars, sa, b, bo, brs, sb, ns, n16, s)
 
     def codegen(context, builder, sig, args):
-        a_, ao_, ars_, b_, bo_, brs_, n16_, s_ = args
+        a_, ao_, ars_, sa_, b_, bo_, brs_, sb_, ns_, n16_, s_ = args
         ap = context.make_array(sig.args[0])(context, builder, a_).data
-        bp = context.make_array(sig.args[3])(context, builder, b_).data
-        sp = context.make_array(sig.args[7])(context, builder, s_).data
+        bp = context.make_array(sig.args[4])(context, builder, b_).data
+        sp = context.make_array(sig.args[10])(context, builder, s_).data
         fma = _fma(builder)
         zero = ir.Constant(V16, [0.0] * 16)
         acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NT_ROWS)]
                for _ in range(NT_ROWS)]
-        with cgutils.for_range(builder, n16_) as loop:
-            t = builder.mul(loop.index, ir.Constant(_I64, 16))
-            av = [builder.load(_vptr(builder, ap, builder.add(
-                builder.add(ao_, builder.mul(ir.Constant(_I64, i), ars_)), t)), align=4)
-                for i in range(NT_ROWS)]
-            bv = [builder.load(_vptr(builder, bp, builder.add(
-                builder.add(bo_, builder.mul(ir.Constant(_I64, j), brs_)), t)), align=4)
-                for j in range(NT_ROWS)]
-            for i in range(NT_ROWS):
-                for j in range(NT_ROWS):
-                    builder.store(builder.call(fma, [av[i], bv[j], builder.load(acc[i][j])]),
-                                  acc[i][j])
+        with cgutils.for_range(builder, ns_) as samples:
+            m = samples.index
+            am = builder.add(ao_, builder.mul(m, sa_))
+            bm = builder.add(bo_, builder.mul(m, sb_))
+            with cgutils.for_range(builder, n16_) as loop:
+                t = builder.mul(loop.index, ir.Constant(_I64, 16))
+                av = [builder.load(_vptr(builder, ap, builder.add(
+                    builder.add(am, builder.mul(ir.Constant(_I64, i), ars_)), t)), align=4)
+                    for i in range(NT_ROWS)]
+                bv = [builder.load(_vptr(builder, bp, builder.add(
+                    builder.add(bm, builder.mul(ir.Constant(_I64, j), brs_)), t)), align=4)
+                    for j in range(NT_ROWS)]
+                for i in range(NT_ROWS):
+                    for j in range(NT_ROWS):
+                        builder.store(builder.call(fma, [av[i], bv[j], builder.load(acc[i][j])]),
+                                      acc[i][j])
         i32 = ir.IntType(32)
         for i in range(NT_ROWS):
             for j in range(NT_ROWS):
                 v = builder.load(acc[i][j])
                 width = 16
-                while width > 1:  # pairwise halves: the same order on every call
+                while width > 1:  # pairwise halves
                     width //= 2
                     lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
                                                                   list(range(width))))
                     hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, width),
                                                                   list(range(width, 2 * width))))
                     v = builder.fadd(lo, hi)
-                x = builder.extract_element(v, ir.Constant(i32, 0))
-                builder.store(x, builder.gep(sp, [ir.Constant(_I64, i * NT_ROWS + j)]))
+                builder.store(builder.extract_element(v, ir.Constant(i32, 0)),
+                              builder.gep(sp, [ir.Constant(_I64, i * NT_ROWS + j)]))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -187,7 +193,8 @@ def _matmul_nt(a, b, c, add):
     for p in range(npos):
         for i0 in range(0, ni, NT_ROWS):
             for j0 in range(0, nj, NT_ROWS):
-                _tile_nt(a, p * aps + i0 * ars, ars, b, p * bps + j0 * brs, brs, t16 // 16, s)
+                _tile_nt(a, p * aps + i0 * ars, ars, 0, b, p * bps + j0 * brs, brs, 0, 1,
+                         t16 // 16, s)
                 for i in range(NT_ROWS):
                     for j in range(NT_ROWS):
                         x = s[i * NT_ROWS + j]
