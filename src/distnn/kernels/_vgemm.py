@@ -221,8 +221,9 @@ def usable(a: np.ndarray, b: np.ndarray, out: np.ndarray, nt: bool = False) -> b
     if nt:
         return (_rows_ok(a) and a.shape[1] % NT_ROWS == 0 and b.shape[1] % NT_ROWS == 0
                 and a.shape[2] >= MIN_COLS)
-    return (out.shape[2] >= MIN_COLS and a.dtype == np.float32 and a.ndim == 3 and min(a.strides) > 0
-            and all(st % 4 == 0 for st in a.strides) and out.shape[1] % ROWS == 0)
+    return (out.shape[2] >= MIN_COLS and a.dtype == np.float32 and a.ndim == 3
+            and min(a.strides) > 0 and all(st % 4 == 0 for st in a.strides)
+            and out.shape[1] % ROWS == 0)
 
 
 ENABLED = True
