@@ -106,3 +106,19 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, kernel_backend):
     # the tiles did run: dw's sums (16 partial sums a lane) are ordered unlike BLAS's
     # (y and dx may agree bit for bit: both add the products one k after the other)
     assert errors[2] > 0
+
+
+def test_environment_switch_turns_the_tiles_off():
+    """DISTNN_REGISTER_TILES=0 (read at import) sends every product back to BLAS and every
+    convolution back to Winograd / im2col."""
+    import os
+    import subprocess
+    import sys
+    code = ("from distnn.kernels import _vgemm, conv, direct; import numpy as np; "
+            "g = conv.conv_geometry((64, 16, 32, 32), (3, 3), padding=(1, 1, 1, 1)); "
+            "print(_vgemm.ENABLED, direct.use_vector(g, 16, np.float32))")
+    for value, want in (("0", "False False"), ("1", f"{_vgemm.AVX512} {_vgemm.AVX512}")):
+        env = dict(os.environ, DISTNN_REGISTER_TILES=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.split("\n")[-2]
+        assert out == want

@@ -20,6 +20,8 @@ results agree to float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
+import os
+
 import numba as nb
 import numpy as np
 from llvmlite import binding as llvm_binding
@@ -226,7 +228,9 @@ def usable(a: np.ndarray, b: np.ndarray, out: np.ndarray, nt: bool = False) -> b
             and out.shape[1] % ROWS == 0)
 
 
-ENABLED = True
+# DISTNN_REGISTER_TILES=0 turns the register tiles off (every GEMM on BLAS, no
+# register-tiled direct convolutions): the engine as it was before them, for comparison
+ENABLED = os.environ.get("DISTNN_REGISTER_TILES", "1") != "0"
 # Columns (the long axis) from which the tiles run: below, the scalar remainder loops would
 # do most of the work (a batch of 2 on 8x8 Winograd planes: 8 columns, 0.5-1 ms a product
 # against BLAS's 0.02)
