@@ -67,13 +67,13 @@ def test_usable_refuses_what_the_tiles_cannot_take():
     b = np.ones((2, 4, 64), np.float32)
     out = np.ones((2, 8, 64), np.float32)
     assert _vgemm.usable(a, b, out)
-    assert not _vgemm.usable(a, b[:, :, :63], out[:, :, :63])  # too few columns: BLAS
+    assert not _vgemm.usable(a, b[:, :, :31], out[:, :, :31])  # too few columns: BLAS
     assert not _vgemm.usable(a.astype(np.float64), b.astype(np.float64), out.astype(np.float64))
     assert not _vgemm.usable(a[:, :6], b, out[:, :6])            # rows not a multiple of 8
     assert not _vgemm.usable(a, b[:, :, ::2], out[:, :, :32])    # columns not contiguous
     assert not _vgemm.usable(a[:, :, ::-1], b, out)              # negative strides
     assert not _vgemm.usable(out, b[:, :3], out[:, :8, :8], nt=True)  # 3 rows of b
-    assert not _vgemm.usable(out[:, :, :40], b[:, :, :40], out[:, :, :8], nt=True)  # short
+    assert not _vgemm.usable(out[:, :, :20], b[:, :, :20], out[:, :, :8], nt=True)  # short
 
 
 @pytest.mark.parametrize("shape,method", [((16, 16, 12), "winograd"), ((16, 16, 16), "winograd4"),
@@ -87,7 +87,7 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, kernel_backend):
         pytest.skip("the NumPy reference path does not use the tiles")
     c, f, h = shape
     rng = np.random.default_rng(c + f + h)
-    x = rng.standard_normal((9, c, h, h)).astype(np.float32)  # 64+ columns a block
+    x = rng.standard_normal((9, c, h, h)).astype(np.float32)  # 32+ columns a block
     w = (rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
     stride = (1, 1) if method else (2, 2)
     kw = {"method": method} if method else {}

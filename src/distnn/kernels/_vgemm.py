@@ -233,8 +233,9 @@ def usable(a: np.ndarray, b: np.ndarray, out: np.ndarray, nt: bool = False) -> b
 ENABLED = os.environ.get("DISTNN_REGISTER_TILES", "1") != "0"
 # Columns (the long axis) from which the tiles run: below, the scalar remainder loops would
 # do most of the work (a batch of 2 on 8x8 Winograd planes: 8 columns, 0.5-1 ms a product
-# against BLAS's 0.02)
-MIN_COLS = 64
+# against BLAS's 0.02). Not higher: vgg11bn's 4x4 and 2x2 layers at 2 threads have 32
+# columns a block (one tile a sample), and on BLAS its step took 178 ms instead of 160.
+MIN_COLS = 32
 # F * C up to which out = a b^T runs here (measured 1.3-1.9x BLAS up to 128x128 outputs,
 # a tie at 256x256, 0.8x at 512x512: a long sum over few outputs is BLAS's ground)
 NT_MAX = 128 * 128
