@@ -78,36 +78,6 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
     return sig, codegen
 
 
-@_jit
-def pad_block(x, n0, n1, pt, pl, hp, wp, out):
-    """out[:(n1-n0)*C*Hp*Wp] = the planes of x[n0:n1] moved down pt rows and right pl
-    columns in Hp x Wp, zeros elsewhere (negative pt / pl crop), then SLACK zeros."""
-    _, c_, h_, w_ = x.shape
-    xf = x.ravel()
-    q0 = min(max(pl, 0), wp)
-    q1 = max(q0, min(wp, w_ + pl))
-    for t in range((n1 - n0) * c_):
-        d0 = t * hp * wp
-        s0 = (n0 * c_ + t) * h_ * w_
-        for r in range(hp):
-            d = d0 + r * wp
-            sr = r - pt
-            if sr < 0 or sr >= h_:
-                for k in range(wp):
-                    out[_U(d + k)] = 0
-                continue
-            for k in range(q0):
-                out[_U(d + k)] = 0
-            s = s0 + sr * w_ - pl
-            for k in range(q0, q1):
-                out[_U(d + k)] = xf[_U(s + k)]
-            for k in range(q1, wp):
-                out[_U(d + k)] = 0
-    end = (n1 - n0) * c_ * hp * wp
-    for k in range(SLACK):
-        out[_U(end + k)] = 0
-
-
 def tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
     return np.array([i * dh * wp + j * dw for i in range(kh) for j in range(kw)], np.int64)
 
@@ -158,7 +128,7 @@ def forward(xpf, c_, cs, wp, w, b, n0, n1, offs, oh, ow, acc, y, oy0, ox0, sy, s
 def pad_phases(x, n0, n1, pt, pl, hph, wph, out):
     """out = the planes of x[n0:n1] padded (pt rows, pl columns before) and split into
     their 4 phases: out[n - n0, c, 2a + b, r, s] = padded x[n, c, 2r + a, 2s + b] (zeros
-    outside x), each phase hph x wph; then SLACK zeros."""
+    outside x), each phase hph x wph."""
     _, c_, h_, w_ = x.shape
     xf = x.ravel()
     plane = hph * wph
@@ -178,9 +148,6 @@ def pad_phases(x, n0, n1, pt, pl, hph, wph, out):
                 for k in range(wph):
                     sc = 2 * k + bb - pl
                     out[_U(d + k)] = xf[_U(srow + sc)] if 0 <= sc < w_ else xf[0] * 0
-    end = (n1 - n0) * c_ * 4 * plane
-    for k in range(SLACK):
-        out[_U(end + k)] = 0
 
 
 def phase_offsets(kh: int, kw: int, hph: int, wph: int) -> np.ndarray:

@@ -145,15 +145,20 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
                           scratch("direct_acc", (g.c * lx,), dy.dtype), dx)
         return dw64, db64
 
-    parts = run(-(-g.n // per), workers, body)
+    _sum_into(run(-(-g.n // per), workers, body), dw_out, db_out)
+    return (dx if need_dx else None), dw_out, db_out
+
+
+def _sum_into(parts, dw_out, db_out) -> None:
+    """dw_out and db_out (when not None) = the sums of the threads' (dw64, db64) parts,
+    added in share order: the same sums for the same thread count."""
     dw64, db64 = parts[0]
-    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
+    for dw_i, db_i in parts[1:]:
         dw64 += dw_i
         db64 += db_i
-    dw_out[...] = dw64
+    dw_out[...] = dw64.reshape(dw_out.shape)
     if db_out is not None:
         db_out[...] = db64
-    return (dx if need_dx else None), dw_out, db_out
 
 
 class _Layout:
@@ -176,9 +181,21 @@ class _Layout:
         from . import _vdirect as v
         g = self.g
         if (g.sh, g.sw) == (1, 1):
-            v.pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, out)
+            _pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, out)
         else:
             v.pad_phases(x, n0, n1, g.pt, g.pl, self.hph, self.rows, out)
+            size = (n1 - n0) * g.c * self.cs
+            out[size:size + v.SLACK] = 0
+
+
+def _pad_block(x, n0, n1, pt, pl, hp, wp, out) -> None:
+    """out (flat) = the planes of x[n0:n1] padded to hp x wp (``_direct.pad_planes``),
+    then SLACK zeros, which tiles reading past the last plane find."""
+    from . import _vdirect as v
+    size = (n1 - n0) * x.shape[1] * hp * wp
+    _module().pad_planes(x[n0:n1], 0, n1 - n0, pt, pl,
+                         out[:size].reshape(n1 - n0, x.shape[1], hp, wp))
+    out[size:size + v.SLACK] = 0
 
 
 def _vector_blocks(g: ConvGeometry, cs: int):
@@ -282,20 +299,13 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
                 v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy, m0,
                               min(n1, m0 + nb), lay.offs, dyw, dw64, db64)
             if need_dx:
-                v.pad_block(dy, n0, n1, et, el, hq, wq, dypf)
+                _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
                     v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, acc,
                               dx, oy0, ox0, step, step)
         return dw64, db64
 
-    results = run(len(blocks), workers, body)
-    dw64, db64 = results[0]
-    for dw_i, db_i in results[1:]:  # fixed order: the same sums for the same thread count
-        dw64 += dw_i
-        db64 += db_i
-    dw_out[...] = dw64.reshape(w.shape)
-    if db_out is not None:
-        db_out[...] = db64
+    _sum_into(run(len(blocks), workers, body), dw_out, db_out)
     return (dx if need_dx else None), dw_out, db_out
 
 
@@ -382,12 +392,5 @@ def pointwise_backward(dy: np.ndarray, xs: np.ndarray, w: np.ndarray, g: ConvGeo
                     np.matmul(w2t, dy3[n0:n1], out=dx[n0:n1].reshape(n1 - n0, g.c, p))
         return dw64, db64
 
-    parts = run(-(-g.n // per), workers, body)
-    dw64, db64 = parts[0]
-    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        dw64 += dw_i
-        db64 += db_i
-    dw_out[...] = dw64.reshape(w.shape)
-    if db_out is not None:
-        db_out[...] = db64
+    _sum_into(run(-(-g.n // per), workers, body), dw_out, db_out)
     return dx, dw_out, db_out
