@@ -27,7 +27,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_runtime import _U
-from ._vgemm import V16, _I64, _fma, _splat, _tile_nt, _vptr
+from ._vgemm import (_I64, _accumulators, _data, _outer_fma, _splat, _tile_nt, _vptr,
+                     _store_tile)
 
 _jit = nb.njit(cache=True, nogil=True)
 # reassoc: the row sums of db vectorize
@@ -44,14 +45,9 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
     sig = types.void(a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs)
 
     def codegen(context, builder, sig, args):
-        a_, ao_, ars_, b_, bo_, offs_, nt_, cs_, nc_, c_, co_, crs_ = args
-        ap = context.make_array(sig.args[0])(context, builder, a_).data
-        bp = context.make_array(sig.args[3])(context, builder, b_).data
-        op = context.make_array(sig.args[5])(context, builder, offs_).data
-        cp = context.make_array(sig.args[9])(context, builder, c_).data
-        fma = _fma(builder)
-        zero = ir.Constant(V16, [0.0] * 16)
-        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(2)] for _ in range(ROWS)]
+        _, ao_, ars_, _, bo_, _, nt_, cs_, nc_, _, co_, crs_ = args
+        ap, bp, op, cp = (_data(context, builder, sig, args, i) for i in (0, 3, 5, 9))
+        acc = _accumulators(builder, ROWS, 2)
         with cgutils.for_range(builder, nt_) as taps:
             t = taps.index
             tb = builder.add(bo_, builder.load(builder.gep(op, [t])))
@@ -62,18 +58,10 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
                 bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
                                    align=4) for j in range(2)]
                 acol = builder.add(ta, builder.mul(k, nt_))
-                for r in range(ROWS):
-                    ai = builder.add(acol, builder.mul(ir.Constant(_I64, r), ars_))
-                    av = _splat(builder, builder.load(builder.gep(ap, [ai])))
-                    for j in range(2):
-                        builder.store(builder.call(fma, [av, bv[j], builder.load(acc[r][j])]),
-                                      acc[r][j])
-        for r in range(ROWS):
-            crow = builder.add(co_, builder.mul(ir.Constant(_I64, r), crs_))
-            for j in range(2):
-                builder.store(builder.load(acc[r][j]),
-                              _vptr(builder, cp, builder.add(crow, ir.Constant(_I64, 16 * j))),
-                              align=4)
+                av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
+                    acol, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
+                _outer_fma(builder, acc, av, bv)
+        _store_tile(builder, cp, co_, crs_, acc)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -66,6 +66,36 @@ def _splat(builder, x):
                                   ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
 
 
+def _data(context, builder, sig, args, i):
+    """The data pointer of array argument i of an intrinsic."""
+    return context.make_array(sig.args[i])(context, builder, args[i]).data
+
+
+def _accumulators(builder, rows: int, cols: int):
+    """rows x cols 16-float accumulators, zero (allocas that LLVM keeps in registers)."""
+    zero = ir.Constant(V16, [0.0] * 16)
+    return [[cgutils.alloca_once_value(builder, zero) for _ in range(cols)]
+            for _ in range(rows)]
+
+
+def _outer_fma(builder, acc, avs, bvs) -> None:
+    """acc[i][j] += avs[i] * bvs[j]."""
+    fma = _fma(builder)
+    for i, av in enumerate(avs):
+        for j, bv in enumerate(bvs):
+            builder.store(builder.call(fma, [av, bv, builder.load(acc[i][j])]), acc[i][j])
+
+
+def _store_tile(builder, cp, co, crs, acc) -> None:
+    """c[co + r*crs + 16*j : +16] = acc[r][j]."""
+    for r, row in enumerate(acc):
+        crow = builder.add(co, builder.mul(ir.Constant(_I64, r), crs))
+        for j, a in enumerate(row):
+            builder.store(builder.load(a),
+                          _vptr(builder, cp, builder.add(crow, ir.Constant(_I64, 16 * j))),
+                          align=4)
+
+
 def _tile_nn(nv: int):
     """c[co + r*crs + j] = sum_k a[ao + r*ars + k*aks] * b[bo + k*brs + j], r < 8, j < 16*nv
     (flat element offsets into the arrays' data)."""
@@ -74,32 +104,19 @@ def _tile_nn(nv: int):
         sig = types.void(a, ao, ars, aks, b, bo, brs, c, co, crs, k)
 
         def codegen(context, builder, sig, args):
-            a_, ao_, ars_, aks_, b_, bo_, brs_, c_, co_, crs_, k_ = args
-            ap = context.make_array(sig.args[0])(context, builder, a_).data
-            bp = context.make_array(sig.args[4])(context, builder, b_).data
-            cp = context.make_array(sig.args[7])(context, builder, c_).data
-            fma = _fma(builder)
-            zero = ir.Constant(V16, [0.0] * 16)
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(ROWS)]
+            _, ao_, ars_, aks_, _, bo_, brs_, _, co_, crs_, k_ = args
+            ap, bp, cp = (_data(context, builder, sig, args, i) for i in (0, 4, 7))
+            acc = _accumulators(builder, ROWS, nv)
             with cgutils.for_range(builder, k_) as loop:
                 kk = loop.index
                 brow = builder.add(bo_, builder.mul(kk, brs_))
                 bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
                                    align=4) for j in range(nv)]
                 acol = builder.add(ao_, builder.mul(kk, aks_))
-                for r in range(ROWS):
-                    ai = builder.add(acol, builder.mul(ir.Constant(_I64, r), ars_))
-                    av = _splat(builder, builder.load(builder.gep(ap, [ai])))
-                    for j in range(nv):
-                        builder.store(builder.call(fma, [av, bv[j], builder.load(acc[r][j])]),
-                                      acc[r][j])
-            for r in range(ROWS):
-                crow = builder.add(co_, builder.mul(ir.Constant(_I64, r), crs_))
-                for j in range(nv):
-                    builder.store(builder.load(acc[r][j]),
-                                  _vptr(builder, cp, builder.add(crow, ir.Constant(_I64, 16 * j))),
-                                  align=4)
+                av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
+                    acol, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
+                _outer_fma(builder, acc, av, bv)
+            _store_tile(builder, cp, co_, crs_, acc)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -117,14 +134,9 @@ def _tile_nt(typingctx, a, ao, ars, sa, b, bo, brs, sb, ns, n16, s):
     sig = types.void(a, ao, ars, sa, b, bo, brs, sb, ns, n16, s)
 
     def codegen(context, builder, sig, args):
-        a_, ao_, ars_, sa_, b_, bo_, brs_, sb_, ns_, n16_, s_ = args
-        ap = context.make_array(sig.args[0])(context, builder, a_).data
-        bp = context.make_array(sig.args[4])(context, builder, b_).data
-        sp = context.make_array(sig.args[10])(context, builder, s_).data
-        fma = _fma(builder)
-        zero = ir.Constant(V16, [0.0] * 16)
-        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NT_ROWS)]
-               for _ in range(NT_ROWS)]
+        _, ao_, ars_, sa_, _, bo_, brs_, sb_, ns_, n16_, _ = args
+        ap, bp, sp = (_data(context, builder, sig, args, i) for i in (0, 4, 10))
+        acc = _accumulators(builder, NT_ROWS, NT_ROWS)
         with cgutils.for_range(builder, ns_) as samples:
             m = samples.index
             am = builder.add(ao_, builder.mul(m, sa_))
@@ -137,10 +149,7 @@ def _tile_nt(typingctx, a, ao, ars, sa, b, bo, brs, sb, ns, n16, s):
                 bv = [builder.load(_vptr(builder, bp, builder.add(
                     builder.add(bm, builder.mul(ir.Constant(_I64, j), brs_)), t)), align=4)
                     for j in range(NT_ROWS)]
-                for i in range(NT_ROWS):
-                    for j in range(NT_ROWS):
-                        builder.store(builder.call(fma, [av[i], bv[j], builder.load(acc[i][j])]),
-                                      acc[i][j])
+                _outer_fma(builder, acc, av, bv)
         i32 = ir.IntType(32)
         for i in range(NT_ROWS):
             for j in range(NT_ROWS):
@@ -259,4 +268,26 @@ def _flat(a: np.ndarray) -> np.ndarray:
 def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) -> np.ndarray:
     """out[p] = a[p] @ b[p]^T (or += when ``add``) for a (P, I, T), b (P, J, T)."""
     _matmul_nt(a, b, out, add)
+    return out
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[p] = a[p] @ b[p] (3-D): on the tiles where ``usable``, else BLAS."""
+    if usable(a, b, out):
+        return matmul(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
+def product_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool,
+               part: np.ndarray | None) -> np.ndarray:
+    """out[p] (+)= a[p] @ b[p]^T (3-D): on the tiles where ``usable`` and the result is at
+    most NT_MAX values a position, else BLAS (``part``: its scratch for the sum when
+    adding)."""
+    if out.shape[1] * out.shape[2] <= NT_MAX and usable(a, b, out, nt=True):
+        return matmul_nt(a, b, out, add)
+    if add:
+        np.matmul(a, b.transpose(0, 2, 1), out=part)
+        out += part
+    else:
+        np.matmul(a, b.transpose(0, 2, 1), out=out)
     return out

@@ -140,27 +140,6 @@ def _chunks(n: int, per_sample: int, keep: bool):
     return (blocks[0][1] - blocks[0][0] if blocks else k), blocks, workers
 
 
-def gemm(a, b, out):
-    """out = a @ b (2-D): the register-tiled kernels where they apply, else BLAS."""
-    if _vgemm.usable(a[None], b[None], out[None]):
-        _vgemm.matmul(a[None], b[None], out[None])
-    else:
-        np.matmul(a, b, out=out)
-    return out
-
-
-def gemm_nt(a, b, out, add, part):
-    """out (+)= a @ b.T (2-D; ``part``: BLAS's scratch for the sum when adding)."""
-    if out.size <= _vgemm.NT_MAX and _vgemm.usable(a[None], b[None], out[None], nt=True):
-        _vgemm.matmul_nt(a[None], b[None], out[None], add)
-    elif add:
-        np.matmul(a, b.T, out=part)
-        out += part
-    else:
-        np.matmul(a, b.T, out=out)
-    return out
-
-
 def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
     from ._threads import kernel, run
     f = w.shape[0]
@@ -183,7 +162,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
                 fast.scratch("col", (ckk, m), x.dtype)
             yw = fast.scratch("yw", (f, m), x.dtype)
             kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
-            gemm(w2, col, yw)
+            _vgemm.product(w2[None], col[None], yw[None])
             kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
 
     run(len(chunks), workers, body)
@@ -221,9 +200,10 @@ def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, n
             else:
                 col = fast.scratch("col", (ckk, m), dy.dtype)
                 kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
-            gemm_nt(dyw, col, dw2, j > 0, part)
+            _vgemm.product_nt(dyw[None], col[None], dw2[None], j > 0,
+                              None if part is None else part[None])
             if need_dx:
-                gemm(w2t, dyw, col)
+                _vgemm.product(w2t[None], dyw[None], col[None])
                 kernel(fast.col2im, serial)(col, n0, n1, *_im2col_args(g), dx)
         return (dw2 if len(indices) else None), db64
 

@@ -163,25 +163,6 @@ def _work(name: str, rows: int, t: int, dtype, p: int = 16):
     return a2, a2[:, :rows * t].reshape(p, rows, t)
 
 
-def _mm(a, b, out):
-    """out[p] = a[p] @ b[p]: the register-tiled kernels where they apply, else BLAS."""
-    if _vgemm.usable(a, b, out):
-        return _vgemm.matmul(a, b, out)
-    return np.matmul(a, b, out=out)
-
-
-def _mm_nt(a, b, out, add, part):
-    """out[p] (+)= a[p] @ b[p]^T (``part``: BLAS's scratch for the sum when adding)."""
-    if out.shape[1] * out.shape[2] <= _vgemm.NT_MAX and _vgemm.usable(a, b, out, nt=True):
-        return _vgemm.matmul_nt(a, b, out, add)
-    if add:
-        np.matmul(a, b.transpose(0, 2, 1), out=part)
-        out += part
-    else:
-        np.matmul(a, b.transpose(0, 2, 1), out=out)
-    return out
-
-
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16):
     """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
     take whole blocks side by side.
@@ -234,7 +215,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
             v2, v = _work("wino_v", c, t, x.dtype, p)
             m2, m = _work("wino_m", f, t, x.dtype, p)
             kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _mm(u, v, m)
+            _vgemm.product(u, v, m)
             kernel(ks.output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
                                              tw, y)
 
@@ -276,9 +257,9 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
             kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
             kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _mm_nt(dm, v, du, j > 0, part)
+            _vgemm.product_nt(dm, v, du, j > 0, part)
             if need_dx:
-                _mm(ut, dm, v)
+                _vgemm.product(ut, dm, v)
                 kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
         if workers > 1 and len(indices):
             # each thread takes the adjoint of its own dU (linear: the dw parts add up),
