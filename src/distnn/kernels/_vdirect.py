@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_runtime import _U
-from ._vgemm import (_I64, _accumulators, _data, _outer_fma, _splat, _tile_nt, _vptr,
-                     _store_tile)
+from ._vgemm import _accumulators, _broadcast_step, _data, _store_tile, _tile_nt
 
 _jit = nb.njit(cache=True, nogil=True)
 # reassoc: the row sums of db vectorize
@@ -54,13 +52,8 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
             ta = builder.add(ao_, t)
             with cgutils.for_range(builder, nc_) as chans:
                 k = chans.index
-                brow = builder.add(tb, builder.mul(k, cs_))
-                bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
-                                   align=4) for j in range(2)]
-                acol = builder.add(ta, builder.mul(k, nt_))
-                av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
-                    acol, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
-                _outer_fma(builder, acc, av, bv)
+                _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, nt_)), ars_,
+                                bp, builder.add(tb, builder.mul(k, cs_)))
         _store_tile(builder, cp, co_, crs_, acc)
         return context.get_dummy_value()
     return sig, codegen

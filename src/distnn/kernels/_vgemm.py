@@ -86,6 +86,15 @@ def _outer_fma(builder, acc, avs, bvs) -> None:
             builder.store(builder.call(fma, [av, bv, builder.load(acc[i][j])]), acc[i][j])
 
 
+def _broadcast_step(builder, acc, ap, acol, ars, bp, brow) -> None:
+    """One k of an 8-row tile: acc[r][j] += a[acol + r*ars] * b[brow + 16*j : +16]."""
+    bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
+                       align=4) for j in range(len(acc[0]))]
+    av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
+        acol, builder.mul(ir.Constant(_I64, r), ars))]))) for r in range(len(acc))]
+    _outer_fma(builder, acc, av, bv)
+
+
 def _store_tile(builder, cp, co, crs, acc) -> None:
     """c[co + r*crs + 16*j : +16] = acc[r][j]."""
     for r, row in enumerate(acc):
@@ -109,13 +118,8 @@ def _tile_nn(nv: int):
             acc = _accumulators(builder, ROWS, nv)
             with cgutils.for_range(builder, k_) as loop:
                 kk = loop.index
-                brow = builder.add(bo_, builder.mul(kk, brs_))
-                bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, 16 * j))),
-                                   align=4) for j in range(nv)]
-                acol = builder.add(ao_, builder.mul(kk, aks_))
-                av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
-                    acol, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
-                _outer_fma(builder, acc, av, bv)
+                _broadcast_step(builder, acc, ap, builder.add(ao_, builder.mul(kk, aks_)), ars_,
+                                bp, builder.add(bo_, builder.mul(kk, brs_)))
             _store_tile(builder, cp, co_, crs_, acc)
             return context.get_dummy_value()
         return sig, codegen
