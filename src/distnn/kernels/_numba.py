@@ -151,7 +151,7 @@ def nchw_to_cols(dy, n0, dyw, db, use_db):
 def relu_forward(x, y):
     xf = x.ravel()
     yf = y.ravel()
-    z = xf[0] * 0 if xf.size else 0
+    z = x.dtype.type(0)
     for i in nb.prange(xf.size):
         v = xf[i]
         yf[i] = v if v > z else z
@@ -162,8 +162,9 @@ def relu_backward(dy, y, dx):
     df = dy.ravel()
     yf = y.ravel()
     xf = dx.ravel()
+    z = dy.dtype.type(0)
     for i in nb.prange(df.size):
-        xf[i] = df[i] if yf[i] > 0 else df[i] * 0
+        xf[i] = df[i] if yf[i] > z else df[i] * z
 
 
 # -- max pooling --------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
         ix = x.dtype.type(inv)
         g = gamma[c]
         bb = beta[c]
-        z = g * 0
+        z = x.dtype.type(0)
         for n in range(n_):
             b = (n * c_ + c) * s_
             for k in range(s_):
@@ -54,7 +54,7 @@ def scale_shift_relu(x, scale, shift, y):
         c = t % c_
         a = scale[c]
         b2 = shift[c]
-        z = a * 0
+        z = x.dtype.type(0)
         b = t * s_
         for k in range(s_):
             o = xf[_U(b + k)] * a + b2
@@ -78,6 +78,7 @@ def bn_relu_grad_sums(dy, xhat, gamma, beta, sum_dy, sum_dy_xhat):
             b = (n * c_ + c) * s_
             for k in range(s_):
                 h = hf[_U(b + k)]
+                # df * 0 is float64 (float32 * int): d * h is then exact before it is summed
                 d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * 0
                 a += d
                 b2 += d * h
@@ -96,14 +97,14 @@ def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
         c = t % c_
         g = gamma[c]
         bb = beta[c]
-        z = g * 0
+        z = dy.dtype.type(0)
         a = ca[c]
         b2 = cb[c]
         k0 = cc[c]
         b = t * s_
         for k in range(s_):
             h = hf[_U(b + k)]
-            d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * 0
+            d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * z
             xf[_U(b + k)] = a * d + b2 * h + k0
 
 
