@@ -30,8 +30,11 @@ def _sum_fresh(arrays):
     arrays = [a for a in arrays if a is not None]
     if not arrays:
         return None
-    total = arrays[0].copy()
-    for a in arrays[1:]:
+    if len(arrays) == 1:
+        return arrays[0].copy()
+    # one pass (not a copy, then +=), into arrays[0]'s shape and dtype as += would be
+    total = np.add(arrays[0], arrays[1], out=np.empty_like(arrays[0]))
+    for a in arrays[2:]:
         total += a
     return total
 
