@@ -129,3 +129,41 @@ def test_statistics_of_offset_data_keep_float32_accuracy(fused, threads):
     ref = (x64 - x64.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(
         x64.var(axis=(0, 2, 3), keepdims=True) + EPS)
     np.testing.assert_allclose(xhat, ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "plain"])
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 7), (2, 16, 8, 8)], ids=str)
+def test_backward_in_one_kernel_equals_sums_then_dx(shape, relu, dtype, threads):
+    """``bn_backward`` (sums and dx in one pass per channel) gives what the sums and dx apart
+    give, and the float64 reference: the sums are float64 either way (to their last places:
+    the plain sums' products are float64 in the one kernel, float32 apart), dx from them."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    beta = rng.standard_normal(shape[1]).astype(dtype)
+    fwd = K.bn_relu_forward_train if relu else K.bn_forward_train
+    _, xhat, _, _, invstd = fwd(x, gamma, beta, EPS)
+    n = K.channel_count(x)
+    out = np.empty_like(x)
+    sum_dy, sum_dy_xhat, dx = K.bn_backward(dy, xhat, gamma, beta, invstd, n, relu, out=out)
+    if relu:
+        apart = K.bn_relu_grad_sums(dy, xhat, gamma, beta)
+        dx_apart = K.bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, *apart, n)
+    else:
+        apart = K.bn_grad_sums(dy, xhat)
+        dx_apart = K.bn_backward_dx(dy, xhat, gamma, invstd, *apart, n)
+    assert sum_dy.dtype == dtype and dx.dtype == dtype
+    assert (dx is out) == (kernels.backend() == "numba")
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-6, "atol": 2e-6}
+    np.testing.assert_allclose(sum_dy, apart[0], **tol)
+    np.testing.assert_allclose(sum_dy_xhat, apart[1], **tol)
+    np.testing.assert_allclose(dx, dx_apart, **tol)
+    if relu:  # against the float64 loops, at float32's precision
+        _, _, rdx, rdgamma, rdbeta = reference(x, gamma.astype(np.float64),
+                                               beta.astype(np.float64), dy)
+        loose = {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else tol
+        np.testing.assert_allclose(dx, rdx, **loose)
+        np.testing.assert_allclose(sum_dy_xhat, rdgamma, **loose)
+        np.testing.assert_allclose(sum_dy, rdbeta, **loose)

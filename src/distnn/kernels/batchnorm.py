@@ -302,3 +302,29 @@ def bn_relu_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray,
                              np.ascontiguousarray(gamma, dt), np.ascontiguousarray(beta, dt),
                              g.astype(dt), b.astype(dt), c.astype(dt), _by_channel(dx))
     return dx
+
+
+def bn_backward(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
+                invstd: np.ndarray, count: int, relu: bool = False,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sum_dy, sum_dy_xhat, dx) of training-mode batch norm (followed by ReLU when
+    ``relu``) whose statistics are this batch's alone (no sums across ranks to wait for):
+    ``bn(_relu)_grad_sums`` then ``bn(_relu)_backward_dx``, on the compiled path in one
+    kernel that reads each channel's dy and xhat a second time from cache. The sums are in
+    dy's dtype (float64 sums rounded); ``out``: an array to write dx into when it fits."""
+    fast = _fused_for(dy, xhat)
+    if fast is None:
+        if relu:
+            sums = bn_relu_grad_sums(dy, xhat, gamma, beta)
+            dx = bn_relu_backward_dx(dy, xhat, gamma, beta, invstd, *sums, count, out=out)
+        else:
+            sums = bn_grad_sums(dy, xhat)
+            dx = bn_backward_dx(dy, xhat, gamma, invstd, *sums, count, out=out)
+        return sums[0], sums[1], dx
+    dt = dy.dtype
+    sums = np.empty((2, dy.shape[1]), np.float64)
+    dx = _out(out, dy)
+    fast.bn_backward(_by_channel(dy), _by_channel(xhat), np.ascontiguousarray(gamma, dt),
+                     np.ascontiguousarray(beta, dt), np.ascontiguousarray(invstd, dt),
+                     float(max(count, 1)), bool(relu), sums[0], sums[1], _by_channel(dx))
+    return sums[0].astype(dt), sums[1].astype(dt), dx

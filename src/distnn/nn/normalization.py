@@ -153,6 +153,13 @@ class BatchNormalization(Layer):
                 return None
             return K.bn_backward_dx_inference(dy, gamma, var, self.epsilon)
         _, xhat, invstd, count, relu = self._cache
+        if self.stat_reducer is None and self.need_dx:
+            # sums and dx in one pass over each channel (no sums across ranks to wait for)
+            sum_dy, sum_dy_xhat, dx = K.bn_backward(dy, xhat, gamma, self.params["beta"],
+                                                    invstd, count, relu, out=self._buf("dx"))
+            self.grads["beta"][...] = sum_dy
+            self.grads["gamma"][...] = sum_dy_xhat
+            return self._keep("dx", dx)
         if not relu:
             sum_dy, sum_dy_xhat = K.bn_grad_sums(dy, xhat)
         else:
