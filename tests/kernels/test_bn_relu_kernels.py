@@ -167,3 +167,21 @@ def test_backward_in_one_kernel_equals_sums_then_dx(shape, relu, dtype, threads)
         np.testing.assert_allclose(dx, rdx, **loose)
         np.testing.assert_allclose(sum_dy_xhat, rdgamma, **loose)
         np.testing.assert_allclose(sum_dy, rdbeta, **loose)
+
+
+def test_nan_propagates_through_relu_and_fused_bn_relu(threads):
+    """max(NaN, 0) is NaN on both backends, as np.maximum and torch.relu give: a diverged
+    run must show non-finite values (the trainer stops on a non-finite loss), not zeros."""
+    from distnn.nn import ReLU
+    x = np.ones((2, 3, 4, 4), np.float32)
+    x[1, 2, 3, 1] = np.nan
+    relu = ReLU()
+    relu.build(x.shape[1:], rng=np.random.default_rng(0))
+    y = relu.forward(x, training=True)
+    assert np.isnan(y[1, 2, 3, 1]) and np.isnan(y).sum() == 1
+    gamma, beta = np.ones(3, np.float32), np.zeros(3, np.float32)
+    gamma[1] = np.inf  # a diverged scale: inf * 0 and inf - inf make NaN
+    yb, *_ = K.bn_relu_forward_train(np.ones_like(x), gamma, beta, EPS)
+    assert np.isnan(yb[:, 1]).all() and not np.isnan(yb[:, [0, 2]]).any()
+    yi = K.bn_relu_inference(x, np.zeros(3), np.ones(3), np.ones(3), np.zeros(3), EPS)
+    assert np.isnan(yi[1, 2, 3, 1]) and np.isnan(yi).sum() == 1

@@ -154,7 +154,7 @@ def relu_forward(x, y):
     z = x.dtype.type(0)
     for i in nb.prange(xf.size):
         v = xf[i]
-        yf[i] = v if v > z else z
+        yf[i] = z if v <= z else v  # NaN stays NaN, as np.maximum
 
 
 @_jit

@@ -43,7 +43,7 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
                 h = (xf[_U(b + k)] - mx) * ix
                 hf[_U(b + k)] = h
                 o = h * g + bb
-                yf[_U(b + k)] = o if o > z else z
+                yf[_U(b + k)] = z if o <= z else o  # NaN stays NaN
 
 
 @_jit
@@ -60,7 +60,7 @@ def scale_shift_relu(x, scale, shift, y):
         b = t * s_
         for k in range(s_):
             o = xf[_U(b + k)] * a + b2
-            yf[_U(b + k)] = o if o > z else z
+            yf[_U(b + k)] = z if o <= z else o
 
 
 @_jit_bn
