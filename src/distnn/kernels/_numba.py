@@ -387,7 +387,8 @@ def scale_shift(x, scale, shift, y):
 
 
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "relu_forward",
-              "relu_backward", "maxpool_forward", "maxpool2x2_forward", "maxpool_backward",
-              "maxpool2x2_backward",
+              "relu_backward", "maxpool_forward", "maxpool_backward",
               "bn_forward_train", "bn_grad_sums", "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
+for _name in ("maxpool2x2_forward", "maxpool2x2_backward"):
+    globals()[_name] = _dispatch(globals()[_name], parallel_at_one=True)

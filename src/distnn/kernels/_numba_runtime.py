@@ -36,8 +36,7 @@ def default_threads() -> int:
 def set_num_threads(n: int) -> None:
     n = max(1, min(int(n), nb.config.NUMBA_NUM_THREADS))
     _threads[0] = n
-    if n > 1:
-        nb.set_num_threads(n)
+    nb.set_num_threads(n)  # this thread's parallel launches (``parallel_at_one`` at 1)
 
 
 def get_num_threads() -> int:
@@ -54,7 +53,13 @@ _launch = threading.Lock()
 _threads = [1]
 
 
-def _dispatch(parallel_kernel):
+def _dispatch(parallel_kernel, parallel_at_one: bool = False):
+    """The kernel as called by the layers: its serial twin at 1 thread, the parallel
+    compilation (serialized launches) with more. ``parallel_at_one``: at 1 thread too, on a
+    team of one (numba's thread count of the calling thread is 1 after ``set_num_threads(1)``
+    there; from another thread the serial twin runs), for kernels whose parallel compilation
+    LLVM vectorizes and whose serial one it does not: the 2x2 max-pool backward, 64x8x24x24
+    float32 on an AVX2 host, 0.18 ms against 0.99 (forward 0.105 against 0.174)."""
     # a copy under its own name: the disk cache is keyed by function name, not options
     f = parallel_kernel.py_func
     twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
@@ -66,7 +71,7 @@ def _dispatch(parallel_kernel):
 
     @functools.wraps(parallel_kernel.py_func)
     def call(*args):
-        if _threads[0] == 1:
+        if _threads[0] == 1 and not (parallel_at_one and nb.get_num_threads() == 1):
             return serial_kernel(*args)
         with _launch:
             return parallel_kernel(*args)
