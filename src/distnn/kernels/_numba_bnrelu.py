@@ -63,54 +63,7 @@ def scale_shift_relu(x, scale, shift, y):
             yf[_U(b + k)] = z if o <= z else o
 
 
-@_jit_bn
-def bn_relu_grad_sums(dy, xhat, gamma, beta, sum_dy, sum_dy_xhat):
-    """Per-channel sum(dy') and sum(dy' * xhat) with dy' = dy where the forward's
-    gamma * xhat + beta > 0, else 0 (the mask recomputed from xhat: no read of y)."""
-    n_, c_, s_ = dy.shape
-    df = dy.ravel()
-    hf = xhat.ravel()
-    for c in nb.prange(c_):
-        g = gamma[c]
-        bb = beta[c]
-        z = g * 0
-        a = 0.0
-        b2 = 0.0
-        for n in range(n_):
-            b = (n * c_ + c) * s_
-            for k in range(s_):
-                h = hf[_U(b + k)]
-                # df * 0 is float64 (float32 * int): d * h is then exact before it is summed
-                d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * 0
-                a += d
-                b2 += d * h
-        sum_dy[c] = a
-        sum_dy_xhat[c] = b2
-
-
-@_jit
-def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
-    """dx = ca[c] * dy' + cb[c] * xhat + cc[c] with dy' as in ``bn_relu_grad_sums``."""
-    n_, c_, s_ = dy.shape
-    df = dy.ravel()
-    hf = xhat.ravel()
-    xf = dx.ravel()
-    for t in nb.prange(n_ * c_):
-        c = t % c_
-        g = gamma[c]
-        bb = beta[c]
-        z = dy.dtype.type(0)
-        a = ca[c]
-        b2 = cb[c]
-        k0 = cc[c]
-        b = t * s_
-        for k in range(s_):
-            h = hf[_U(b + k)]
-            d = df[_U(b + k)] if h * g + bb > z else df[_U(b + k)] * z
-            xf[_U(b + k)] = a * d + b2 * h + k0
-
-
-# -- backward in one kernel: the sums and dx of a channel while its dy and xhat are in cache
+# -- backward: the per-channel loops of the kernels below (one loop for every mask)
 @nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr):
     """(sum(dy'), sum(dy' * xhat)) of channel c in float64, dy' = dy where g * xhat + bb >
@@ -141,6 +94,31 @@ def _channel_dx(df, hf, xf, c, n_, c_, s_, g, bb, ca, cb, cc, thr):
             h = hf[_U(b + k)]
             d = df[_U(b + k)] if h * g + bb > thr else df[_U(b + k)] * z
             xf[_U(b + k)] = ca * d + cb * h + cc
+
+
+@_jit_bn
+def bn_relu_grad_sums(dy, xhat, gamma, beta, sum_dy, sum_dy_xhat):
+    """Per-channel sum(dy') and sum(dy' * xhat) with dy' = dy where the forward's
+    gamma * xhat + beta > 0, else 0 (the mask recomputed from xhat: no read of y)."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    for c in nb.prange(c_):
+        a, b2 = _channel_sums(df, hf, c, n_, c_, s_, gamma[c], beta[c], 0.0)
+        sum_dy[c] = a
+        sum_dy_xhat[c] = b2
+
+
+@_jit
+def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
+    """dx = ca[c] * dy' + cb[c] * xhat + cc[c] with dy' as in ``bn_relu_grad_sums``."""
+    n_, c_, s_ = dy.shape
+    df = dy.ravel()
+    hf = xhat.ravel()
+    xf = dx.ravel()
+    z = dy.dtype.type(0)
+    for c in nb.prange(c_):
+        _channel_dx(df, hf, xf, c, n_, c_, s_, gamma[c], beta[c], ca[c], cb[c], cc[c], z)
 
 
 @_jit
