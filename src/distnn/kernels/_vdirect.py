@@ -128,7 +128,7 @@ def pad_phases(x, n0, n1, pt, pl, hph, wph, out):
                 srow = s0 + sr * w_
                 for k in range(wph):
                     sc = 2 * k + bb - pl
-                    out[_U(d + k)] = xf[_U(srow + sc)] if 0 <= sc < w_ else xf[0] * 0
+                    out[_U(d + k)] = xf[_U(srow + sc)] if 0 <= sc < w_ else xf.dtype.type(0)
 
 
 def phase_offsets(kh: int, kw: int, hph: int, wph: int) -> np.ndarray:

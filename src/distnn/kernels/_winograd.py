@@ -22,7 +22,7 @@ _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", 
 def write_plane(out, wp, yf, yb, oh, ow, bias, relu):
     """The (oh, ow) corner of ``out`` (row stride wp) + bias, then max(., 0) when relu, into
     the plane of the flat y that starts at yb."""
-    z = out[0] * 0
+    z = out.dtype.type(0)  # float32 for float32 (``out[0] * 0`` is float64 in numba)
     for r in range(oh):
         for q in range(ow):
             val = out[_U(r * wp + q)] + bias
@@ -123,7 +123,7 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
         f = fn // k_
         n = fn % k_
         yb = ((n + n0) * f_ + f) * oh * ow
-        bias = b[f] if use_b else mf[0] * 0
+        bias = b[f] if use_b else m.dtype.type(0)
         out = np.empty(2 * th * wp, m.dtype)
         for ty in range(th):
             o = f * nt + (n * th + ty) * tw
@@ -256,7 +256,7 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
             for q in range(w_):
                 rr, qq = r + pt, q + pl
                 inside = rr < hp and qq < wp
-                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else d[0] * 0
+                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
 for _name in ("input_transform", "output_transform", "output_transform_adjoint",

@@ -18,8 +18,8 @@ import numpy as np
 
 from ._numba import _U, _dispatch
 from ._winograd import stage_plane, write_plane
-from ._winograd4w import (WIDE_TILES, input_adjoint_plane, input_plane, output_adjoint_plane,
-                         output_plane)
+from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, input_plane,
+                         output_adjoint_plane, output_plane)
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -30,18 +30,18 @@ _inline = nb.njit(inline="always", cache=True, nogil=True)
 def _bt(d0, d1, d2, d3, d4, d5):
     """B^T d: rows (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
     (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)."""
-    p = d4 - 4 * d2
-    q = d3 - 4 * d1
+    p = d4 - _F4 * d2
+    q = d3 - _F4 * d1
     r = d4 - d2
-    s = 2 * (d3 - d1)
-    return 4 * d0 - 5 * d2 + d4, p + q, p - q, r + s, r - s, 4 * d1 - 5 * d3 + d5
+    s = _F2 * (d3 - d1)
+    return _F4 * d0 - _F5 * d2 + d4, p + q, p - q, r + s, r - s, _F4 * d1 - _F5 * d3 + d5
 
 
 @_inline
 def _b(v0, v1, v2, v3, v4, v5):
     """B v (the transpose of ``_bt``)."""
-    return (4 * v0, 4 * (v2 - v1) + 2 * (v4 - v3) + 4 * v5,
-            -5 * v0 - 4 * (v1 + v2) - (v3 + v4), (v1 - v2) + 2 * (v3 - v4) - 5 * v5,
+    return (_F4 * v0, _F4 * (v2 - v1) + _F2 * (v4 - v3) + _F4 * v5,
+            -_F5 * v0 - _F4 * (v1 + v2) - (v3 + v4), (v1 - v2) + _F2 * (v3 - v4) - _F5 * v5,
             v0 + v1 + v2 + v3 + v4, v5)
 
 
@@ -53,7 +53,7 @@ def _at(m0, m1, m2, m3, m4, m5):
     b = m1 - m2
     c = m3 + m4
     d = m3 - m4
-    return m0 + a + c, b + 2 * d, a + 4 * c, b + 8 * d + m5
+    return m0 + a + c, b + _F2 * d, a + _F4 * c, b + _F8 * d + m5
 
 
 @_inline
@@ -61,8 +61,8 @@ def _a(g0, g1, g2, g3):
     """A g (the transpose of ``_at``)."""
     e = g0 + g2
     o = g1 + g3
-    e4 = g0 + 4 * g2
-    o8 = 2 * g1 + 8 * g3
+    e4 = g0 + _F4 * g2
+    o8 = _F2 * g1 + _F8 * g3
     return g0, e + o, e - o, e4 + o8, e4 - o8, g3
 
 
@@ -186,20 +186,36 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
         f = fn // nk
         n = fn % nk
         yb = ((n + n0) * f_ + f) * oh * ow
-        bias = b[f] if use_b else mf[0] * 0
-        z = mf[0] * 0
+        z = m.dtype.type(0)  # float32 for float32 (``mf[0] * 0`` is float64 in numba)
+        bias = b[f] if use_b else z
         ntp = th * (tw + 1)
         if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
             out = np.empty(16 * ntp, m.dtype)
             output_plane(mf, fs, f * nt + n * th * tw, th, tw, np.empty(36 * ntp, m.dtype),
                          np.empty(24 * ntp, m.dtype), out)
+            q4 = ow >> 2
             for r in range(oh):  # out by phases (q >= 0: & and >> for % and //)
                 ob = (r & 3) * 4 * ntp + (r >> 2) * (tw + 1)
-                for q in range(ow):
+                yr = yb + r * ow
+                for i in range(q4):  # 4 runs interleaved (LLVM vectorizes this)
+                    v0 = out[_U(ob + i)] + bias
+                    v1 = out[_U(ob + ntp + i)] + bias
+                    v2 = out[_U(ob + 2 * ntp + i)] + bias
+                    v3 = out[_U(ob + 3 * ntp + i)] + bias
+                    if relu:
+                        v0 = z if v0 < z else v0
+                        v1 = z if v1 < z else v1
+                        v2 = z if v2 < z else v2
+                        v3 = z if v3 < z else v3
+                    yf[_U(yr + 4 * i)] = v0
+                    yf[_U(yr + 4 * i + 1)] = v1
+                    yf[_U(yr + 4 * i + 2)] = v2
+                    yf[_U(yr + 4 * i + 3)] = v3
+                for q in range(4 * q4, ow):
                     val = out[_U(ob + (q & 3) * ntp + (q >> 2))] + bias
                     if relu and val < z:
                         val = z
-                    yf[_U(yb + r * ow + q)] = val
+                    yf[_U(yr + q)] = val
             continue
         out = np.empty(4 * th * wp, m.dtype)
         for ty in range(th):
@@ -300,7 +316,7 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
                 for q in range(w_):
                     qq = q + pl
                     inside = rr < hp and qq < wp
-                    val = d[_U(rb + (qq & 3) * ph + (qq >> 2))] if inside else d[0] * 0
+                    val = d[_U(rb + (qq & 3) * ph + (qq >> 2))] if inside else dv.dtype.type(0)
                     xf[_U(xb + r * w_ + q)] = val
             continue
         d = np.zeros(hp * wp, dv.dtype)
@@ -327,7 +343,7 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
             for q in range(w_):
                 rr, qq = r + pt, q + pl
                 inside = rr < hp and qq < wp
-                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else d[0] * 0
+                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
 for _name in ("input_transform", "output_transform", "output_transform_adjoint",
