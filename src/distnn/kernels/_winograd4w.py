@@ -62,6 +62,55 @@ def _a(g0, g1, g2, g3):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
+def to_phases(src, s, n, off, dst, d0, ph):
+    """dst[d0 + (qq & 3) * ph + (qq >> 2)] = src[s + q] for q < n, qq = q + off >= 0: one
+    plane row into its 4 column phases, 4 consecutive values a step where qq % 4 == 0 (the
+    strided loop per phase ran scalar; this one LLVM vectorizes as interleaved loads)."""
+    q = 0
+    while q < n and (q + off) & 3:
+        qq = q + off
+        dst[_U(d0 + (qq & 3) * ph + (qq >> 2))] = src[_U(s + q)]
+        q += 1
+    i0 = d0 + ((q + off) >> 2)
+    b = s + q
+    m = (n - q) >> 2
+    for i in range(m):
+        dst[_U(i0 + i)] = src[_U(b + 4 * i)]
+        dst[_U(i0 + ph + i)] = src[_U(b + 4 * i + 1)]
+        dst[_U(i0 + 2 * ph + i)] = src[_U(b + 4 * i + 2)]
+        dst[_U(i0 + 3 * ph + i)] = src[_U(b + 4 * i + 3)]
+    q += 4 * m
+    while q < n:
+        qq = q + off
+        dst[_U(d0 + (qq & 3) * ph + (qq >> 2))] = src[_U(s + q)]
+        q += 1
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def from_phases(src, d0, ph, off, dst, s, n):
+    """dst[s + q] = src[d0 + (qq & 3) * ph + (qq >> 2)] for q < n, qq = q + off >= 0: the
+    inverse of ``to_phases``."""
+    q = 0
+    while q < n and (q + off) & 3:
+        qq = q + off
+        dst[_U(s + q)] = src[_U(d0 + (qq & 3) * ph + (qq >> 2))]
+        q += 1
+    i0 = d0 + ((q + off) >> 2)
+    b = s + q
+    m = (n - q) >> 2
+    for i in range(m):
+        dst[_U(b + 4 * i)] = src[_U(i0 + i)]
+        dst[_U(b + 4 * i + 1)] = src[_U(i0 + ph + i)]
+        dst[_U(b + 4 * i + 2)] = src[_U(i0 + 2 * ph + i)]
+        dst[_U(b + 4 * i + 3)] = src[_U(i0 + 3 * ph + i)]
+    q += 4 * m
+    while q < n:
+        qq = q + off
+        dst[_U(s + q)] = src[_U(d0 + (qq & 3) * ph + (qq >> 2))]
+        q += 1
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
 def _copy(a, src, b, dst, n):
     """b[dst:dst + n] = a[src:src + n], 4 at a time: one tile row (7-9 values) is too short
     for LLVM's loop vectorizer (all scalar), 4 consecutive statements it packs (SLP)."""
@@ -89,12 +138,8 @@ def input_plane(xf, xb, h_, w_, pt, pl, th, tw, vf, cs, o, d, tmp, tmp2):
     q0, q1 = max(0, -pl), min(w_, 4 * tw + 2 - pl)
     for r in range(max(0, -pt), min(h_, 4 * th + 2 - pt)):
         rr = r + pt
-        rb = (rr % 4) * 4 * ph + (rr // 4) * t1
-        for j in range(4):  # input columns q with (q + pl) % 4 == j: no division per element
-            qs = q0 + (j - q0 - pl) % 4
-            dst = rb + j * ph
-            for q in range(qs, q1, 4):
-                d[_U(dst + ((q + pl) >> 2))] = xf[_U(xb + r * w_ + q)]
+        to_phases(xf, xb + r * w_ + q0, q1 - q0, q0 + pl, d,
+                  (rr % 4) * 4 * ph + (rr // 4) * t1, ph)
     for j in range(6):  # columns: tmp[i, j] = (B^T d)[i, j], row (6 i + j) of tmp
         o0 = (j % 4) * ph + j // 4
         o4 = o0 + t1
