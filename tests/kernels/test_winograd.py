@@ -198,7 +198,8 @@ def test_choice_of_tile_follows_the_measured_rule():
                             padding=(1, 1, 1, 1))
         return K.winograd_tile(g, f)
     assert tile(16, 16, 32) == 4 and tile(16, 32, 32) == 4  # big planes
-    assert tile(32, 32, 16) == 2 and tile(16, 16, 14) == 2 and tile(16, 16, 24) == 2
+    assert tile(32, 32, 16) == 4 and tile(32, 32, 7) == 4 and tile(16, 16, 24) == 4
+    assert tile(16, 16, 14) == 2  # few channels, small plane: a tie, the smaller error
     assert tile(64, 64, 8) == 4 and tile(64, 128, 16) == 4 and tile(512, 512, 4) == 4
     assert tile(3, 16, 32) == 0 and tile(32, 32, 16, stride=2) == 0  # im2col
 

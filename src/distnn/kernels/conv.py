@@ -91,18 +91,18 @@ WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_SIZE = 2
 
 # F(4x4) against F(2x2) (python benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of
-# process CPU time, loaded host, medians of 7 interleaved rounds; F2 vs F4 at 1 thread |
-# 2 threads): with many channels the smaller GEMM wins: 64->64 8x8 6.5 vs 5.9 | 6.9 vs 5.9,
-# 64->128 16x16 42.5 vs 34.0 | 43.6 vs 36.1, 128->256 8x8 39.7 vs 32.0 | 43.0 vs 33.0,
-# 256->256 8x8 71.9 vs 53.1 | 74.8 vs 56.9, 512->512 4x4 76.5 vs 66.6 | 84.2 vs 79.3. With
-# few channels the transforms decide: on big planes (>= 48 tiles, ``_winograd4w``) F(4x4)'s
-# are vectorized over tiles and win, 16->16 32x32 14.1 vs 11.6 | 14.6 vs 12.0, 16->32 32x32
-# 22.7 vs 19.0 | 23.3 vs 19.8 (16->16 28x28 11.4 vs 11.5, a tie); on small planes they run
-# tile by tile and lose, 16->16 14x14 3.2 vs 4.1, 16->16 24x24 8.7 vs 9.4. Ties (32->32
-# 16x16 9.0 vs 8.8, 32->32 7x7 2.7 vs 2.6) keep F(2x2), whose rounding error is ~8x smaller.
+# process CPU time, medians of 7 interleaved rounds, AVX2 host (AMD EPYC Zen 1), F2 vs F4
+# at 1 thread | 2 threads): F(4x4) wins wherever it runs: 16->16 32x32 40.4 vs 34.0 | 42.5
+# vs 35.9, 32->32 16x16 30.0 vs 24.4 | 29.1 vs 22.8, 32->32 7x7 7.8 vs 6.5 | 9.4 vs 7.5,
+# 16->16 24x24 24.2 vs 20.2 | 27.5 vs 21.4, 64->64 8x8 21.0 vs 16.8 | 23.1 vs 18.0, 256->256
+# 8x8 222 vs 144 | 224 vs 153, 512->512 4x4 223 vs 173 | 244 vs 215; a tie on 16->16 14x14
+# (9.1 vs 9.3 | 10.8 vs 10.2), which keeps F(2x2), whose rounding error is ~8x smaller.
+# (Before its transforms ran in float32 -- numba had typed ``4 * d`` float64 -- F(4x4) lost
+# on the small planes with few channels and tied on 32->32 16x16: then the rule was
+# C*F >= 4096 or outputs >= 30x30.)
 WINOGRAD4_MIN_SIZE = 4
-WINOGRAD4_MIN_CF = 64 * 64
-WINOGRAD4_MIN_AREA = 30 * 30
+WINOGRAD4_MIN_CF = 32 * 32
+WINOGRAD4_MIN_AREA = 16 * 16
 
 
 class ConvCache(NamedTuple):

@@ -8,9 +8,10 @@ positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F
 F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
 Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
 the transform and the GEMM. ``conv.winograd_tile`` picks the tile per layer shape from
-measurements: F(4x4) where the GEMM dominates (C*F >= 4096) and on big planes (>= 30x30
-outputs), where its transforms run vectorized over tiles (``_winograd4w``); F(2x2) for
-the smaller planes with few channels, where F(4x4)'s tile-by-tile transforms cost more.
+measurements: F(4x4) from 32x32 channel pairs (C*F >= 1024) or 16x16 outputs, F(2x2) for
+small planes with few channels (a tie there, and F(2x2) rounds less). F(4x4)'s
+transforms run vectorized over tiles on big planes (``_winograd4w``), tile by tile on
+small ones.
 
 Backward is the exact adjoint of that computed map (not a second, flipped convolution):
 dM = A dY A^T per tile, dV = U^T dM and dx = scatter-add of B dV B^T (backward-data),
