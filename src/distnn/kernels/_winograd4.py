@@ -22,13 +22,13 @@ from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, i
                          from_phases, output_adjoint_plane, output_plane, to_phases)
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
+_jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+_inline = nb.njit(inline="always", cache=True, nogil=True)
 
 # Planes per parallel iteration of the wide (``_winograd4w``) paths, which allocate their
 # work arrays once per iteration: one allocation per plane cost 0.6 us of ~4 (16->16 32x32
 # input transform, AVX2). numba splits the iterations evenly among the threads.
 PART = 8
-_jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
-_inline = nb.njit(inline="always", cache=True, nogil=True)
 
 
 @_inline

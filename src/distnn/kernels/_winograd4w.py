@@ -73,7 +73,7 @@ def to_phases(src, s, n, off, dst, d0, ph):
         q += 1
     i0 = d0 + ((q + off) >> 2)
     b = s + q
-    m = (n - q) >> 2
+    m = (n - q) >> 2 if n > q else 0
     for i in range(m):
         dst[_U(i0 + i)] = src[_U(b + 4 * i)]
         dst[_U(i0 + ph + i)] = src[_U(b + 4 * i + 1)]
@@ -97,7 +97,7 @@ def from_phases(src, d0, ph, off, dst, s, n):
         q += 1
     i0 = d0 + ((q + off) >> 2)
     b = s + q
-    m = (n - q) >> 2
+    m = (n - q) >> 2 if n > q else 0
     for i in range(m):
         dst[_U(b + 4 * i)] = src[_U(i0 + i)]
         dst[_U(b + 4 * i + 1)] = src[_U(i0 + ph + i)]
