@@ -255,6 +255,27 @@ def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h
         kernels.set_num_threads(previous)
 
 
+def test_winograd_threads_split_kernels_where_u_dominates():
+    """At 2 threads the layers whose transformed weights U outweigh a thread's share of V
+    and M (vgg11bn's 512-filter layers on 4x4 and 2x2 planes) split every kernel; the
+    others take whole blocks each; one thread is one worker either way."""
+    from distnn import kernels
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(2)
+        # (n, c, f, tile rows, tile cols, itemsize, P)
+        assert W._plan(64, 512, 512, 1, 1, 4, 36)[2] == 1     # 512->512 4x4, F(4x4)
+        assert W._plan(64, 256, 512, 1, 1, 4, 36)[2] == 1     # 256->512 4x4
+        assert W._plan(64, 512, 512, 1, 1, 4, 16)[2] == 1     # 512->512 2x2, F(2x2)
+        assert W._plan(64, 256, 256, 2, 2, 4, 36)[2] == 2     # 256->256 8x8
+        assert W._plan(64, 16, 16, 8, 8, 4, 36)[2] == 2       # 16->16 32x32
+        kernels.set_num_threads(1)
+        assert W._plan(64, 512, 512, 1, 1, 4, 36)[2] == 1
+    finally:
+        kernels.set_num_threads(previous)
+    assert W.split_kernels(512, 512, 32) and not W.split_kernels(256, 256, 128)
+
+
 @pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_winograd_empty_batch(threads, method):
