@@ -131,6 +131,36 @@ def wait_idle(max_wait: float, threshold: float) -> float:
         time.sleep(5)
 
 
+# One process counting 384^3 float32 GEMMs on one BLAS thread for a fixed time (stdin
+# closes when to start; it prints the count).
+_PROBE = ("import os, sys, time; os.environ['OPENBLAS_NUM_THREADS'] = '1'; import numpy as np; "
+          "a = np.ones((384, 384), np.float32); c = np.empty_like(a); "
+          "[np.matmul(a, a, out=c) for _ in range(20)]; sys.stdin.read(); n = 0; "
+          "t = time.perf_counter() + float(sys.argv[1])\n"
+          "while time.perf_counter() < t:\n np.matmul(a, a, out=c); n += 1\n"
+          "print(n)")
+
+
+def core_capacity(seconds: float = 1.0) -> float:
+    """How many cores' worth of work the host gives two processes at once: the GEMMs two
+    one-thread processes do side by side ÷ those one does alone (2.0 on two free cores).
+    A shared host's second core is sometimes taken by other guests (no steal time shows in
+    a KVM guest): this is the ceiling that a 1p2t ÷ 1p1t speed-up is measured under."""
+    counts = []
+    for procs in (1, 2):
+        ps = [subprocess.Popen([sys.executable, "-c", _PROBE, str(seconds)], text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+              for _ in range(procs)]
+        time.sleep(0.5 + 0.3 * procs)  # numpy imported and warm in each
+        for p in ps:
+            p.stdin.close()
+        counts.append(sum(int(p.stdout.read().strip() or 0) for p in ps))
+        for p in ps:
+            p.wait()
+    return counts[1] / counts[0] if counts[0] else float("nan")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -305,7 +335,7 @@ def run_one(cmd, env, timeout):
     return None, f"rc={proc.returncode}: {tail}", wall, others
 
 
-def sweep(args, systems):
+def sweep(args, systems, capacity: list | None = None):
     results: dict[tuple, list[dict]] = {}
     errors: dict[tuple, str] = {}
     notes: list[str] = []
@@ -359,6 +389,9 @@ def sweep(args, systems):
                         f"{1e3 * median(res['step_s']):7.2f} ms  rss "
                         f"{'/'.join(f'{m:.0f}' for m in res['peak_rss_mib'])} MiB  "
                         f"others {others:.2f} cores  ({wall:.1f} s)")
+        if capacity is not None:
+            capacity.append(core_capacity())
+            log(f"[bench] host two-core capacity after rep {rep}: {capacity[-1]:.2f}")
     return results, errors, notes
 
 
@@ -524,7 +557,7 @@ def machine_info():
 
 
 def render(args, results, errors, notes, skips, load_before, load_after, idle_before,
-           started, elapsed):
+           started, elapsed, capacity=()):
     summ, table = build_tables(args, results, errors)
     # A --quick run is a smoke test, not a measurement: its numbers judge no target.
     targets = [] if args.quick else target_rows(args, summ)
@@ -549,6 +582,13 @@ def render(args, results, errors, notes, skips, load_before, load_after, idle_be
         "measurement saw (cores, averaged over that run)",
         f"- batch {args.batch} per rank, float32; {args.reps} repetition(s), systems "
         f"alternated; wall time {elapsed / 60:.1f} min",
+    ]
+    if capacity:
+        lines.append(
+            "- host two-core capacity (two one-thread GEMM processes side by side ÷ one "
+            "alone; 2.00 = two free cores), before the run and after each repetition: "
+            + ", ".join(f"{c:.2f}" for c in capacity))
+    lines += [
         "",
         table, "",
         "samples/s: median over all timed windows of all repetitions (global: all ranks' "
@@ -620,9 +660,13 @@ def main(argv=None) -> int:
     log(f"[bench] load average {load_before}; others use {idle_before:.2f} cores now")
     systems = Systems(args.peers)
     t0 = time.time()
-    results, errors, notes = sweep(args, systems)
+    capacity = [] if args.quick else [core_capacity()]
+    if capacity:
+        log(f"[bench] host two-core capacity: {capacity[0]:.2f}")
+    results, errors, notes = sweep(args, systems, capacity if capacity else None)
     report, summ, targets = render(args, results, errors, notes, systems.skips, load_before,
-                                   loadavg(), idle_before, started, time.time() - t0)
+                                   loadavg(), idle_before, started, time.time() - t0,
+                                   capacity)
     print(report)
     if args.json:
         args.json.write_text(json.dumps(

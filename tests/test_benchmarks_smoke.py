@@ -34,3 +34,14 @@ def test_quick_run_prints_table_rows():
     assert "0.00x" not in rows[("simplecnn", "1p1t", "torch")]
     assert "distnn ÷ system" in r.stdout
     assert "MISSED" not in r.stdout and "Targets" not in r.stdout  # --quick judges no target
+
+
+def test_core_capacity_probe_counts_real_work():
+    """The host-capacity probe runs its GEMM processes and returns two processes' work over
+    one's: finite, more than none, and at most what two processes can do over one (with
+    slack for timing; it is ~1.9-2.0 on two free cores, lower when other guests take one)."""
+    import math
+
+    from benchmarks.__main__ import core_capacity
+    c = core_capacity(0.3)
+    assert math.isfinite(c) and 0.2 < c < 2.6, c
