@@ -6,6 +6,7 @@ and the work arrays shared by all layers (``scratch``).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 import types
@@ -88,7 +89,7 @@ def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     dtype) and thread, shared by every layer: layers run one at a time, and the big column
     matrices then cost one buffer instead of one per layer."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape))
+    size = math.prod(shape)  # np.prod of a tuple: ~8 us, called ~250 times a resnet20 step
     pool = _scratch.__dict__.setdefault("pool", {})
     buf = pool.get((name, dtype))
     if buf is None or buf.size < size:

@@ -11,6 +11,8 @@ the synchronized version) and the global count.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .backend import compiled
@@ -26,7 +28,7 @@ def _compiled_for(x: np.ndarray):
 
 def _by_channel(x: np.ndarray) -> np.ndarray:
     """x as (N, C, rest) so that reductions run over contiguous runs."""
-    return x.reshape(x.shape[0], x.shape[1], int(np.prod(x.shape[2:])))
+    return x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
 
 
 def _bshape(x: np.ndarray, v: np.ndarray) -> np.ndarray:
