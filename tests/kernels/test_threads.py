@@ -87,6 +87,60 @@ def test_run_gives_the_caller_the_last_share_and_results_in_share_order():
     assert _threads.run(5, 1, body)[0][:2] == (list(range(5)), False)
 
 
+def test_run_errors_reach_the_caller_after_every_helper_finished():
+    """A helper's error is raised in the caller; the caller's own error waits for the
+    helpers (no share still running after ``run`` returns), and the team works after."""
+    finished = []
+
+    def helper_fails(indices, serial):
+        if threading.get_ident() != caller:
+            raise ValueError(f"share {list(indices)}")
+        return list(indices)
+
+    def caller_fails(indices, serial):
+        if threading.get_ident() == caller:
+            raise KeyError("caller")
+        threading.Event().wait(0.05)  # still running when the caller fails
+        finished.append(list(indices))
+        return list(indices)
+
+    caller = threading.get_ident()
+    with pytest.raises(ValueError, match=r"share \[0, 2, 4\]"):
+        _threads.run(6, 2, helper_fails)
+    with pytest.raises(KeyError):
+        _threads.run(6, 2, caller_fails)
+    assert finished == [[0, 2, 4]]
+    assert _threads.run(6, 2, lambda ix, s: list(ix)) == [[0, 2, 4], [1, 3, 5]]
+
+
+def test_run_from_two_threads_at_once_and_nested():
+    """Two Python threads in ``run`` at once (ranks simulated by threads), and a ``run``
+    inside a share: each gets its own shares' results (one through the helper team, the
+    others through the executor), in share order."""
+    barrier = threading.Barrier(2)
+
+    def body(indices, serial):
+        barrier.wait(timeout=10)  # both callers' shares run at the same time
+        return [i * 10 for i in indices]
+
+    out = {}
+
+    def caller(key):
+        out[key] = _threads.run(4, 2, body)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert out == {"a": [[0, 20], [10, 30]], "b": [[0, 20], [10, 30]]}
+
+    def outer(indices, serial):
+        return [_threads.run(3, 2, lambda ix, s: list(ix)) for _ in indices]
+
+    assert _threads.run(2, 2, outer) == [[[[0, 2], [1]]], [[[0, 2], [1]]]]
+
+
 def test_one_blas_thread_nests_and_restores():
     before = blas_threads()
     assert before, "numpy's BLAS is one of the libraries limited"
