@@ -185,3 +185,44 @@ def test_nan_propagates_through_relu_and_fused_bn_relu(threads):
     assert np.isnan(yb[:, 1]).all() and not np.isnan(yb[:, [0, 2]]).any()
     yi = K.bn_relu_inference(x, np.zeros(3), np.ones(3), np.ones(3), np.zeros(3), EPS)
     assert np.isnan(yi[1, 2, 3, 1]) and np.isnan(yi).sum() == 1
+
+
+def _boundary_case(shape, dtype, seed):
+    """x on a coarse grid (many equal xhat values) and beta that puts gamma * xhat + beta
+    at exactly 0 for one of them in every channel: the ReLU is decided at its kink."""
+    rng = np.random.default_rng(seed)
+    x = (np.round(4 * rng.standard_normal(shape)) / 4).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    _, xhat, *_ = K.bn_forward_train(x, gamma, np.zeros_like(gamma), EPS)
+    beta = (-gamma * xhat.reshape(shape[0], shape[1], -1)[0, :, 0]).astype(dtype)
+    return x, dy, gamma, beta
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 7), (3, 16, 8, 8)], ids=str)
+def test_relu_mask_of_backward_is_the_forwards_at_the_kink(shape, dtype, threads):
+    """y = gamma * xhat + beta rounds as written, one operation at a time (no
+    reassociation into xhat * (invstd * gamma)), in the fused and the plain forward; so
+    the mask that backward recomputes from xhat is exactly the forward's y > 0 (before,
+    values at the kink came out ~1e-7 above 0 in the forward and masked off in backward:
+    17 of 20 seeds of this case), and fused equals plain + ReLU to the last bit."""
+    x, dy, gamma, beta = _boundary_case(shape, dtype, sum(shape))
+    y, xhat, mean, var, invstd = K.bn_relu_forward_train(x, gamma, beta, EPS)
+    yp, xhatp, *_ = K.bn_forward_train(x, gamma, beta, EPS)
+    formula = xhat * gamma.reshape((1, -1) + (1,) * (x.ndim - 2))
+    formula += beta.reshape((1, -1) + (1,) * (x.ndim - 2))
+    assert (formula == 0).any()  # the case reaches the kink
+    np.testing.assert_array_equal(xhatp, xhat)
+    np.testing.assert_array_equal(yp, formula)
+    np.testing.assert_array_equal(y, np.maximum(formula, 0))
+    sum_dy, sum_dy_xhat, dx = K.bn_backward(dy, xhat, gamma, beta, invstd,
+                                            K.channel_count(x), True)
+    masked = np.where(y > 0, dy, 0).astype(np.float64)
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-6, "atol": 2e-6}
+    np.testing.assert_allclose(sum_dy, masked.sum(axis=axes), **tol)
+    np.testing.assert_allclose(sum_dy_xhat, (masked * xhat).sum(axis=axes), **tol)
+    np.testing.assert_allclose(dx, K.bn_backward_dx(masked.astype(dtype), xhat, gamma,
+                                                    invstd, sum_dy, sum_dy_xhat,
+                                                    K.channel_count(x)), **tol)

@@ -283,12 +283,17 @@ def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
 
 
 # -- batch norm over axis 1 of (N, C, S) ------------------------------------------------
-# Reassociation only (no FMA contraction): gamma * xhat + beta then rounds as in NumPy and
-# in _numba_bnrelu, whose backward recomputes the ReLU mask from it.
+# Reassociation only (no FMA contraction), for the float64 sums. The forwards' loops that
+# write xhat and y = gamma * xhat + beta carry no fast-math flag at all (``_jit``), and
+# take their statistics from ``channel_stats`` as a call of its own (the flags are per
+# instruction, also once LLVM inlines it): with reassociation LLVM computed y as
+# (x - mean) * (invstd * gamma) + beta, which rounds otherwise than gamma * xhat + beta
+# from the stored xhat, from which _numba_bnrelu's backward recomputes the ReLU mask
+# (values at the kink were ~1e-7 above 0 forward and masked off backward).
 _jit_bn = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc"})
 
 
-@nb.njit(cache=True, nogil=True, fastmath={"reassoc"}, inline="always")
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
 def channel_stats(xf, c, n_, c_, s_, eps):
     """(mean, biased variance, 1/sqrt(var + eps)) of channel c of a flat (N, C, S) array
     from one read: float64 sums of x - x0 and its square, x0 = the channel's first value,
@@ -308,7 +313,7 @@ def channel_stats(xf, c, n_, c_, s_, eps):
     return x0 + dm, v, 1.0 / np.sqrt(v + eps)
 
 
-@_jit_bn
+@_jit
 def bn_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     """Per-channel mean and biased variance from one read of x (float64 sums of x - x0
     and (x - x0)^2, x0 the channel's first value: 35-40% less time than a pass for the mean

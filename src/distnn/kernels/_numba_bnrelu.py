@@ -20,7 +20,7 @@ from ._numba import _jit_bn, channel_stats
 from ._numba_runtime import _U, _dispatch, _jit, nb
 
 
-@_jit_bn
+@_jit
 def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
     """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0)."""
     n_, c_, s_ = x.shape
