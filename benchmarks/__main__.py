@@ -139,16 +139,23 @@ _PROBE = ("import os, sys, time; os.environ['OPENBLAS_NUM_THREADS'] = '1'; impor
           "t = time.perf_counter() + float(sys.argv[1])\n"
           "while time.perf_counter() < t:\n np.matmul(a, a, out=c); n += 1\n"
           "print(n)")
+# 64 MiB copied again and again: twice the L3 of the hosts seen, so this is memory traffic
+_COPY_PROBE = ("import sys, time; import numpy as np; "
+               "a = np.ones(1 << 24, np.float32); c = np.empty_like(a); np.copyto(c, a); "
+               "sys.stdin.read(); n = 0; t = time.perf_counter() + float(sys.argv[1])\n"
+               "while time.perf_counter() < t:\n np.copyto(c, a); n += 1\n"
+               "print(n)")
 
 
-def core_capacity(seconds: float = 1.0) -> float:
+def core_capacity(seconds: float = 1.0, probe: str = _PROBE) -> float:
     """How many cores' worth of work the host gives two processes at once: the GEMMs two
     one-thread processes do side by side ÷ those one does alone (2.0 on two free cores).
     A shared host's second core is sometimes taken by other guests (no steal time shows in
-    a KVM guest): this is the ceiling that a 1p2t ÷ 1p1t speed-up is measured under."""
+    a KVM guest): this is the ceiling that a 1p2t ÷ 1p1t speed-up is measured under.
+    ``memory_capacity`` is the same with copies of 64 MiB arrays: memory bandwidth."""
     counts = []
     for procs in (1, 2):
-        ps = [subprocess.Popen([sys.executable, "-c", _PROBE, str(seconds)], text=True,
+        ps = [subprocess.Popen([sys.executable, "-c", probe, str(seconds)], text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
               for _ in range(procs)]
@@ -159,6 +166,18 @@ def core_capacity(seconds: float = 1.0) -> float:
         for p in ps:
             p.wait()
     return counts[1] / counts[0] if counts[0] else float("nan")
+
+
+def memory_capacity(seconds: float = 1.0) -> float:
+    """Two processes' copies of 64 MiB arrays side by side ÷ one's alone: how much of a
+    second stream of memory traffic the host gives (2.0 = bandwidth not shared). Models
+    whose passes over activations are memory-bound cannot scale past it at 2 threads."""
+    return core_capacity(seconds, _COPY_PROBE)
+
+
+def capacities() -> tuple[float, float]:
+    """(compute, memory) two-core capacities, measured now."""
+    return core_capacity(), memory_capacity()
 
 
 def free_port() -> int:
@@ -390,8 +409,9 @@ def sweep(args, systems, capacity: list | None = None):
                         f"{'/'.join(f'{m:.0f}' for m in res['peak_rss_mib'])} MiB  "
                         f"others {others:.2f} cores  ({wall:.1f} s)")
         if capacity is not None:
-            capacity.append(core_capacity())
-            log(f"[bench] host two-core capacity after rep {rep}: {capacity[-1]:.2f}")
+            capacity.append(capacities())
+            log(f"[bench] host two-core capacity after rep {rep}: compute "
+                f"{capacity[-1][0]:.2f}, memory {capacity[-1][1]:.2f}")
     return results, errors, notes
 
 
@@ -585,9 +605,10 @@ def render(args, results, errors, notes, skips, load_before, load_after, idle_be
     ]
     if capacity:
         lines.append(
-            "- host two-core capacity (two one-thread GEMM processes side by side ÷ one "
-            "alone; 2.00 = two free cores), before the run and after each repetition: "
-            + ", ".join(f"{c:.2f}" for c in capacity))
+            "- host two-core capacity (two one-thread processes side by side ÷ one alone; "
+            "2.00 = nothing shared), before the run and after each repetition: compute "
+            "(384³ sgemm) " + ", ".join(f"{c:.2f}" for c, _ in capacity)
+            + "; memory (64 MiB copies) " + ", ".join(f"{m:.2f}" for _, m in capacity))
     lines += [
         "",
         table, "",
@@ -660,9 +681,10 @@ def main(argv=None) -> int:
     log(f"[bench] load average {load_before}; others use {idle_before:.2f} cores now")
     systems = Systems(args.peers)
     t0 = time.time()
-    capacity = [] if args.quick else [core_capacity()]
+    capacity = [] if args.quick else [capacities()]
     if capacity:
-        log(f"[bench] host two-core capacity: {capacity[0]:.2f}")
+        log(f"[bench] host two-core capacity: compute {capacity[0][0]:.2f}, memory "
+            f"{capacity[0][1]:.2f}")
     results, errors, notes = sweep(args, systems, capacity if capacity else None)
     report, summ, targets = render(args, results, errors, notes, systems.skips, load_before,
                                    loadavg(), idle_before, started, time.time() - t0,

@@ -42,6 +42,8 @@ def test_core_capacity_probe_counts_real_work():
     slack for timing; it is ~1.9-2.0 on two free cores, lower when other guests take one)."""
     import math
 
-    from benchmarks.__main__ import core_capacity
+    from benchmarks.__main__ import core_capacity, memory_capacity
     c = core_capacity(0.3)
     assert math.isfinite(c) and 0.2 < c < 2.6, c
+    m = memory_capacity(0.3)  # 64 MiB copies: the same bounds
+    assert math.isfinite(m) and 0.2 < m < 2.6, m
