@@ -186,3 +186,35 @@ def test_matmul_small_on_one_blas_thread_same_result(m, k, n, threads):
     assert kernels.matmul(a.T.copy().T, b, out=out) is out
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+@pytest.mark.parametrize("parallel_min", ["default", 0], ids=["small-serial", "all-parallel"])
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (64, 16, 32, 32)], ids=str)
+def test_relu_and_maxpool_at_two_threads_whatever_the_size(shape, parallel_min, monkeypatch):
+    """At 2 threads ReLU and max-pooling run their serial loops below PARALLEL_MIN elements
+    (a second thread's wake-up costs more than it saves there) and the parallel ones from
+    it; either way, and with every size sent to the parallel loops, they give the NumPy
+    backend's results, through the layers and the pooling kernels."""
+    from distnn.kernels import _numba_runtime
+    if parallel_min != "default":
+        monkeypatch.setattr(_numba_runtime, "PARALLEL_MIN", parallel_min)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    before = kernels.get_num_threads()
+
+    def run():
+        kernels.set_num_threads(2)
+        relu = ReLU()
+        relu.build(shape[1:], rng=rng, dtype=np.float32)
+        out = [relu.forward(x, training=True), relu.backward(dy)]
+        for pool, stride, pad in (((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1))):
+            y, cache = P.maxpool2d_forward(x, pool, stride, pad)
+            out += [y, P.maxpool2d_backward(np.ones_like(y), cache)]
+        return out
+
+    try:
+        for r, g in zip(*both(run)):
+            np.testing.assert_array_equal(g, r)
+    finally:
+        kernels.set_num_threads(before)

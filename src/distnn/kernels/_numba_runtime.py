@@ -54,13 +54,15 @@ _launch = threading.Lock()
 _threads = [1]
 
 
-def _dispatch(parallel_kernel, parallel_at_one: bool = False):
+def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool = False):
     """The kernel as called by the layers: its serial twin at 1 thread, the parallel
     compilation (serialized launches) with more. ``parallel_at_one``: at 1 thread too, on a
     team of one (numba's thread count of the calling thread is 1 after ``set_num_threads(1)``
     there; from another thread the serial twin runs), for kernels whose parallel compilation
     LLVM vectorizes and whose serial one it does not: the 2x2 max-pool backward, 64x8x24x24
-    float32 on an AVX2 host, 0.18 ms against 0.99 (forward 0.105 against 0.174)."""
+    float32 on an AVX2 host, 0.18 ms against 0.99 (forward 0.105 against 0.174).
+    ``small_serial`` (memory-bound loops): with more threads, a first array of fewer than
+    ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread."""
     # a copy under its own name: the disk cache is keyed by function name, not options
     f = parallel_kernel.py_func
     twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
@@ -74,10 +76,32 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False):
     def call(*args):
         if _threads[0] == 1 and not (parallel_at_one and nb.get_num_threads() == 1):
             return serial_kernel(*args)
+        if small_serial and args[0].size < PARALLEL_MIN:
+            if not parallel_at_one:
+                return serial_kernel(*args)
+            with _launch:  # on a team of one, as at 1 thread
+                saved = nb.get_num_threads()
+                nb.set_num_threads(1)
+                try:
+                    return parallel_kernel(*args)
+                finally:
+                    nb.set_num_threads(saved)
         with _launch:
             return parallel_kernel(*args)
     call.parallel, call.serial = parallel_kernel, serial_kernel
     return call
+
+
+# Elements of a ReLU's or max-pooling's first array below which it runs on the calling
+# thread alone though more threads are set: waking a sleeping OpenMP thread costs ~90 us on
+# a 2-vCPU KVM guest, and these memory-bound loops gain little from a second thread there
+# (float32, 2 threads against 1, ms: ReLU 64x32x16x16 0.24 against 0.16, 64x64x8x8 0.155
+# against 0.067, 64x16x32x32 0.32 against 0.33). In the model at 2 threads, alternated in
+# one process: simplecnn 1.09x and lenet 1.09x faster a step, resnet20 0.96-1.01x (noise).
+# Batch norm keeps its threads (its backward on 128-512 channels gained 1.06-1.22x from
+# the second); the convolution kernels too (vgg11bn's split Winograd transforms on
+# 512K-element inputs ran 13% slower a step on one thread).
+PARALLEL_MIN = 1 << 20
 
 
 # -- work arrays shared by all layers ---------------------------------------------------
