@@ -391,9 +391,8 @@ def scale_shift(x, scale, shift, y):
             yf[_U(b + k)] = xf[_U(b + k)] * a + b2
 
 
-for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols"):
-    globals()[_name] = _dispatch(globals()[_name])
-for _name in ("bn_forward_train", "bn_grad_sums", "bn_backward_dx", "scale_shift"):
+for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols",
+              "bn_forward_train", "bn_grad_sums", "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
 for _name in ("relu_forward", "relu_backward", "maxpool_forward", "maxpool_backward"):
     globals()[_name] = _dispatch(globals()[_name], small_serial=True)
