@@ -141,6 +141,45 @@ def test_run_from_two_threads_at_once_and_nested():
     assert _threads.run(2, 2, outer) == [[[[0, 2], [1]]], [[[0, 2], [1]]]]
 
 
+def test_spin_while_sees_a_store_from_another_thread_and_gives_up_after_its_budget():
+    """The look-before-sleep of a team's threads: it returns once another thread changes
+    the counter (a load hoisted out of the loop would miss it and run out its ~8 s budget,
+    returning False), and returns False at once with no budget or after a small one."""
+    flags = np.zeros(2, np.int64)
+    timer = threading.Timer(0.02, flags.__setitem__, (1, 5))
+    timer.start()
+    try:
+        assert _threads._spin_while(flags, 1, 0, 10_000_000)
+    finally:
+        timer.cancel()
+    assert flags[1] == 5
+    assert not _threads._spin_while(flags, 0, 0, 0)
+    assert not _threads._spin_while(flags, 0, 0, 100)
+    assert _threads._spin_while(flags, 1, 0, 1)  # already different
+
+
+@pytest.mark.parametrize("yields", [0, 100, 100_000])
+def test_run_back_to_back_with_and_without_looking_before_sleeping(monkeypatch, yields):
+    """Hundreds of ``run``s in a row, with helpers that sleep at once, look a little, or
+    look long enough to catch every next hand-off: every share once, in order, and a
+    helper's error still reaches the caller."""
+    monkeypatch.setattr(_threads, "SPIN_YIELDS", yields)
+    for r in range(300):
+        workers = 2 + r % 2
+        out = _threads.run(5, workers, lambda ix, s, r=r: [r * 10 + i for i in ix])
+        assert out == [[r * 10 + i for i in range(j, 5, workers)] for j in range(workers)]
+    caller = threading.get_ident()
+
+    def helper_fails(indices, serial):
+        if threading.get_ident() != caller:
+            raise ValueError("helper")
+        return list(indices)
+
+    with pytest.raises(ValueError, match="helper"):
+        _threads.run(4, 2, helper_fails)
+    assert _threads.run(4, 2, lambda ix, s: list(ix)) == [[0, 2], [1, 3]]
+
+
 def test_one_blas_thread_nests_and_restores():
     before = blas_threads()
     assert before, "numpy's BLAS is one of the libraries limited"
