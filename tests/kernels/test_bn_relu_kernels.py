@@ -226,3 +226,47 @@ def test_relu_mask_of_backward_is_the_forwards_at_the_kink(shape, dtype, threads
     np.testing.assert_allclose(dx, K.bn_backward_dx(masked.astype(dtype), xhat, gamma,
                                                     invstd, sum_dy, sum_dy_xhat,
                                                     K.channel_count(x)), **tol)
+
+
+@pytest.mark.parametrize("shape", [(6, 5, 3, 4), (4, 16, 8, 8), (3, 1, 2, 2), (2, 7)])
+def test_two_threads_split_channels_and_give_the_one_thread_bits(shape, monkeypatch):
+    """At 2+ threads the compiled batch norm (plain and fused, forward and backward) and ReLU
+    run their serial loops on contiguous pieces of the channels (ReLU: of the elements) on
+    the block threads: every channel is computed as at 1 thread, so the results are the
+    same to the last bit, for channel counts that split evenly, unevenly, or not at all."""
+    if kernels.backend() != "numba":
+        pytest.skip("the split is the compiled path's")
+    from distnn.kernels import _numba, _numba_runtime
+    monkeypatch.setattr(_numba_runtime, "PARALLEL_MIN", 0)  # ReLU split at any size
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    gamma = rng.uniform(0.5, 2.0, shape[1]).astype(np.float32)
+    beta = rng.standard_normal(shape[1]).astype(np.float32)
+    n = K.channel_count(x)
+
+    def everything():
+        out = []
+        for fwd, relu in ((K.bn_forward_train, False), (K.bn_relu_forward_train, True)):
+            y, xhat, mean, var, invstd = fwd(x, gamma, beta, EPS)
+            out += [y, xhat, mean, var, invstd]
+            out += list(K.bn_backward(dy, xhat, gamma, beta, invstd, n, relu))
+        r = np.empty_like(x)
+        _numba.relu_forward(x, r)
+        d = np.empty_like(x)
+        _numba.relu_backward(dy, r, d)
+        return out + [r, d]
+
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(1)
+        one = everything()
+        kernels.set_num_threads(2)
+        if kernels.get_num_threads() < 2:
+            pytest.skip("numba has one thread here")
+        two = everything()
+    finally:
+        kernels.set_num_threads(previous)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(one[-2], np.maximum(x, 0))

@@ -17,17 +17,17 @@ from __future__ import annotations
 import numpy as np
 
 from ._numba import _jit_bn, channel_stats
-from ._numba_runtime import _U, _dispatch, _jit, nb
+from ._numba_runtime import _U, _dispatch, _jit, channels, nb
 
 
 @_jit
-def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd):
-    """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0)."""
+def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, hi):
+    """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0), channels lo to hi."""
     n_, c_, s_ = x.shape
     xf = x.ravel()
     yf = y.ravel()
     hf = xhat.ravel()
-    for c in nb.prange(c_):
+    for c in nb.prange(lo, hi):
         m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
         mean[c] = m
         var[c] = v
@@ -122,21 +122,22 @@ def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
 
 
 @_jit
-def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat, dx):
+def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat, dx, lo,
+                hi):
     """The batch-norm backward of one process's batch (no sums across ranks) in one kernel:
     per channel the sums (float64, into sum_dy and sum_dy_xhat), then dx from them with the
     coefficients ``batchnorm.bn_backward_dx`` computes (float64 from the sums rounded to
     dy's dtype, then rounded), while the channel's dy and xhat are still in cache: the
     second read comes from L2/L3 instead of memory (64x16x32x32 float32, 1 thread, AVX2
     host: 1.9 ms against 2.5 for the sums and dx apart). ``relu``: of the ReLU-masked dy
-    (mask as ``bn_relu_grad_sums``)."""
+    (mask as ``bn_relu_grad_sums``). Channels lo to hi (``_dispatch``'s split)."""
     n_, c_, s_ = dy.shape
     df = dy.ravel()
     hf = xhat.ravel()
     xf = dx.ravel()
     dt = dy.dtype.type
     thr = 0.0 if relu else -np.inf
-    for c in nb.prange(c_):
+    for c in nb.prange(lo, hi):
         g = gamma[c]
         bb = beta[c]
         a, b2 = _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr)
@@ -148,6 +149,7 @@ def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat,
                     dt(thr))
 
 
-for _name in ("bn_relu_forward_train", "scale_shift_relu", "bn_relu_grad_sums",
-              "bn_relu_backward_dx", "bn_backward"):
+for _name in ("scale_shift_relu", "bn_relu_grad_sums", "bn_relu_backward_dx"):
     globals()[_name] = _dispatch(globals()[_name])
+for _name in ("bn_relu_forward_train", "bn_backward"):
+    globals()[_name] = _dispatch(globals()[_name], split=channels)

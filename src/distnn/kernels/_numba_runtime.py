@@ -54,7 +54,8 @@ _launch = threading.Lock()
 _threads = [1]
 
 
-def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool = False):
+def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool = False,
+              split=None):
     """The kernel as called by the layers: its serial twin at 1 thread, the parallel
     compilation (serialized launches) with more. ``parallel_at_one``: at 1 thread too, on a
     team of one (numba's thread count of the calling thread is 1 after ``set_num_threads(1)``
@@ -62,7 +63,13 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     LLVM vectorizes and whose serial one it does not: the 2x2 max-pool backward, 64x8x24x24
     float32 on an AVX2 host, 0.18 ms against 0.99 (forward 0.105 against 0.174).
     ``small_serial`` (memory-bound loops): with more threads, a first array of fewer than
-    ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread."""
+    ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread.
+    ``split(args)``: for a kernel whose last two arguments are the range (lo, hi) of its
+    outer loop, that loop's length. The caller then leaves them out; with more threads the
+    serial twin runs on contiguous pieces of the range, one a thread, on the block threads
+    of ``_threads`` (which look for work before they sleep) instead of OpenMP's (a sleeping
+    OpenMP thread's wake-up per call: batch norm's kernels run between two convolutions
+    whose blocks keep those threads busy)."""
     # a copy under its own name: the disk cache is keyed by function name, not options
     f = parallel_kernel.py_func
     twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
@@ -71,6 +78,20 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     serial_kernel = nb.njit(cache=True, nogil=True,
                             fastmath=parallel_kernel.targetoptions.get("fastmath", False)
                             )(twin)
+
+    if split is not None:
+        @functools.wraps(parallel_kernel.py_func)
+        def call(*args):
+            n = split(args)
+            if _threads[0] == 1 or (small_serial and args[0].size < PARALLEL_MIN):
+                return serial_kernel(*args, 0, n)
+            if not TEAM_SPLIT:
+                with _launch:
+                    return parallel_kernel(*args, 0, n)
+            from ._threads import pieces
+            pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
+        call.parallel, call.serial = parallel_kernel, serial_kernel
+        return call
 
     @functools.wraps(parallel_kernel.py_func)
     def call(*args):
@@ -90,6 +111,20 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             return parallel_kernel(*args)
     call.parallel, call.serial = parallel_kernel, serial_kernel
     return call
+
+
+# False: the split kernels run on OpenMP's threads as before (for comparisons)
+TEAM_SPLIT = True
+
+
+def channels(args) -> int:
+    """``_dispatch``'s split over axis 1 of the first argument (N, C, S)."""
+    return args[0].shape[1]
+
+
+def elements(args) -> int:
+    """``_dispatch``'s split over the first argument's elements."""
+    return args[0].size
 
 
 # Elements of a ReLU's or max-pooling's first array below which it runs on the calling
