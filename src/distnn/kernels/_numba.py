@@ -150,13 +150,15 @@ def nchw_to_cols(dy, n0, dyw, db, use_db):
 # -- activations --------------------------------------------------------------------------
 @_jit
 def relu_forward(x, y, lo, hi):
-    """y = max(x, 0) over flat elements lo to hi (``_dispatch``'s split)."""
+    """y = max(x, 0) over flat elements lo to hi (``_dispatch``'s split; unsigned indices:
+    a signed i from an argument gets a negative-index check that stops vectorization, 2x
+    slower)."""
     xf = x.ravel()
     yf = y.ravel()
     z = x.dtype.type(0)
     for i in nb.prange(lo, hi):
-        v = xf[i]
-        yf[i] = z if v <= z else v  # NaN stays NaN, as np.maximum
+        v = xf[_U(i)]
+        yf[_U(i)] = z if v <= z else v  # NaN stays NaN, as np.maximum
 
 
 @_jit
@@ -167,7 +169,8 @@ def relu_backward(dy, y, dx, lo, hi):
     xf = dx.ravel()
     z = dy.dtype.type(0)
     for i in nb.prange(lo, hi):
-        xf[i] = df[i] if yf[i] > z else df[i] * z
+        d = df[_U(i)]
+        xf[_U(i)] = d if yf[_U(i)] > z else d * z
 
 
 # -- max pooling --------------------------------------------------------------------------
