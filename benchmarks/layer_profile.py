@@ -10,7 +10,8 @@ per layer, and "main %" the calling thread's share of it. At 1 thread CPU ms is 
 load-independent cost of the layer; at 2 threads a layer whose work is split evenly has
 main % near 50, a serial one 100. The threads table after it gives each thread's CPU over
 the timed steps and the speedup that split allows (total CPU / the busiest thread's CPU).
-OpenBLAS threads spin-wait after a call, and that counts as their CPU time too.
+OpenBLAS threads spin-wait after a call, and the block threads look for their next share
+(sched_yield) before they sleep: that counts as their CPU time too.
 
     python benchmarks/layer_profile.py --model resnet20 --threads 1 [--kernels numpy|numba]
 """
