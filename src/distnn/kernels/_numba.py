@@ -17,6 +17,7 @@ import numpy as np
 from ._numba_runtime import (_U, _dispatch, _jit, _jit_serial, _jit_sums, channels,
                              default_threads, elements, get_num_threads, nb, scratch,
                              set_num_threads)
+from ._threads import pieces
 
 __all__ = ["default_threads", "get_num_threads", "scratch", "set_num_threads"]
 
@@ -400,9 +401,10 @@ def scale_shift(x, scale, shift, y):
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "bn_grad_sums",
               "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
-bn_forward_train = _dispatch(bn_forward_train, split=channels)
+bn_forward_train = _dispatch(bn_forward_train, split=channels, pieces=pieces)
 for _name in ("relu_forward", "relu_backward"):
-    globals()[_name] = _dispatch(globals()[_name], small_serial=True, split=elements)
+    globals()[_name] = _dispatch(globals()[_name], small_serial=True, split=elements,
+                                 pieces=pieces)
 for _name in ("maxpool_forward", "maxpool_backward"):
     globals()[_name] = _dispatch(globals()[_name], small_serial=True)
 for _name in ("maxpool2x2_forward", "maxpool2x2_backward"):

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._numba import _jit_bn, channel_stats
 from ._numba_runtime import _U, _dispatch, _jit, channels, nb
+from ._threads import pieces
 
 
 @_jit
@@ -152,4 +153,4 @@ def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat,
 for _name in ("scale_shift_relu", "bn_relu_grad_sums", "bn_relu_backward_dx"):
     globals()[_name] = _dispatch(globals()[_name])
 for _name in ("bn_relu_forward_train", "bn_backward"):
-    globals()[_name] = _dispatch(globals()[_name], split=channels)
+    globals()[_name] = _dispatch(globals()[_name], split=channels, pieces=pieces)

@@ -55,7 +55,7 @@ _threads = [1]
 
 
 def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool = False,
-              split=None):
+              split=None, pieces=None):
     """The kernel as called by the layers: its serial twin at 1 thread, the parallel
     compilation (serialized launches) with more. ``parallel_at_one``: at 1 thread too, on a
     team of one (numba's thread count of the calling thread is 1 after ``set_num_threads(1)``
@@ -66,8 +66,9 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread.
     ``split(args)``: for a kernel whose last two arguments are the range (lo, hi) of its
     outer loop, that loop's length. The caller then leaves them out; with more threads the
-    serial twin runs on contiguous pieces of the range, one a thread, on the block threads
-    of ``_threads`` (which look for work before they sleep) instead of OpenMP's (a sleeping
+    serial twin runs on contiguous pieces of the range, one a thread, through ``pieces``
+    (``_threads.pieces``: the block threads, which look for work before they sleep)
+    instead of on OpenMP's (a sleeping
     OpenMP thread's wake-up per call: batch norm's kernels run between two convolutions
     whose blocks keep those threads busy)."""
     # a copy under its own name: the disk cache is keyed by function name, not options
@@ -88,7 +89,6 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             if not TEAM_SPLIT:
                 with _launch:
                     return parallel_kernel(*args, 0, n)
-            from ._threads import pieces
             pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
         call.parallel, call.serial = parallel_kernel, serial_kernel
         return call

@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._numba import get_num_threads
+from ._numba_runtime import get_num_threads
 
 _pool: list = []  # the ThreadPoolExecutor, made on first use
 _blas: list = []  # the threadpoolctl controller, made on first use
