@@ -68,9 +68,10 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     outer loop, that loop's length. The caller then leaves them out; with more threads the
     serial twin runs on contiguous pieces of the range, one a thread, through ``pieces``
     (``_threads.pieces``: the block threads, which look for work before they sleep)
-    instead of on OpenMP's (a sleeping
-    OpenMP thread's wake-up per call: batch norm's kernels run between two convolutions
-    whose blocks keep those threads busy)."""
+    instead of on OpenMP's, whose sleeping thread needs a wake-up per call (batch norm runs
+    between two convolutions, whose blocks keep the block threads awake)."""
+    if split is not None and pieces is None:
+        raise TypeError("_dispatch: a split kernel needs pieces (_threads.pieces)")
     # a copy under its own name: the disk cache is keyed by function name, not options
     f = parallel_kernel.py_func
     twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",

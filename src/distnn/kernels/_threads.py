@@ -157,9 +157,10 @@ def _spin_while(flags, i, value, yields):
 # sched_yield calls (~0.8 us each on a 2-vCPU KVM guest when nothing else wants the core:
 # ~80 ms). Waking a thread asleep on a lock cost 55 us on an idle such guest and 300-450 us
 # on a busy one, twice a ``run`` (the helper's start, the caller's return), and a
-# resnet20 step at 2 threads has 52 ``run``s. Yielding, not spinning on pauses: between
-# runs, batch norm's OpenMP thread and BLAS's need that core (pure spinning for 0.5-3 ms
-# made resnet20 at 2 threads 0-5% slower; yielding 1.08-1.11x faster, vgg11bn 1.06x).
+# resnet20 step at 2 threads has 94 ``run``s (52 for its convolutions). Yielding, not
+# spinning on pauses: OpenMP's and BLAS's threads may need that core (with batch norm still
+# on OpenMP, pure spinning for 0.5-3 ms made resnet20 at 2 threads 0-5% slower; yielding
+# 1.08-1.11x faster, vgg11bn 1.06x).
 # DISTNN_SPIN_YIELDS=0 turns the looking off.
 SPIN_YIELDS = int(os.environ.get("DISTNN_SPIN_YIELDS", 100_000))
 
@@ -170,7 +171,9 @@ class _Team:
     guest, against 106 us through a ThreadPoolExecutor's queue, future and condition: 52
     ``run``s a resnet20 step at 2 threads). Before sleeping on a lock, a thread watches the
     team's counters for up to SPIN_YIELDS sched_yield calls: a thread still awake takes
-    its share (and the caller its result) without a wake-up."""
+    its share (and the caller its result) without a wake-up on the lock. It still needs the
+    GIL to run its Python share: from hand-off to the helper's start a median 83-90 us on
+    that guest, with or without the watching."""
 
     def __init__(self, n: int):
         self.busy = threading.Lock()  # held by the ``run`` using the team
