@@ -87,9 +87,6 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             n = split(args)
             if _threads[0] == 1 or (small_serial and args[0].size < PARALLEL_MIN):
                 return serial_kernel(*args, 0, n)
-            if not TEAM_SPLIT:
-                with _launch:
-                    return parallel_kernel(*args, 0, n)
             pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
         call.parallel, call.serial = parallel_kernel, serial_kernel
         return call
@@ -112,10 +109,6 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             return parallel_kernel(*args)
     call.parallel, call.serial = parallel_kernel, serial_kernel
     return call
-
-
-# False: the split kernels run on OpenMP's threads as before (for comparisons)
-TEAM_SPLIT = True
 
 
 def channels(args) -> int:
