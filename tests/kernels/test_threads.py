@@ -228,3 +228,47 @@ def test_uneven_conv_blocks_at_two_threads_give_the_one_thread_result():
     for got1, got2, r in zip(one, two, ref):
         np.testing.assert_allclose(got2, got1, rtol=1e-12, atol=1e-10)
         np.testing.assert_allclose(got2, r, rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_dynamic_run_takes_every_block_once_and_the_free_thread_takes_more(workers):
+    """``dynamic``: the threads take the next block not yet taken, each block once; a
+    helper that starts late leaves its blocks to the caller (which ran them here)."""
+    caller = threading.get_ident()
+
+    def body(indices, serial):
+        if threading.get_ident() != caller:
+            threading.Event().wait(0.3)  # a helper that starts late
+        return [(i, threading.get_ident()) for i in indices]
+
+    out = _threads.run(12, workers, body, dynamic=True)
+    taken = sorted(i for share in out for i, _ in share)
+    assert taken == list(range(12))
+    by_caller = [i for i, tid in out[-1] if tid == caller]
+    assert len(by_caller) >= 12 - (workers - 1)  # the late helpers took one block at most
+    assert by_caller == sorted(by_caller)  # taken in block order
+
+
+@pytest.mark.parametrize("n,threads", [(10, 2), (37, 2), (37, 3), (3, 2)])
+def test_pieces_cover_the_range_once_whichever_thread_takes_them(n, threads):
+    seen = []
+    lock = threading.Lock()
+
+    def fn(a, b):
+        with lock:
+            seen.append((a, b))
+
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        _threads.pieces(n, fn, min_items=2)
+    finally:
+        kernels.set_num_threads(previous)
+    seen.sort()
+    assert seen[0][0] == 0 and seen[-1][1] == n
+    assert all(a < b for a, b in seen)
+    assert all(seen[i][1] == seen[i + 1][0] for i in range(len(seen) - 1))
+    sizes = [b - a for a, b in seen]
+    assert len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]  # equal pieces, the last less
+    if kernels.backend() == "numba":  # several a thread, every thread one at least
+        assert min(n, threads) <= len(seen) <= threads * _threads.PIECES_PER_THREAD

@@ -315,3 +315,37 @@ def test_winograd_empty_batch(threads, method):
         kernels.set_num_threads(previous)
     assert y.shape == (0, 8, 8, 8) and dx.shape == x.shape
     assert not dw.any() and not db.any()
+
+
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
+def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monkeypatch):
+    """At 2 threads the backward keeps dU and db per block and sums them in block order,
+    so the threads may take blocks as they come free: dw, db and dx have the same bits with
+    blocks taken as they come, round-robin, or on a second run, and the reference values."""
+    from distnn import kernels
+    from distnn.kernels import _threads
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((17, 16, 32, 32))
+    wt = rng.standard_normal((16, 16, 3, 3))
+    b = rng.standard_normal(16)
+    pads = (1, 1, 1, 1)
+    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    calls = []
+    by_block = W._backward_by_block
+    monkeypatch.setattr(W, "_backward_by_block", lambda *a: calls.append(1) or by_block(*a))
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    try:
+        runs = [run(x, wt, b, pads, dy, method=method) for _ in range(2)]
+        monkeypatch.setattr(_threads, "DYNAMIC", False)
+        runs.append(run(x, wt, b, pads, dy, method=method))
+    finally:
+        kernels.set_num_threads(previous)
+    assert len(calls) == 3  # 17 blocks of one sample: the per-block path each time
+    for other in runs[1:]:
+        for a, c in zip(runs[0], other):
+            np.testing.assert_array_equal(a, c)
+    for got, r in zip(runs[0], ref):
+        np.testing.assert_allclose(got, r, atol=1e-10)

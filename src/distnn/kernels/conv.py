@@ -165,7 +165,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
             _vgemm.product(w2[None], col[None], yw[None])
             kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
 
-    run(len(chunks), workers, body)
+    run(len(chunks), workers, body, dynamic=True)  # each block writes its own samples
     return y, ConvCache(g, colbuf if keep else None, False, x, True, False, tuple(chunks))
 
 
