@@ -349,3 +349,32 @@ def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monk
             np.testing.assert_array_equal(a, c)
     for got, r in zip(runs[0], ref):
         np.testing.assert_allclose(got, r, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["winograd", "winograd4"])
+@pytest.mark.parametrize("split_mnk", [0, 1 << 62])
+def test_winograd_two_threads_split_positions_and_filter_pairs(method, split_mnk,
+                                                               monkeypatch):
+    """At 2 threads, a layer that splits every kernel runs its GEMMs by positions and
+    (from SPLIT_WEIGHTS filter pairs) the weights' adjoint by pairs among the threads: the
+    reference values, and the same bits on a second run."""
+    from distnn import kernels
+    monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 64, 4, 4))
+    wt = rng.standard_normal((64, 64, 3, 3))
+    b = rng.standard_normal(64)
+    pads = (1, 1, 1, 1)
+    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
+    dy = rng.standard_normal(y_ref.shape)
+    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    assert 64 * 64 >= W.SPLIT_WEIGHTS
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    try:
+        first, second = (run(x, wt, b, pads, dy, method=method) for _ in range(2))
+    finally:
+        kernels.set_num_threads(previous)
+    for a, c, r in zip(first, second, ref):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_allclose(a, r, atol=1e-9)

@@ -54,7 +54,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._numba import get_num_threads, scratch
-from ._threads import blas_for, kernel, run, split_blocks
+from ._threads import blas_for, kernel, pieces, run, split_blocks
 from . import _vgemm, _winograd, _winograd4
 
 # G (4x3): U = G g G^T
@@ -126,12 +126,20 @@ def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> n
 SPLIT_WEIGHTS = 64 * 64
 
 
-def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2
-                              ) -> np.ndarray:
-    """dw (F, C, 3, 3) = G^T dU G for dU (P, F, C), written into ``out``."""
+def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2,
+                              split: bool = False) -> np.ndarray:
+    """dw (F, C, 3, 3) = G^T dU G for dU (P, F, C), written into ``out``. ``split`` (a
+    caller outside ``run``'s bodies): with 2+ threads and SPLIT_WEIGHTS filter pairs, the
+    pairs split among the threads (``pieces``), each on one BLAS thread: a threaded GEMM
+    with 9 columns was slower at 2 threads than at 1 (512x512 filters: 9.3 ms against 8.2;
+    split 8.1; 256x256 1.7 against 1.1 split)."""
     p, f, c = du.shape
     kg = tiling.kg.astype(du.dtype)
-    if out.flags.c_contiguous:
+    if (split and out.flags.c_contiguous and f * c >= SPLIT_WEIGHTS
+            and get_num_threads() > 1):
+        du2, dw2 = du.reshape(p, f * c), out.reshape(f * c, 9)
+        pieces(f * c, lambda a, b: np.matmul(du2[:, a:b].T, kg, out=dw2[a:b]), 2)
+    elif out.flags.c_contiguous:
         np.matmul(du.reshape(p, f * c).T, kg, out=out.reshape(f * c, 9))
     else:
         out[...] = np.matmul(du.reshape(p, f * c).T, kg).reshape(out.shape)
@@ -162,6 +170,27 @@ def _work(name: str, rows: int, t: int, dtype, p: int = 16):
     """A (P, rows * t + PAD) work array and its (P, rows, t) view for the GEMMs."""
     a2 = scratch(name, (p, rows * t + PAD), dtype)
     return a2, a2[:, :rows * t].reshape(p, rows, t)
+
+
+def _product(a, b, out, serial: bool) -> None:
+    """out[p] = a[p] @ b[p]; with 2+ threads splitting every kernel (not ``serial``), the
+    positions p split among them (``pieces``), each GEMM on one BLAS thread, rather than
+    each position's GEMM threaded by BLAS (a barrier a position). At 2 threads, ms (P, F,
+    C, tiles): 36x512x512x64 10.9 against 12.3, 36x256x256x128 5.0 against 5.9; vgg11bn's
+    step 1.03-1.10x faster with the weights' adjoint split too (24-50 rounds alternated)."""
+    if serial or get_num_threads() == 1:
+        _vgemm.product(a, b, out)
+    else:
+        pieces(a.shape[0], lambda i, j: _vgemm.product(a[i:j], b[i:j], out[i:j]), 2)
+
+
+def _product_nt(a, b, out, add: bool, part, serial: bool) -> None:
+    """out[p] (+)= a[p] @ b[p]^T, split as ``_product``."""
+    if serial or get_num_threads() == 1:
+        _vgemm.product_nt(a, b, out, add, part)
+    else:
+        pieces(a.shape[0], lambda i, j: _vgemm.product_nt(
+            a[i:j], b[i:j], out[i:j], add, None if part is None else part[i:j]), 2)
 
 
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16):
@@ -240,7 +269,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
             v2, v = _work("wino_v", c, t, x.dtype, p)
             m2, m = _work("wino_m", f, t, x.dtype, p)
             kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _vgemm.product(u, v, m)
+            _product(u, v, m, serial)
             kernel(ks.output_transform, serial)(m2, bias, b is not None, relu, n0, n1 - n0, th,
                                              tw, y)
 
@@ -286,9 +315,9 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
             kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
             db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
             kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _vgemm.product_nt(dm, v, du, j > 0, part)
+            _product_nt(dm, v, du, j > 0, part, serial)
             if need_dx:
-                _vgemm.product(ut, dm, v)
+                _product(ut, dm, v, serial)
                 kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
         if workers > 1 and len(indices):
             # each thread takes the adjoint of its own dU (linear: the dw parts add up),
@@ -308,7 +337,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     elif workers > 1:
         dw_out[...] = du
     else:
-        weights_transform_adjoint(du, dw_out, tiling)
+        weights_transform_adjoint(du, dw_out, tiling, split=True)
     if db_out is not None:
         db_out[...] = db64
     return dx, dw_out, db_out
@@ -350,7 +379,7 @@ def _backward_by_block(dy, x, w, u, ut, pt, pl, dw_out, db_out, dx, blocks, work
     total = du[0]
     for i in range(1, len(blocks)):  # block order: the same sums whoever took the blocks
         total += du[i]
-    weights_transform_adjoint(total, dw_out, tiling)
+    weights_transform_adjoint(total, dw_out, tiling, split=True)
     if db_out is not None:
         db_out[...] = db.sum(axis=0)
     return dx, dw_out, db_out
