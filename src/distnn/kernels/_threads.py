@@ -168,7 +168,7 @@ SPIN_YIELDS = int(os.environ.get("DISTNN_SPIN_YIELDS", 100_000))
 # ``run``'s ``dynamic`` on (False: the round-robin shares everywhere, for comparison). With
 # static shares the caller of a resnet20 step at 2 threads waited 36-44 ms for the helper
 # (its start 83-90 us after the hand-off, its core slower at times); with blocks taken as
-# threads come free, 6.5 ms. resnet20 1.07x faster a step (10 rounds alternated in one
+# threads come free, 11.8 ms. resnet20 1.07x faster a step (10 rounds alternated in one
 # process), vgg11bn 1.065x (12 rounds; its big layers have 2 blocks or split every kernel).
 DYNAMIC = True
 # Pieces a thread of ``pieces`` (batch norm's channels, ReLU's and the optimizer's
