@@ -317,6 +317,18 @@ def test_winograd_empty_batch(threads, method):
     assert not dw.any() and not db.any()
 
 
+def same_padded_case(seed, n, c, f, h):
+    """float64 x (n, c, h, h), 3x3 weights, bias, 'same' padding, a dy and the reference's
+    (y, dx, dw, db)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, h))
+    wt = rng.standard_normal((f, c, 3, 3))
+    b = rng.standard_normal(f)
+    pads = (1, 1, 1, 1)
+    dy = rng.standard_normal((n, f, h, h))
+    return x, wt, b, pads, dy, ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+
+
 @pytest.mark.parametrize("method", ["winograd", "winograd4"])
 def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monkeypatch):
     """At 2 threads the backward keeps dU and db per block and sums them in block order,
@@ -324,17 +336,15 @@ def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monk
     blocks taken as they come, round-robin, or on a second run, and the reference values."""
     from distnn import kernels
     from distnn.kernels import _threads
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((17, 16, 32, 32))
-    wt = rng.standard_normal((16, 16, 3, 3))
-    b = rng.standard_normal(16)
-    pads = (1, 1, 1, 1)
-    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
-    dy = rng.standard_normal(y_ref.shape)
-    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    x, wt, b, pads, dy, ref = same_padded_case(5, 17, 16, 16, 32)
     calls = []
-    by_block = W._backward_by_block
-    monkeypatch.setattr(W, "_backward_by_block", lambda *a: calls.append(1) or by_block(*a))
+    run_blocks = W.run
+
+    def recording_run(nblocks, workers, body, dynamic=False):
+        calls.append((nblocks, workers, dynamic))
+        return run_blocks(nblocks, workers, body, dynamic)
+
+    monkeypatch.setattr(W, "run", recording_run)
     previous = kernels.get_num_threads()
     kernels.set_num_threads(2)
     try:
@@ -343,7 +353,8 @@ def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monk
         runs.append(run(x, wt, b, pads, dy, method=method))
     finally:
         kernels.set_num_threads(previous)
-    assert len(calls) == 3  # 17 blocks of one sample: the per-block path each time
+    # 17 blocks of one sample, taken as threads come free, forward and backward
+    assert calls == [(17, 2, True)] * 6
     for other in runs[1:]:
         for a, c in zip(runs[0], other):
             np.testing.assert_array_equal(a, c)
@@ -360,14 +371,7 @@ def test_winograd_two_threads_split_positions_and_filter_pairs(method, split_mnk
     reference values, and the same bits on a second run."""
     from distnn import kernels
     monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((3, 64, 4, 4))
-    wt = rng.standard_normal((64, 64, 3, 3))
-    b = rng.standard_normal(64)
-    pads = (1, 1, 1, 1)
-    y_ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1))
-    dy = rng.standard_normal(y_ref.shape)
-    ref = ref_conv(x, wt, b, (1, 1), pads, (1, 1), dy)
+    x, wt, b, pads, dy, ref = same_padded_case(11, 3, 64, 64, 4)
     assert 64 * 64 >= W.SPLIT_WEIGHTS
     previous = kernels.get_num_threads()
     kernels.set_num_threads(2)

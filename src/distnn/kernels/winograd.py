@@ -293,10 +293,43 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         u = weights_transform(w, tiling, workers)
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
+
+    def block(i, serial, du, add, part, dbpbuf):
+        """Block i's transforms and products: its dU into du (added when ``add``; ``part``:
+        the products' scratch for that sum), its dx written; its db (float64) returned."""
+        n0, n1 = blocks[i]
+        t = (n1 - n0) * th * tw
+        v2, v = _work("wino_v", c, t, x.dtype, p)
+        m2, dm = _work("wino_m", f, t, x.dtype, p)
+        dbp = dbpbuf[:f * (n1 - n0)]
+        kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
+        kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
+        _product_nt(dm, v, du, add, part, serial)
+        if need_dx:
+            _product(ut, dm, v, serial)
+            kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+        return dbp.reshape(f, n1 - n0).sum(axis=1)
+
     if (workers > 1 and len(blocks) > workers
             and len(blocks) * p * f * c * x.itemsize <= SLOT_BYTES):
-        return _backward_by_block(dy, x, w, u, ut, pt, pl, dw_out, db_out, dx, blocks,
-                                  workers, tiling, th, tw, k)
+        # blocks taken as threads come free; dU and db kept per block, summed in block
+        # order: the same sums whoever took which block
+        du_blocks = scratch("wino_du_blocks", (len(blocks), p, f, c), x.dtype)
+        db_blocks = np.empty((len(blocks), f), np.float64)
+
+        def body_by_block(indices, serial):
+            dbpbuf = np.empty(f * k, np.float64)
+            for i in indices:
+                db_blocks[i] = block(i, serial, du_blocks[i], False, None, dbpbuf)
+
+        run(len(blocks), workers, body_by_block, dynamic=True)
+        du = du_blocks[0]
+        for i in range(1, len(blocks)):
+            du += du_blocks[i]
+        weights_transform_adjoint(du, dw_out, tiling, split=True)
+        if db_out is not None:
+            db_out[...] = db_blocks.sum(axis=0)
+        return dx, dw_out, db_out
 
     def body(indices, serial):
         # dU and its per-block part: this thread's scratch (16 MB each for 512x512 filters;
@@ -307,18 +340,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         db64 = np.zeros(f, np.float64)
         dbpbuf = np.empty(f * k, np.float64)
         for j, i in enumerate(indices):
-            n0, n1 = blocks[i]
-            t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype, p)
-            m2, dm = _work("wino_m", f, t, x.dtype, p)
-            dbp = dbpbuf[:f * (n1 - n0)]
-            kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
-            db64 += dbp.reshape(f, n1 - n0).sum(axis=1)
-            kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _product_nt(dm, v, du, j > 0, part, serial)
-            if need_dx:
-                _product(ut, dm, v, serial)
-                kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
+            db64 += block(i, serial, du, j > 0, part, dbpbuf)
         if workers > 1 and len(indices):
             # each thread takes the adjoint of its own dU (linear: the dw parts add up),
             # so that the serial sum after reads 9 values a filter pair, not P
@@ -348,38 +370,3 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
 # (``run``'s ``dynamic``) with the same dw whichever thread took which block: resnet20's
 # 16->16 32x32 layers at F(4x4) keep 22 blocks of 37 KB, its 32->32 16x16 ones 10 of 147 KB.
 SLOT_BYTES = 4 << 20
-
-
-def _backward_by_block(dy, x, w, u, ut, pt, pl, dw_out, db_out, dx, blocks, workers,
-                       tiling, th, tw, k):
-    """``backward``'s blocks taken by whichever thread is free; dU and db kept per block."""
-    n, c = x.shape[:2]
-    f = w.shape[0]
-    p, ks = tiling.p, tiling.kernels
-    du = scratch("wino_du_blocks", (len(blocks), p, f, c), x.dtype)
-    db = np.empty((len(blocks), f), np.float64)
-
-    def body(indices, serial):
-        dbpbuf = np.empty(f * k, np.float64)
-        for i in indices:
-            n0, n1 = blocks[i]
-            t = (n1 - n0) * th * tw
-            v2, v = _work("wino_v", c, t, x.dtype, p)
-            m2, dm = _work("wino_m", f, t, x.dtype, p)
-            dbp = dbpbuf[:f * (n1 - n0)]
-            kernel(ks.output_transform_adjoint, serial)(dy, n0, n1, th, tw, m2, dbp)
-            db[i] = dbp.reshape(f, n1 - n0).sum(axis=1)
-            kernel(ks.input_transform, serial)(x, n0, n1, pt, pl, th, tw, v2)
-            _vgemm.product_nt(dm, v, du[i], False, None)
-            if dx is not None:
-                _vgemm.product(ut, dm, v)
-                kernel(ks.input_transform_adjoint, serial)(v2, n0, n1, pt, pl, th, tw, dx)
-
-    run(len(blocks), workers, body, dynamic=True)
-    total = du[0]
-    for i in range(1, len(blocks)):  # block order: the same sums whoever took the blocks
-        total += du[i]
-    weights_transform_adjoint(total, dw_out, tiling, split=True)
-    if db_out is not None:
-        db_out[...] = db.sum(axis=0)
-    return dx, dw_out, db_out
