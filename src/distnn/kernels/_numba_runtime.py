@@ -66,7 +66,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread.
     ``split(args)``: for a kernel whose last two arguments are the range (lo, hi) of its
     outer loop, that loop's length. The caller then leaves them out; with more threads the
-    serial twin runs on contiguous pieces of the range, one a thread, through ``pieces``
+    serial twin runs on contiguous pieces of the range, several a thread, through ``pieces``
     (``_threads.pieces``: the block threads, which look for work before they sleep)
     instead of on OpenMP's, whose sleeping thread needs a wake-up per call (batch norm runs
     between two convolutions, whose blocks keep the block threads awake)."""
