@@ -132,6 +132,19 @@ def _load_acquire(typingctx, flags, i):
 
 
 @intrinsic
+def fetch_add(typingctx, counters, i):
+    """counters[i] += 1 (int64) as one atomic step, returning the value before: compiled
+    threads that each take the next block number from a shared counter take each once."""
+    sig = types.int64(counters, types.int64)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", builder.gep(data, [args[1]]),
+                                  ir.Constant(ir.IntType(64), 1), "monotonic")
+    return sig, codegen
+
+
+@intrinsic
 def _sched_yield(typingctx):
     """libc's sched_yield() (by name, so the compiled function can be cached)."""
     sig = types.int32()

@@ -20,7 +20,9 @@ layer's gradients are the true gradients of the function it computes, and gradie
 hold to rounding.
 
 The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` and ``_winograd4w``
-for F(4x4), the same four kernels with the same signatures); the GEMMs stay in BLAS.
+for F(4x4), the same four kernels with the same signatures); the GEMMs run in BLAS, or, in
+float32 layers of up to 64x64 filter pairs on AVX2/AVX-512 CPUs, the whole loop over a
+thread's blocks runs compiled with the GEMMs on register tiles (``_winograd_blocks``).
 With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each
 thread take whole blocks of samples (no copies; dw summed in a fixed order), bigger ones
 split every kernel.
@@ -54,8 +56,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ._numba import get_num_threads, scratch
+from . import _threads, _vgemm, _winograd, _winograd4
+from . import _winograd_blocks as _blocks
 from ._threads import blas_for, kernel, pieces, run, split_blocks
-from . import _vgemm, _winograd, _winograd4
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -244,6 +247,52 @@ U_OVER_VM = 2
 SPLIT_MNK = 1 << 62
 
 
+def _compiled(dtype, c: int, f: int, workers: int) -> bool:
+    """Whether the blocks run in ``_winograd_blocks``' compiled drivers: where they apply,
+    at one thread or with whole blocks a thread (layers that split every kernel among the
+    threads keep the Python loop, their products split by positions)."""
+    return _blocks.applies(dtype, c, f) and (workers > 1 or get_num_threads() == 1)
+
+
+def _taking(blocks, workers: int, free: bool):
+    """(blocks as an (n, 2) int64 array, the shared counter, step) for the drivers: step 0
+    (each thread takes the counter's next block) when ``free`` and ``_threads.DYNAMIC``,
+    else every ``workers``-th block from the thread's first (``run``'s round-robin)."""
+    step = 0 if free and workers > 1 and _threads.DYNAMIC else workers
+    return np.asarray(blocks, np.int64).reshape(-1, 2), np.zeros(1, np.int64), step
+
+
+def _backward_compiled(dy, x, u, blocks, k, workers, pt, pl, th, tw, tiling, dw_out, db_out,
+                       dx):
+    """``backward`` on the drivers: dU and db per block (when they fit in SLOT_BYTES, with
+    2+ threads: taken freely, summed in block order) or per thread, summed in order."""
+    p, f, c = u.shape
+    per_block = workers > 1 and len(blocks) * p * f * c * x.itemsize <= SLOT_BYTES
+    slots = len(blocks) if per_block else min(workers, len(blocks))
+    du = scratch("wino_du_blocks", (slots, p, f, c), x.dtype)
+    db = np.empty((slots, f), np.float64)
+    bl, counter, step = _taking(blocks, workers, per_block)
+    dbp_size = f * k
+
+    def share(indices, serial):
+        i = indices[0]
+        t = k * th * tw
+        _blocks.backward_blocks(dy, x, u, bl, counter, i, step, pt, pl, th, tw,
+                                _work("wino_v", c, t, x.dtype, p)[0],
+                                _work("wino_m", f, t, x.dtype, p)[0],
+                                np.empty(dbp_size, np.float64), du, db, -1 if per_block else i,
+                                dx is not None, x[:0] if dx is None else dx)
+
+    run(workers, workers, share)
+    total = du[0]
+    for i in range(1, slots):  # fixed order: the same sums whichever thread took a block
+        total += du[i]
+    weights_transform_adjoint(total, dw_out, tiling, split=True)
+    if db_out is not None:
+        db_out[...] = db.sum(axis=0)
+    return dx, dw_out, db_out
+
+
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int, pl: int,
             pr: int, relu: bool = False, tile: int = 2) -> np.ndarray:
     """y (N, F, OH, OW) = conv2d(x, w) + b (then ReLU when ``relu``) for w (F, C, 3, 3),
@@ -261,6 +310,17 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
         u = weights_transform(w, tiling, workers)
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
+    if _compiled(x.dtype, c, f, workers):
+        bl, counter, step = _taking(blocks, workers, True)
+
+        def share(indices, serial):
+            t = k * th * tw
+            _blocks.forward_blocks(x, u, bias, b is not None, relu, bl, counter, indices[0],
+                                   step, pt, pl, th, tw, _work("wino_v", c, t, x.dtype, p)[0],
+                                   _work("wino_m", f, t, x.dtype, p)[0], y)
+
+        run(workers, workers, share)
+        return y
 
     def body(indices, serial):
         for i in indices:
@@ -293,6 +353,9 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         u = weights_transform(w, tiling, workers)
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
+    if _compiled(x.dtype, c, f, workers) and blocks:
+        return _backward_compiled(dy, x, u, blocks, k, workers, pt, pl, th, tw, tiling,
+                                  dw_out, db_out, dx)
 
     def block(i, serial, du, add, part, dbpbuf):
         """Block i's transforms and products: its dU into du (added when ``add``; ``part``:

@@ -1,0 +1,134 @@
+"""Compiled drivers of the Winograd convolution's blocks (float32, register-tiled products).
+
+``winograd.forward`` and ``backward`` loop over blocks of samples: per block the transforms
+(compiled) and a batched GEMM. With the GEMM in BLAS that loop is Python: a few
+dispatches and a BLAS call a block, and with 2 threads each taken under the GIL. Here one
+compiled call runs a thread's whole share: each block's transforms and products back to
+back, the products on the register tiles (``_vgemm``; numba code can call them, not
+BLAS), without the GIL. Threads take block numbers from a shared counter
+(``_threads.fetch_add``) or every ``step``-th block. The blocks are ``winograd._plan``'s.
+
+Measured (AMD EPYC Zen 3, AVX2, batch 64, medians of 10 alternated; driver vs the Python
+loop on BLAS, fwd / bwd, 1 | 2 threads): 16->16 32x32 1.24x / 1.24x | 1.17x / 1.15x,
+32->32 16x16 1.15x / 1.13x | 1.28x / 1.08x, 16->16 14x14 (F(2x2)) 1.15x / 1.20x | 1.26x /
+1.30x. The tiles in the Python loop instead tied or lost (``_vgemm.PRODUCTS``).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ._numba_runtime import _U
+from ._threads import fetch_add
+from ._vgemm import matmul_flat, matmul_nt_flat
+from ._winograd import input_transform as _in2
+from ._winograd import input_transform_adjoint as _iadj2
+from ._winograd import output_transform as _out2
+from ._winograd import output_transform_adjoint as _oadj2
+from ._winograd4 import input_transform as _in4
+from ._winograd4 import input_transform_adjoint as _iadj4
+from ._winograd4 import output_transform as _out4
+from ._winograd4 import output_transform_adjoint as _oadj4
+
+_jit = nb.njit(cache=True, nogil=True)
+
+# the serial twins (``_dispatch``): each call here is one thread's
+_IN2, _OUT2, _OADJ2, _IADJ2 = _in2.serial, _out2.serial, _oadj2.serial, _iadj2.serial
+_IN4, _OUT4, _OADJ4, _IADJ4 = _in4.serial, _out4.serial, _oadj4.serial, _iadj4.serial
+
+
+@_jit
+def _first(counter, first, step):
+    """The first block this thread takes: the counter's next number (step 0), else first."""
+    return fetch_add(counter, 0) if step == 0 else first
+
+
+@_jit
+def _then(counter, i, step):
+    """The block after i: the counter's next number (step 0), else i + step."""
+    return fetch_add(counter, 0) if step == 0 else i + step
+
+
+@_jit
+def forward_blocks(x, u, bias, use_b, relu, blocks, counter, first, step, pt, pl, th, tw,
+                   v2, m2, y):
+    """y of the samples of every block taken (blocks[i] = (n0, n1)): V = B^T d B into v2
+    (P, >= C*T), M = U V (u (P, F, C)) into m2 (P, >= F*T), y = A^T M A (+ bias, ReLU)."""
+    p, f, c = u.shape
+    uf, vf, mf = u.ravel(), v2.ravel(), m2.ravel()
+    i = _first(counter, first, step)
+    while i < blocks.shape[0]:
+        n0, n1 = blocks[i, 0], blocks[i, 1]
+        t = (n1 - n0) * th * tw
+        if p == 36:
+            _IN4(x, n0, n1, pt, pl, th, tw, v2)
+        else:
+            _IN2(x, n0, n1, pt, pl, th, tw, v2)
+        matmul_flat(uf, f * c, c, 1, vf, v2.shape[1], t, mf, m2.shape[1], t, p, f, c, t)
+        if p == 36:
+            _OUT4(m2, bias, use_b, relu, n0, n1 - n0, th, tw, y)
+        else:
+            _OUT2(m2, bias, use_b, relu, n0, n1 - n0, th, tw, y)
+        i = _then(counter, i, step)
+
+
+@_jit
+def backward_blocks(dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, m2, dbp,
+                    du, db, slot, need_dx, dx):
+    """Over every block taken: dM = A dY A^T into m2, V into v2, dU (+)= dM V^T into
+    du[s] (P, F, C) and the sums of dy into db[s] (float64), s = the block's number when
+    ``slot`` < 0, else ``slot`` (its first block sets it, the others add); when
+    ``need_dx``, dV = U^T dM into v2 and dx[n0:n1] = the scatter-add of B dV B^T."""
+    p, f, c = u.shape
+    uf, vf, mf = u.ravel(), v2.ravel(), m2.ravel()
+    pfc = p * f * c
+    duf = du.ravel()
+    started = False
+    i = _first(counter, first, step)
+    while i < blocks.shape[0]:
+        n0, n1 = blocks[i, 0], blocks[i, 1]
+        k = n1 - n0
+        t = k * th * tw
+        if p == 36:
+            _OADJ4(dy, n0, n1, th, tw, m2, dbp)
+            _IN4(x, n0, n1, pt, pl, th, tw, v2)
+        else:
+            _OADJ2(dy, n0, n1, th, tw, m2, dbp)
+            _IN2(x, n0, n1, pt, pl, th, tw, v2)
+        s = i if slot < 0 else slot
+        add = slot >= 0 and started
+        matmul_nt_flat(mf, m2.shape[1], t, vf, v2.shape[1], t, duf[s * pfc:], f * c, c, p, f,
+                       c, t, add)
+        for ff in range(f):
+            acc = 0.0
+            for n in range(k):
+                acc += dbp[_U(ff * k + n)]
+            db[s, ff] = db[s, ff] + acc if add else acc
+        started = True
+        if need_dx:
+            matmul_flat(uf, f * c, 1, c, mf, m2.shape[1], t, vf, v2.shape[1], t, p, c, f, t)
+            if p == 36:
+                _IADJ4(v2, n0, n1, pt, pl, th, tw, dx)
+            else:
+                _IADJ2(v2, n0, n1, pt, pl, th, tw, dx)
+        i = _then(counter, i, step)
+
+
+def applies(dtype, c: int, f: int) -> bool:
+    """Whether the drivers take a layer: float32, channels and filters multiples of 8 (the
+    tiles' rows on either CPU), at most MAX_FC filter pairs, register tiles on
+    (``_vgemm``) and ENABLED."""
+    from . import _vgemm
+    return (ENABLED and _vgemm.ENABLED and _vgemm.TILES and np.dtype(dtype) == np.float32
+            and c % 8 == 0 and f % 8 == 0 and c * f <= MAX_FC)
+
+
+# False: the Python loop over blocks (its products on the tiles where ``_vgemm.usable``,
+# else BLAS), as before the drivers: for comparison, and for the tests that check both
+# give the same results
+ENABLED = True
+# Filter pairs up to which the drivers run. Beyond, dU = dM V^T (a short sum a block over
+# many outputs) is BLAS's ground: fwd / bwd, driver vs the loop on BLAS, 1 | 2 threads:
+# 64->64 8x8 1.05x / 1.01x | 1.06x / 0.99x, but 64->128 8x8 1.09x / 0.81x | 0.97x / 0.91x
+# (and 256->256 8x8 bwd 0.91x, 256->512 4x4 0.83x at 1 thread).
+MAX_FC = 64 * 64
