@@ -17,7 +17,7 @@ import numba as nb
 import numpy as np
 
 from ._numba import _U, _dispatch
-from ._winograd import stage_plane, write_plane
+from ._winograd import NARROW_PART, stage_plane, write_plane
 from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, input_plane,
                          from_phases, output_adjoint_plane, output_plane, to_phases)
 
@@ -155,33 +155,35 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
                 input_plane(xf, ((n + n0) * c_ + c) * h_ * w_, h_, w_, pt, pl, th, tw, vf, cs,
                             c * nt + n * th * tw, d, tmp, tmp2)
         return
-    for cn in nb.prange(c_ * k_):
-        c = cn // k_
-        n = cn % k_
-        xb = ((n + n0) * c_ + c) * h_ * w_
+    planes = c_ * k_
+    for part in nb.prange(-(-planes // NARROW_PART)):
         d = np.zeros(hp * wp, x.dtype)
-        for r in range(max(0, -pt), min(h_, hp - pt)):
-            for q in range(max(0, -pl), min(w_, wp - pl)):
-                d[_U((r + pt) * wp + q + pl)] = xf[_U(xb + r * w_ + q)]
-        for ty in range(th):
-            o = c * nt + (n * th + ty) * tw
-            for tx in range(tw):
-                s = 4 * ty * wp + 4 * tx
-                # columns of the tile: c_j = B^T d[:, j]
-                c0 = _bt_(_load6(d, s, wp))
-                c1 = _bt_(_load6(d, s + 1, wp))
-                c2 = _bt_(_load6(d, s + 2, wp))
-                c3 = _bt_(_load6(d, s + 3, wp))
-                c4 = _bt_(_load6(d, s + 4, wp))
-                c5 = _bt_(_load6(d, s + 5, wp))
-                # rows: v[i, :] = (B^T d)[i, :] B, position (i, j) at row 6 i + j
-                t = o + tx
-                _put6(vf, t, cs, _bt(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0]))
-                _put6(vf, t + 6 * cs, cs, _bt(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1]))
-                _put6(vf, t + 12 * cs, cs, _bt(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2]))
-                _put6(vf, t + 18 * cs, cs, _bt(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3]))
-                _put6(vf, t + 24 * cs, cs, _bt(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4]))
-                _put6(vf, t + 30 * cs, cs, _bt(c0[5], c1[5], c2[5], c3[5], c4[5], c5[5]))
+        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+            c = cn // k_
+            n = cn % k_
+            xb = ((n + n0) * c_ + c) * h_ * w_
+            for r in range(max(0, -pt), min(h_, hp - pt)):
+                for q in range(max(0, -pl), min(w_, wp - pl)):
+                    d[_U((r + pt) * wp + q + pl)] = xf[_U(xb + r * w_ + q)]
+            for ty in range(th):
+                o = c * nt + (n * th + ty) * tw
+                for tx in range(tw):
+                    s = 4 * ty * wp + 4 * tx
+                    # columns of the tile: c_j = B^T d[:, j]
+                    c0 = _bt_(_load6(d, s, wp))
+                    c1 = _bt_(_load6(d, s + 1, wp))
+                    c2 = _bt_(_load6(d, s + 2, wp))
+                    c3 = _bt_(_load6(d, s + 3, wp))
+                    c4 = _bt_(_load6(d, s + 4, wp))
+                    c5 = _bt_(_load6(d, s + 5, wp))
+                    # rows: v[i, :] = (B^T d)[i, :] B, position (i, j) at row 6 i + j
+                    t = o + tx
+                    _put6(vf, t, cs, _bt(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0]))
+                    _put6(vf, t + 6 * cs, cs, _bt(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1]))
+                    _put6(vf, t + 12 * cs, cs, _bt(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2]))
+                    _put6(vf, t + 18 * cs, cs, _bt(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3]))
+                    _put6(vf, t + 24 * cs, cs, _bt(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4]))
+                    _put6(vf, t + 30 * cs, cs, _bt(c0[5], c1[5], c2[5], c3[5], c4[5], c5[5]))
 
 
 @_jit
@@ -232,30 +234,32 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
                             val = z
                         yf[_U(yr + q)] = val
         return
-    for fn in nb.prange(f_ * nk):
-        f = fn // nk
-        n = fn % nk
-        yb = ((n + n0) * f_ + f) * oh * ow
-        bias = b[f] if use_b else z
+    planes = f_ * nk
+    for part in nb.prange(-(-planes // NARROW_PART)):
         out = np.empty(4 * th * wp, m.dtype)
-        for ty in range(th):
-            o = f * nt + (n * th + ty) * tw
-            for tx in range(tw):
-                t = o + tx
-                # rows: r_i = M[i, :] A
-                r0 = _at_(_load6(mf, t, fs))
-                r1 = _at_(_load6(mf, t + 6 * fs, fs))
-                r2 = _at_(_load6(mf, t + 12 * fs, fs))
-                r3 = _at_(_load6(mf, t + 18 * fs, fs))
-                r4 = _at_(_load6(mf, t + 24 * fs, fs))
-                r5 = _at_(_load6(mf, t + 30 * fs, fs))
-                # columns: A^T r[:, j] is column j of the 4x4 output tile
-                s = 4 * ty * wp + 4 * tx
-                _put4(out, s, wp, _at(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
-                _put4(out, s + 1, wp, _at(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
-                _put4(out, s + 2, wp, _at(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
-                _put4(out, s + 3, wp, _at(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
-        write_plane(out, wp, yf, yb, oh, ow, bias, relu)
+        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+            f = fn // nk
+            n = fn % nk
+            yb = ((n + n0) * f_ + f) * oh * ow
+            bias = b[f] if use_b else z
+            for ty in range(th):
+                o = f * nt + (n * th + ty) * tw
+                for tx in range(tw):
+                    t = o + tx
+                    # rows: r_i = M[i, :] A
+                    r0 = _at_(_load6(mf, t, fs))
+                    r1 = _at_(_load6(mf, t + 6 * fs, fs))
+                    r2 = _at_(_load6(mf, t + 12 * fs, fs))
+                    r3 = _at_(_load6(mf, t + 18 * fs, fs))
+                    r4 = _at_(_load6(mf, t + 24 * fs, fs))
+                    r5 = _at_(_load6(mf, t + 30 * fs, fs))
+                    # columns: A^T r[:, j] is column j of the 4x4 output tile
+                    s = 4 * ty * wp + 4 * tx
+                    _put4(out, s, wp, _at(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                    _put4(out, s + 1, wp, _at(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                    _put4(out, s + 2, wp, _at(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                    _put4(out, s + 3, wp, _at(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
+            write_plane(out, wp, yf, yb, oh, ow, bias, relu)
 
 
 @_jit_sums
@@ -291,29 +295,31 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
                 dbp[fn] = acc
                 output_adjoint_plane(g, th, tw, mf, fs, f * nt + n * th * tw, tmp, tmp2)
         return
-    for fn in nb.prange(f_ * k_):
-        f = fn // k_
-        n = fn % k_
-        yb = ((n + n0) * f_ + f) * oh * ow
+    planes = f_ * k_
+    for part in nb.prange(-(-planes // NARROW_PART)):
         g = np.zeros(4 * th * wp, dy.dtype)
-        dbp[fn] = stage_plane(df, yb, oh, ow, g, wp)
-        for ty in range(th):
-            o = f * nt + (n * th + ty) * tw
-            for tx in range(tw):
-                s = 4 * ty * wp + 4 * tx
-                # columns: c_j = A g[:, j]
-                c0 = _a_(_load4(g, s, wp))
-                c1 = _a_(_load4(g, s + 1, wp))
-                c2 = _a_(_load4(g, s + 2, wp))
-                c3 = _a_(_load4(g, s + 3, wp))
-                # rows: dM[i, :] = (A g)[i, :] A^T
-                t = o + tx
-                _put6(mf, t, fs, _a(c0[0], c1[0], c2[0], c3[0]))
-                _put6(mf, t + 6 * fs, fs, _a(c0[1], c1[1], c2[1], c3[1]))
-                _put6(mf, t + 12 * fs, fs, _a(c0[2], c1[2], c2[2], c3[2]))
-                _put6(mf, t + 18 * fs, fs, _a(c0[3], c1[3], c2[3], c3[3]))
-                _put6(mf, t + 24 * fs, fs, _a(c0[4], c1[4], c2[4], c3[4]))
-                _put6(mf, t + 30 * fs, fs, _a(c0[5], c1[5], c2[5], c3[5]))
+        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+            f = fn // k_
+            n = fn % k_
+            yb = ((n + n0) * f_ + f) * oh * ow
+            dbp[fn] = stage_plane(df, yb, oh, ow, g, wp)
+            for ty in range(th):
+                o = f * nt + (n * th + ty) * tw
+                for tx in range(tw):
+                    s = 4 * ty * wp + 4 * tx
+                    # columns: c_j = A g[:, j]
+                    c0 = _a_(_load4(g, s, wp))
+                    c1 = _a_(_load4(g, s + 1, wp))
+                    c2 = _a_(_load4(g, s + 2, wp))
+                    c3 = _a_(_load4(g, s + 3, wp))
+                    # rows: dM[i, :] = (A g)[i, :] A^T
+                    t = o + tx
+                    _put6(mf, t, fs, _a(c0[0], c1[0], c2[0], c3[0]))
+                    _put6(mf, t + 6 * fs, fs, _a(c0[1], c1[1], c2[1], c3[1]))
+                    _put6(mf, t + 12 * fs, fs, _a(c0[2], c1[2], c2[2], c3[2]))
+                    _put6(mf, t + 18 * fs, fs, _a(c0[3], c1[3], c2[3], c3[3]))
+                    _put6(mf, t + 24 * fs, fs, _a(c0[4], c1[4], c2[4], c3[4]))
+                    _put6(mf, t + 30 * fs, fs, _a(c0[5], c1[5], c2[5], c3[5]))
 
 
 @_jit
@@ -352,35 +358,38 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
                     for q in range(q0, w_):
                         xf[_U(xr + q)] = 0
         return
-    for cn in nb.prange(c_ * k_):
-        c = cn // k_
-        n = cn % k_
-        xb = ((n + n0) * c_ + c) * h_ * w_
+    planes = c_ * k_
+    for part in nb.prange(-(-planes // NARROW_PART)):
         d = np.zeros(hp * wp, dv.dtype)
-        for ty in range(th):
-            o = c * nt + (n * th + ty) * tw
-            for tx in range(tw):
-                t = o + tx
-                # rows: r_i = dV[i, :] B^T
-                r0 = _b_(_load6(vf, t, cs))
-                r1 = _b_(_load6(vf, t + 6 * cs, cs))
-                r2 = _b_(_load6(vf, t + 12 * cs, cs))
-                r3 = _b_(_load6(vf, t + 18 * cs, cs))
-                r4 = _b_(_load6(vf, t + 24 * cs, cs))
-                r5 = _b_(_load6(vf, t + 30 * cs, cs))
-                # columns: B r[:, j], added into column j of the tile's place in the plane
-                s = 4 * ty * wp + 4 * tx
-                _add6(d, s, wp, _b(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
-                _add6(d, s + 1, wp, _b(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
-                _add6(d, s + 2, wp, _b(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
-                _add6(d, s + 3, wp, _b(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
-                _add6(d, s + 4, wp, _b(r0[4], r1[4], r2[4], r3[4], r4[4], r5[4]))
-                _add6(d, s + 5, wp, _b(r0[5], r1[5], r2[5], r3[5], r4[5], r5[5]))
-        for r in range(h_):
-            for q in range(w_):
-                rr, qq = r + pt, q + pl
-                inside = rr < hp and qq < wp
-                xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
+        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+            c = cn // k_
+            n = cn % k_
+            xb = ((n + n0) * c_ + c) * h_ * w_
+            d[:] = 0
+            for ty in range(th):
+                o = c * nt + (n * th + ty) * tw
+                for tx in range(tw):
+                    t = o + tx
+                    # rows: r_i = dV[i, :] B^T
+                    r0 = _b_(_load6(vf, t, cs))
+                    r1 = _b_(_load6(vf, t + 6 * cs, cs))
+                    r2 = _b_(_load6(vf, t + 12 * cs, cs))
+                    r3 = _b_(_load6(vf, t + 18 * cs, cs))
+                    r4 = _b_(_load6(vf, t + 24 * cs, cs))
+                    r5 = _b_(_load6(vf, t + 30 * cs, cs))
+                    # columns: B r[:, j], added into column j of the tile's place in the plane
+                    s = 4 * ty * wp + 4 * tx
+                    _add6(d, s, wp, _b(r0[0], r1[0], r2[0], r3[0], r4[0], r5[0]))
+                    _add6(d, s + 1, wp, _b(r0[1], r1[1], r2[1], r3[1], r4[1], r5[1]))
+                    _add6(d, s + 2, wp, _b(r0[2], r1[2], r2[2], r3[2], r4[2], r5[2]))
+                    _add6(d, s + 3, wp, _b(r0[3], r1[3], r2[3], r3[3], r4[3], r5[3]))
+                    _add6(d, s + 4, wp, _b(r0[4], r1[4], r2[4], r3[4], r4[4], r5[4]))
+                    _add6(d, s + 5, wp, _b(r0[5], r1[5], r2[5], r3[5], r4[5], r5[5]))
+            for r in range(h_):
+                for q in range(w_):
+                    rr, qq = r + pt, q + pl
+                    inside = rr < hp and qq < wp
+                    xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
 for _name in ("input_transform", "output_transform", "output_transform_adjoint",
