@@ -17,8 +17,10 @@ AVX-512, 16x16 @ 16x192 233 GFLOP/s vs OpenBLAS-Haswell 88; 32x32 @ 32x1024 180 
 sums). Both take views whose last axis is contiguous (the driver's work arrays), any row
 strides. ``usable`` says when they apply (float32, row counts multiples of the tile's, a
 CPU with AVX-512F or AVX2 and FMA — LLVM would split the vectors elsewhere, where BLAS is
-the better bet); otherwise the caller keeps ``np.matmul``. Sums run in a different order
-than BLAS's, so results agree to float32 rounding, not bit for bit.
+the better bet); otherwise the caller keeps ``np.matmul``. ``product`` and ``product_nt``
+(the Python loops' GEMMs) take them on AVX-512 only (PRODUCTS); compiled callers
+(``_winograd_blocks``) call ``matmul_flat`` and ``matmul_nt_flat`` directly. Sums run in
+a different order than BLAS's, so results agree to float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
@@ -42,9 +44,6 @@ _I32 = ir.IntType(32)
 
 def _vector(width: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), width)
-
-
-V16 = _vector(16)
 
 
 def _features() -> dict:
