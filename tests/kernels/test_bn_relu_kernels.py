@@ -228,6 +228,44 @@ def test_relu_mask_of_backward_is_the_forwards_at_the_kink(shape, dtype, threads
                                                     K.channel_count(x)), **tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "plain"])
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 5, 7), (2, 16, 8, 8), (1, 1, 1, 1)], ids=str)
+def test_backward_without_xhat_recomputes_the_forwards_bits(shape, relu, dtype, threads):
+    """A forward with ``keep_xhat=False`` writes no xhat on the compiled path (the same y and
+    statistics); ``bn_backward`` given x and the mean instead recomputes xhat as the forward
+    rounded it: the same sums and dx to the last bit as from the kept xhat, on both
+    backends. Offset, scaled data, so that centring and scaling round differently."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 7 + 3).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    beta = rng.standard_normal(shape[1]).astype(dtype)
+    n = K.channel_count(x)
+    fwd = K.bn_relu_forward_train if relu else K.bn_forward_train
+    kept = fwd(x, gamma, beta, EPS)
+    y, xhat, mean, var, invstd = fwd(x, gamma, beta, EPS, keep_xhat=False)
+    assert (xhat is None) == (kernels.backend() == "numba")
+    for a, b in zip((y, mean, var, invstd), kept[:1] + kept[2:]):
+        np.testing.assert_array_equal(a, b)
+    want = K.bn_backward(dy, kept[1], gamma, beta, invstd, n, relu)
+    out = np.empty_like(x)
+    got = K.bn_backward(dy, None, gamma, beta, invstd, n, relu, out=out, x=x, mean=mean)
+    assert (got[2] is out) == (kernels.backend() == "numba")
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    # a dy the compiled kernel cannot take (strided): the NumPy recomputation, same bits
+    if x.size > 1:  # (one element: every view is contiguous)
+        wide = np.repeat(dy, 2, axis=-1)[..., ::2]
+        assert not wide.flags.c_contiguous
+        strided = K.bn_backward(wide, None, gamma, beta, invstd, n, relu, x=x, mean=mean)
+        np.testing.assert_allclose(strided[2], want[2],
+                                   rtol=1e-5 if dtype == np.float32 else 1e-12,
+                                   atol=1e-6 if dtype == np.float32 else 1e-12)
+    with pytest.raises(ValueError, match="x and mean"):
+        K.bn_backward(dy, None, gamma, beta, invstd, n, relu)
+
+
 @pytest.mark.parametrize("shape", [(6, 5, 3, 4), (4, 16, 8, 8), (3, 1, 2, 2), (2, 7)])
 def test_two_threads_split_channels_and_give_the_one_thread_bits(shape, monkeypatch):
     """At 2+ threads the compiled batch norm (plain and fused, forward and backward) and ReLU
@@ -251,6 +289,8 @@ def test_two_threads_split_channels_and_give_the_one_thread_bits(shape, monkeypa
             y, xhat, mean, var, invstd = fwd(x, gamma, beta, EPS)
             out += [y, xhat, mean, var, invstd]
             out += list(K.bn_backward(dy, xhat, gamma, beta, invstd, n, relu))
+            out += list(fwd(x, gamma, beta, EPS, keep_xhat=False)[::2])  # no xhat
+            out += list(K.bn_backward(dy, None, gamma, beta, invstd, n, relu, x=x, mean=mean))
         r = np.empty_like(x)
         _numba.relu_forward(x, r)
         d = np.empty_like(x)

@@ -28,6 +28,7 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, h
     xf = x.ravel()
     yf = y.ravel()
     hf = xhat.ravel()
+    keep = hf.size > 0  # an empty xhat: not kept (``bn_backward`` recomputes it from x)
     for c in nb.prange(lo, hi):
         m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
         mean[c] = m
@@ -42,7 +43,8 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, h
             b = (n * c_ + c) * s_
             for k in range(s_):
                 h = (xf[_U(b + k)] - mx) * ix
-                hf[_U(b + k)] = h
+                if keep:
+                    hf[_U(b + k)] = h
                 o = h * g + bb
                 yf[_U(b + k)] = z if o <= z else o  # NaN stays NaN
 
@@ -65,18 +67,26 @@ def scale_shift_relu(x, scale, shift, y):
 
 
 # -- backward: the per-channel loops of the kernels below (one loop for every mask)
+@nb.njit(cache=True, nogil=True, inline="always")
+def _xhat(hf, i, mx, ix, centre):
+    """xhat at flat index i: hf[i], or with ``centre`` (hf is then x) (x - mean) * invstd
+    rounded as the forward rounded it (mx, ix: the mean and invstd in x's dtype)."""
+    return (hf[i] - mx) * ix if centre else hf[i]
+
+
 @nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr):
+def _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr, mx, ix, centre):
     """(sum(dy'), sum(dy' * xhat)) of channel c in float64, dy' = dy where g * xhat + bb >
     thr, else 0: thr = 0 is ``bn_relu_grad_sums``'s mask, -inf none (the same loop for
     both, vectorized alike: a batch norm fused with its ReLU and one followed by a ReLU
-    layer give the same sums). d is float64, so d * xhat is exact before it is summed."""
+    layer give the same sums). d is float64, so d * xhat is exact before it is summed.
+    xhat as ``_xhat`` gives it."""
     a = 0.0
     b2 = 0.0
     for n in range(n_):
         b = (n * c_ + c) * s_
         for k in range(s_):
-            h = hf[_U(b + k)]
+            h = _xhat(hf, _U(b + k), mx, ix, centre)
             d = df[_U(b + k)] if h * g + bb > thr else df[_U(b + k)] * 0
             a += d
             b2 += d * h
@@ -84,7 +94,7 @@ def _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr):
 
 
 @nb.njit(cache=True, nogil=True)
-def _channel_dx(df, hf, xf, c, n_, c_, s_, g, bb, ca, cb, cc, thr):
+def _channel_dx(df, hf, xf, c, n_, c_, s_, g, bb, ca, cb, cc, thr, mx, ix, centre):
     """dx = ca * dy' + cb * xhat + cc over channel c, dy' as in ``_channel_sums`` (thr in
     dy's dtype; no fast-math: it rounds as ``bn_relu_backward_dx`` and
     ``_numba.bn_backward_dx`` do)."""
@@ -92,7 +102,7 @@ def _channel_dx(df, hf, xf, c, n_, c_, s_, g, bb, ca, cb, cc, thr):
     for n in range(n_):
         b = (n * c_ + c) * s_
         for k in range(s_):
-            h = hf[_U(b + k)]
+            h = _xhat(hf, _U(b + k), mx, ix, centre)
             d = df[_U(b + k)] if h * g + bb > thr else df[_U(b + k)] * z
             xf[_U(b + k)] = ca * d + cb * h + cc
 
@@ -104,8 +114,10 @@ def bn_relu_grad_sums(dy, xhat, gamma, beta, sum_dy, sum_dy_xhat):
     n_, c_, s_ = dy.shape
     df = dy.ravel()
     hf = xhat.ravel()
+    one = dy.dtype.type(1)
     for c in nb.prange(c_):
-        a, b2 = _channel_sums(df, hf, c, n_, c_, s_, gamma[c], beta[c], 0.0)
+        a, b2 = _channel_sums(df, hf, c, n_, c_, s_, gamma[c], beta[c], 0.0, one, one,
+                              False)
         sum_dy[c] = a
         sum_dy_xhat[c] = b2
 
@@ -118,20 +130,26 @@ def bn_relu_backward_dx(dy, xhat, gamma, beta, ca, cb, cc, dx):
     hf = xhat.ravel()
     xf = dx.ravel()
     z = dy.dtype.type(0)
+    one = dy.dtype.type(1)
     for c in nb.prange(c_):
-        _channel_dx(df, hf, xf, c, n_, c_, s_, gamma[c], beta[c], ca[c], cb[c], cc[c], z)
+        _channel_dx(df, hf, xf, c, n_, c_, s_, gamma[c], beta[c], ca[c], cb[c], cc[c], z,
+                    one, one, False)
 
 
 @_jit
-def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat, dx, lo,
-                hi):
+def bn_backward(dy, xhat, mean, gamma, beta, invstd, count, relu, centre, sum_dy,
+                sum_dy_xhat, dx, lo, hi):
     """The batch-norm backward of one process's batch (no sums across ranks) in one kernel:
     per channel the sums (float64, into sum_dy and sum_dy_xhat), then dx from them with the
     coefficients ``batchnorm.bn_backward_dx`` computes (float64 from the sums rounded to
     dy's dtype, then rounded), while the channel's dy and xhat are still in cache: the
     second read comes from L2/L3 instead of memory (64x16x32x32 float32, 1 thread, AVX2
     host: 1.9 ms against 2.5 for the sums and dx apart). ``relu``: of the ReLU-masked dy
-    (mask as ``bn_relu_grad_sums``). Channels lo to hi (``_dispatch``'s split)."""
+    (mask as ``bn_relu_grad_sums``). ``centre``: xhat is x, and xhat is recomputed from it
+    with mean and invstd (as ``_xhat``: the forward's bits), so that forward need not write
+    xhat (``bn_relu_forward_train`` with an empty xhat: 64x16x32x32 float32, 1 thread,
+    0.56 against 0.93 ms; backward the same time). Channels lo to hi (``_dispatch``'s
+    split)."""
     n_, c_, s_ = dy.shape
     df = dy.ravel()
     hf = xhat.ravel()
@@ -141,13 +159,15 @@ def bn_backward(dy, xhat, gamma, beta, invstd, count, relu, sum_dy, sum_dy_xhat,
     for c in nb.prange(lo, hi):
         g = gamma[c]
         bb = beta[c]
-        a, b2 = _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr)
+        mx = mean[c] if centre else dt(0)
+        ix = invstd[c]
+        a, b2 = _channel_sums(df, hf, c, n_, c_, s_, g, bb, thr, mx, ix, centre)
         sum_dy[c] = a
         sum_dy_xhat[c] = b2
-        gi = np.float64(g) * np.float64(invstd[c])
+        gi = np.float64(g) * np.float64(ix)
         _channel_dx(df, hf, xf, c, n_, c_, s_, g, bb, dt(gi),
                     dt(-gi * np.float64(dt(b2)) / count), dt(-gi * np.float64(dt(a)) / count),
-                    dt(thr))
+                    dt(thr), mx, ix, centre)
 
 
 for _name in ("scale_shift_relu", "bn_relu_grad_sums", "bn_relu_backward_dx"):

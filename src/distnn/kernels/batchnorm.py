@@ -106,22 +106,36 @@ def bn_normalize(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.nda
     return y, xhat, invstd
 
 
+def _xhat_out(xhat_out: np.ndarray | None, x: np.ndarray, keep: bool):
+    """(the array the compiled forward writes xhat into, what it returns as xhat): an empty
+    one and None when xhat is not kept."""
+    if not keep:
+        return np.empty((0, 0, 0), x.dtype), None
+    xhat = _out(xhat_out, x)
+    return _by_channel(xhat), xhat
+
+
 def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
-                     out: np.ndarray | None = None, xhat_out: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                     out: np.ndarray | None = None, xhat_out: np.ndarray | None = None,
+                     keep_xhat: bool = True
+                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray,
+                                np.ndarray]:
     """Training-mode batch norm with this batch's statistics, centring x only once.
 
     Returns (y, xhat, mean, var, invstd); var is the biased batch variance.
     ``out`` / ``xhat_out``: arrays the compiled path writes y / xhat into when they fit.
+    ``keep_xhat=False``: the compiled path does not write xhat and returns None for it;
+    ``bn_backward`` then recomputes it from x, mean and invstd (one array fewer written).
     """
     fast = _compiled_for(x)
     if fast is not None:
         c = x.shape[1]
-        y, xhat = _out(out, x), _out(xhat_out, x)
+        y = _out(out, x)
+        hx, xhat = _xhat_out(xhat_out, x, keep_xhat)
         mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
         fast.bn_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
                               np.ascontiguousarray(beta, x.dtype), float(eps),
-                              _by_channel(y), _by_channel(xhat), mean, var, invstd)
+                              _by_channel(y), hx, mean, var, invstd)
         dt = x.dtype
         return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
     n = max(channel_count(x), 1)
@@ -225,22 +239,25 @@ def relu_mask(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def bn_relu_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
-                          out: np.ndarray | None = None, xhat_out: np.ndarray | None = None
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                          out: np.ndarray | None = None, xhat_out: np.ndarray | None = None,
+                          keep_xhat: bool = True
+                          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray,
                                      np.ndarray]:
     """``bn_forward_train`` followed by ReLU: returns (max(y, 0), xhat, mean, var, invstd).
-    ``out`` / ``xhat_out``: arrays to write y / xhat into when they fit (reused buffers)."""
+    ``out`` / ``xhat_out``: arrays to write y / xhat into when they fit (reused buffers);
+    ``keep_xhat`` as ``bn_forward_train``'s."""
     fast = _fused_for(x)
     if fast is None:
         y, xhat, mean, var, invstd = bn_forward_train(x, gamma, beta, eps)
         np.maximum(y, 0, out=y)
         return y, xhat, mean, var, invstd
     c = x.shape[1]
-    y, xhat = _out(out, x), _out(xhat_out, x)
+    y = _out(out, x)
+    hx, xhat = _xhat_out(xhat_out, x, keep_xhat)
     mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
     fast.bn_relu_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
                                np.ascontiguousarray(beta, x.dtype), float(eps),
-                               _by_channel(y), _by_channel(xhat), mean, var, invstd)
+                               _by_channel(y), hx, mean, var, invstd)
     dt = x.dtype
     return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
 
@@ -306,15 +323,29 @@ def bn_relu_backward_dx(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray,
     return dx
 
 
-def bn_backward(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, beta: np.ndarray,
-                invstd: np.ndarray, count: int, relu: bool = False,
-                out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bn_backward(dy: np.ndarray, xhat: np.ndarray | None, gamma: np.ndarray,
+                beta: np.ndarray, invstd: np.ndarray, count: int, relu: bool = False,
+                out: np.ndarray | None = None, x: np.ndarray | None = None,
+                mean: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sum_dy, sum_dy_xhat, dx) of training-mode batch norm (followed by ReLU when
     ``relu``) whose statistics are this batch's alone (no sums across ranks to wait for):
     ``bn(_relu)_grad_sums`` then ``bn(_relu)_backward_dx``, on the compiled path in one
     kernel that reads each channel's dy and xhat a second time from cache. The sums are in
-    dy's dtype (float64 sums rounded); ``out``: an array to write dx into when it fits."""
-    fast = _fused_for(dy, xhat)
+    dy's dtype (float64 sums rounded); ``out``: an array to write dx into when it fits.
+    ``xhat=None`` (a forward with ``keep_xhat=False``): xhat is recomputed from ``x`` and
+    the forward's ``mean`` and ``invstd``, to the forward's bits."""
+    centre = xhat is None
+    if centre:
+        if x is None or mean is None:
+            raise ValueError("bn_backward: without xhat, pass the forward's x and mean")
+        fast = _fused_for(dy, x)
+        if fast is None:  # the forward's NumPy rounding: (x - mean) * invstd
+            xhat = np.subtract(x, _bshape(x, mean))
+            xhat *= _bshape(x, invstd)
+            return bn_backward(dy, xhat, gamma, beta, invstd, count, relu, out)
+    else:
+        fast = _fused_for(dy, xhat)
     if fast is None:
         if relu:
             sums = bn_relu_grad_sums(dy, xhat, gamma, beta)
@@ -326,7 +357,10 @@ def bn_backward(dy: np.ndarray, xhat: np.ndarray, gamma: np.ndarray, beta: np.nd
     dt = dy.dtype
     sums = np.empty((2, dy.shape[1]), np.float64)
     dx = _out(out, dy)
-    fast.bn_backward(_by_channel(dy), _by_channel(xhat), np.ascontiguousarray(gamma, dt),
-                     np.ascontiguousarray(beta, dt), np.ascontiguousarray(invstd, dt),
-                     float(max(count, 1)), bool(relu), sums[0], sums[1], _by_channel(dx))
+    invstd = np.ascontiguousarray(invstd, dt)
+    fast.bn_backward(_by_channel(dy), _by_channel(x if centre else xhat),
+                     np.ascontiguousarray(mean, dt) if centre else invstd,
+                     np.ascontiguousarray(gamma, dt), np.ascontiguousarray(beta, dt), invstd,
+                     float(max(count, 1)), bool(relu), centre, sums[0], sums[1],
+                     _by_channel(dx))
     return sums[0].astype(dt), sums[1].astype(dt), dx

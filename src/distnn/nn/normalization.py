@@ -39,8 +39,9 @@ class BatchNormalization(Layer):
             parameters, names, checkpoints and results are those of the two layers apart.
             ``set_bn_relu_fusion(model, False)`` undoes the link.
         reuse_buffers: (class attribute, default False) in training, write the output, the
-            normalized input and dx into arrays kept from the previous step instead of new
-            ones; a training forward's output is then valid until the next training forward
+            normalized input (where it is kept: the NumPy path and SyncBatchNorm; the
+            compiled path keeps x and recomputes it in backward) and dx into arrays kept
+            from the previous step instead of new ones; a training forward's output is then valid until the next training forward
             of this layer, which is all a model step needs. Evaluation always returns new
             arrays. Off by default: measured (benchmarks/bn_relu.py, resnet20 and vgg11bn,
             1 thread) 1-1.5 ms per step slower, though it removes the few page faults left
@@ -104,12 +105,19 @@ class BatchNormalization(Layer):
                 y = K.bn_inference(x, mean, var, gamma, beta, self.epsilon)
             self._cache = (False, x, mean, var, y if relu else None)
             return self._hand_over(y)
+        source = None  # (x, mean) when the kernel kept no xhat
         if self.stat_reducer is None:
+            # xhat is not written on the compiled path: backward recomputes it from x
+            # (one array fewer written, and the same memory: x is kept instead of xhat)
             forward = K.bn_relu_forward_train if relu else K.bn_forward_train
             y, xhat, mean, var, invstd = forward(x, gamma, beta, self.epsilon,
-                                                 out=self._buf("y"), xhat_out=self._buf("xhat"))
+                                                 out=self._buf("y"), xhat_out=self._buf("xhat"),
+                                                 keep_xhat=False)
             self._keep("y", y)
-            self._keep("xhat", xhat)
+            if xhat is None:
+                source = (x, mean)
+            else:
+                self._keep("xhat", xhat)
             count = K.channel_count(x)
         else:
             mean, var, count = K.bn_stats_from_sums(self.stat_reducer(K.bn_sums(x)))
@@ -117,7 +125,7 @@ class BatchNormalization(Layer):
             if relu:
                 np.maximum(y, 0, out=y)
         self._update_running(mean, var, count)
-        self._cache = (True, xhat, invstd, count, relu)
+        self._cache = (True, xhat, invstd, count, relu, source)
         return self._hand_over(y)
 
     def _hand_over(self, y):
@@ -152,14 +160,17 @@ class BatchNormalization(Layer):
             if not self.need_dx:
                 return None
             return K.bn_backward_dx_inference(dy, gamma, var, self.epsilon)
-        _, xhat, invstd, count, relu = self._cache
-        if self.stat_reducer is None and self.need_dx:
-            # sums and dx in one pass over each channel (no sums across ranks to wait for)
+        _, xhat, invstd, count, relu, source = self._cache
+        if xhat is None or (self.stat_reducer is None and self.need_dx):
+            # sums and dx in one pass over each channel (no sums across ranks to wait for;
+            # without xhat this is the only kernel, its dx unused when not needed)
+            x, mean = source if xhat is None else (None, None)
             sum_dy, sum_dy_xhat, dx = K.bn_backward(dy, xhat, gamma, self.params["beta"],
-                                                    invstd, count, relu, out=self._buf("dx"))
+                                                    invstd, count, relu, out=self._buf("dx"),
+                                                    x=x, mean=mean)
             self.grads["beta"][...] = sum_dy
             self.grads["gamma"][...] = sum_dy_xhat
-            return self._keep("dx", dx)
+            return self._keep("dx", dx) if self.need_dx else None
         if not relu:
             sum_dy, sum_dy_xhat = K.bn_grad_sums(dy, xhat)
         else:
