@@ -272,3 +272,55 @@ def test_pieces_cover_the_range_once_whichever_thread_takes_them(n, threads):
     assert len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]  # equal pieces, the last less
     if kernels.backend() == "numba":  # several a thread, every thread one at least
         assert min(n, threads) <= len(seen) <= threads * _threads.PIECES_PER_THREAD
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("yields", [0, 100, 100_000])
+def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypatch, yields):
+    """Compiled jobs (batch norm's channel-split kernels, float32: ``_team_jobs``) and
+    Python ``run`` shares one after the other, with helpers that sleep after every task,
+    after a little looking, or look long enough to catch the next: each job is handed to
+    every helper once (their finished counts), gives the one-thread bits, and nothing
+    hangs (a helper asleep is woken, one about to sleep sees the task)."""
+    if kernels.backend() != "numba":
+        pytest.skip("compiled jobs are the compiled path's")
+    from distnn.kernels import batchnorm as K
+    monkeypatch.setattr(_threads, "SPIN_YIELDS", yields)
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((6, 24, 5, 5)) * 2 + 1).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gamma = rng.uniform(0.5, 2, 24).astype(np.float32)
+    beta = rng.standard_normal(24).astype(np.float32)
+    n = K.channel_count(x)
+
+    def both():
+        y, _, mean, var, invstd = K.bn_relu_forward_train(x, gamma, beta, 1e-5,
+                                                          keep_xhat=False)
+        return [y, mean, var, invstd, *K.bn_backward(dy, None, gamma, beta, invstd, n, True,
+                                                     x=x, mean=mean)]
+
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(1)
+        want = both()
+        kernels.set_num_threads(2)
+        if kernels.get_num_threads() < 2:
+            pytest.skip("numba has one thread here")
+        team = _threads._team(2)
+        for r in range(150):
+            finished = team.flags[team.n]
+            got = both()
+            assert team.flags[team.n] - finished == 2  # the forward's job, the backward's
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+            assert _threads.run(3, 2, lambda ix, s, r=r: [r + i for i in ix]) == [[r, r + 2],
+                                                                                   [r + 1]]
+        # the team in use (a nested call): the Python shares instead, the same bits
+        with team.busy:
+            assert not _threads.run_jobs(2, None, None)
+            finished = team.flags[team.n]
+            for a, b in zip(both(), want):
+                np.testing.assert_array_equal(a, b)
+            assert team.flags[team.n] == finished  # through a ThreadPoolExecutor
+    finally:
+        kernels.set_num_threads(previous)

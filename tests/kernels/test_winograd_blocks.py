@@ -124,12 +124,18 @@ def test_drivers_same_bits_whichever_thread_takes_a_block(method, per_block, mon
     x, wt, b, dy = _case(5, 17, 16, 16, 32, 32, (1, 1, 1, 1))
     previous = _threads_set(2)
     try:
+        team = _threads._team(2)
+        finished = team.flags[team.n]  # the helper's finished tasks
         runs = [_conv(x, wt, b, (1, 1, 1, 1), dy, method) for _ in range(2)]
         monkeypatch.setattr(_threads, "DYNAMIC", False)
         runs.append(_conv(x, wt, b, (1, 1, 1, 1), dy, method))
     finally:
         kernels.set_num_threads(previous)
-    assert len({tid for _, tid in driver_calls}) == 2  # both threads ran a share
+    # both threads ran a share of each driver: this one through Python, the helper as a
+    # compiled job (its calls do not pass the Python spy)
+    assert {tid for _, tid in driver_calls} == {threading.get_ident()}
+    assert len(driver_calls) == 2 * len(runs)
+    assert team.flags[team.n] - finished == 2 * len(runs)
     for other in runs[1:]:
         for a, c in zip(runs[0], other):
             np.testing.assert_array_equal(a, c)

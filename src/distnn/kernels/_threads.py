@@ -13,6 +13,7 @@ layers used 4-9x their 1-thread CPU time that way).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -145,6 +146,78 @@ def fetch_add(typingctx, counters, i):
 
 
 @intrinsic
+def _store_release(typingctx, flags, i, value):
+    """flags[i] = value (int64) as an atomic release store: what this thread wrote before
+    is seen by a thread that then loads flags[i] with acquire."""
+    sig = types.void(flags, types.int64, types.int64)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        builder.store_atomic(args[2], builder.gep(data, [args[1]]), "release", 8)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _exchange(typingctx, flags, i, value):
+    """flags[i] = value (int64) as one sequentially consistent step, returning the old
+    value: with ``_post`` the handshake by which a helper goes to sleep (``_Team``)."""
+    sig = types.int64(flags, types.int64, types.int64)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("xchg", builder.gep(data, [args[1]]), args[2], "seq_cst")
+    return sig, codegen
+
+
+@intrinsic
+def _post_add(typingctx, flags, i):
+    """flags[i] += 1 as one sequentially consistent step, returning the old value."""
+    sig = types.int64(flags, types.int64)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", builder.gep(data, [args[1]]),
+                                  ir.Constant(ir.IntType(64), 1), "seq_cst")
+    return sig, codegen
+
+
+@intrinsic
+def _load_seq_cst(typingctx, flags, i):
+    """flags[i] (int64), a sequentially consistent load."""
+    sig = types.int64(flags, types.int64)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.load_atomic(builder.gep(data, [args[1]]), "seq_cst", 8)
+    return sig, codegen
+
+
+@nb.njit(cache=True, nogil=True)
+def _post(flags, i, n):
+    """Hand helper i of a team of n its next task (the task's words written before): its
+    posted count, flags[i], + 1; whether it was awake (flags[2n + i]): if not, it sleeps on
+    its semaphore, or is about to, and the caller releases that. Both steps are
+    sequentially consistent, as the helper's going to sleep (``_team_jobs.serve``): it
+    clears its awake flag, then looks at its posted count once more; so either it sees this
+    task or the caller sees it asleep (a release it does not need wakes it for nothing)."""
+    _post_add(flags, i)
+    return _load_seq_cst(flags, 2 * n + i) != 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _wait_done(flags, i, value, looks):
+    """Wait (without the GIL, giving the core away at each look) until flags[i] == value,
+    a compiled job's completion, which its helper stores with release; at most ``looks``
+    looks: whether it came."""
+    for _ in range(looks):
+        if _load_acquire(flags, i) == value:
+            return True
+        _sched_yield()
+    return _load_acquire(flags, i) == value
+
+
+@intrinsic
 def _sched_yield(typingctx):
     """libc's sched_yield() (by name, so the compiled function can be cached)."""
     sig = types.int32()
@@ -191,39 +264,63 @@ PIECES_PER_THREAD = max(1, int(os.environ.get("DISTNN_PIECES", 4)))
 
 
 class _Team:
-    """Helper threads that each wait on a lock for their share of a ``run``: a hand-off is
-    a lock release and a lock acquire each way (55 us a ``run`` on an idle 2-vCPU KVM
-    guest, against 106 us through a ThreadPoolExecutor's queue, future and condition: 52
-    ``run``s a resnet20 step at 2 threads). Before sleeping on a lock, a thread watches the
-    team's counters for up to SPIN_YIELDS sched_yield calls: a thread still awake takes
-    its share (and the caller its result) without a wake-up on the lock. It still needs the
-    GIL to run its Python share: from hand-off to the helper's start a median 83-90 us on
-    that guest, with or without the watching."""
+    """Helper threads, each watching its counters for its share of a ``run`` (a Python
+    body) or a compiled job (``run_jobs``), and asleep on a semaphore after SPIN_YIELDS
+    sched_yield calls without one.
+
+    The watching is compiled (``_team_jobs.serve``) and runs a compiled job itself: the
+    helper never takes the GIL for it, and the caller sees it finish from a release store.
+    Hand-off and return then cost ~2 us (a 2-vCPU KVM guest, both threads awake) against
+    65 us for a Python share: that helper must take the GIL to start, from a caller that
+    holds it until its own share enters compiled code, and a thread that waits for the
+    GIL sleeps on a futex (the helper's start a median 70-100 us after the hand-off in
+    resnet20's step, ~100 ``run``s a step). A hand-off to a helper asleep (its awake flag
+    clear, ``_post``) also releases its semaphore (55 us to wake on an idle guest, 300-450
+    us on a busy one); a ThreadPoolExecutor's queue, future and condition measured 106 us.
+    """
 
     def __init__(self, n: int):
         self.busy = threading.Lock()  # held by the ``run`` using the team
-        self.go = [threading.Lock() for _ in range(n)]
+        self.go = [threading.Semaphore(0) for _ in range(n)]
         self.done = [threading.Lock() for _ in range(n)]
-        for lock in self.go + self.done:
+        for lock in self.done:
             lock.acquire()
         self.broken = False
         # flags[i]: the number of tasks handed to helper i, flags[n + i]: of those it has
-        # finished (both only ever grow)
-        self.flags = np.zeros(2 * n, np.int64)
+        # finished (both only ever grow), flags[2n + i]: 1 while it watches (awake)
+        self.flags = np.zeros(3 * n, np.int64)
+        # board[i]: helper i's task: its kind (PYTHON or a ``_team_jobs`` job) and words
+        from ._team_jobs import PYTHON, WORDS, compile_serve
+        compile_serve()
+        self.board = np.zeros((n, WORDS), np.int64)
+        self.python = PYTHON
+        self._scratch: dict = {}
         self.n = n
         self.task: list = [None] * n
         self.result: list = [None] * n
-        for i in range(n):
-            threading.Thread(target=self._loop, args=(i,), daemon=True,
-                             name=f"distnn-blocks_{i}").start()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True,
+                                         name=f"distnn-blocks_{i}") for i in range(n)]
+        for thread in self.threads:
+            thread.start()
+
+    def scratch(self, i: int, name: str, shape: tuple, dtype) -> np.ndarray:
+        """Helper i's work array for compiled jobs (``_numba_runtime.scratch``'s rule: one
+        grow-only buffer per name and dtype), kept by the team."""
+        dtype = np.dtype(dtype)
+        size = math.prod(shape)
+        buf = self._scratch.get((i, name, dtype))
+        if buf is None or buf.size < size:
+            buf = self._scratch[(i, name, dtype)] = np.empty(size, dtype)
+        return buf[:size].reshape(shape)
 
     def _loop(self, i: int) -> None:
+        from ._team_jobs import serve
         seq = 0
         while True:
-            if SPIN_YIELDS:
-                _spin_while(self.flags, i, seq, SPIN_YIELDS)
-            self.go[i].acquire()
-            seq = int(self.flags[i])
+            seq, python = serve(self.flags, i, self.n, seq, SPIN_YIELDS, self.board)
+            if not python:  # nothing for SPIN_YIELDS looks: sleep until a hand-off
+                self.go[i].acquire()
+                continue
             body, indices = self.task[i]
             self.task[i] = None
             try:
@@ -233,13 +330,18 @@ class _Team:
             self.flags[self.n + i] = seq
             self.done[i].release()
 
+    def _hand(self, i: int) -> None:
+        """Hand helper i the task written to its board (and ``task`` for Python)."""
+        if not _post(self.flags, i, self.n):
+            self.go[i].release()
+
     def run(self, parts, body) -> list:
         """body over parts[:-1] on the helpers and parts[-1] here; every helper has
         finished when this returns or raises (the first error raised, the caller's first)."""
         for i, part in enumerate(parts[:-1]):
             self.task[i] = (body, part)
-            self.flags[i] += 1
-            self.go[i].release()
+            self.board[i, 0] = self.python
+            self._hand(i)
         try:
             last = body(parts[-1], True)
         finally:
@@ -260,6 +362,21 @@ class _Team:
             if not ok:
                 raise value
         return [value for _, value in outs] + [last]
+
+    def run_jobs(self, helpers: int, encode, own) -> None:
+        """encode(board row, i, team) writes helper i's compiled job, for helpers 0 to
+        helpers - 1; own() runs here; returns when every helper has finished its job."""
+        for i in range(helpers):
+            encode(self.board[i], i, self)
+            self._hand(i)
+        try:
+            own()
+        finally:
+            for i in range(helpers):  # compiled jobs raise nothing: each finishes
+                while not _wait_done(self.flags, self.n + i, self.flags[i], 1 << 16):
+                    if not self.threads[i].is_alive():  # (never seen: no hang if it were)
+                        self.broken = True
+                        raise RuntimeError(f"distnn block thread {i} died during a job")
 
 
 _teams: dict = {}  # helpers -> _Team, each made on first use (and again after a fork)
@@ -296,12 +413,7 @@ def run(nblocks: int, workers: int, body, dynamic: bool = False) -> list:
         parts = [iter(range(nblocks))] * workers
     else:
         parts = [range(i, nblocks, workers) for i in range(workers)]
-    team = _teams.get(workers - 1)
-    if team is None or team.broken:
-        with _team_init:
-            team = _teams.get(workers - 1)
-            if team is None or team.broken:
-                team = _teams[workers - 1] = _Team(workers - 1)
+    team = _team(workers)
     if team.busy.acquire(blocking=False):
         try:
             with one_blas_thread():
@@ -317,6 +429,31 @@ def run(nblocks: int, workers: int, body, dynamic: bool = False) -> list:
         futures = [_pool[0].submit(body, part, True) for part in parts[:-1]]
         last = body(parts[-1], True)
         return [fu.result() for fu in futures] + [last]
+
+
+def _team(workers: int) -> _Team:
+    team = _teams.get(workers - 1)
+    if team is None or team.broken:
+        with _team_init:
+            team = _teams.get(workers - 1)
+            if team is None or team.broken:
+                team = _teams[workers - 1] = _Team(workers - 1)
+    return team
+
+
+def run_jobs(workers: int, encode, own) -> bool:
+    """A compiled job on ``workers`` - 1 helper threads (encode(board row, i, team) writes
+    helper i's: ``_team_jobs``) and own() in this thread, like ``run`` with one share each
+    but without the helpers taking the GIL; False (nothing run) when the team is in use (a
+    nested call, or another Python thread's): the caller then uses ``run``."""
+    team = _team(workers)
+    if not team.busy.acquire(blocking=False):
+        return False
+    try:
+        team.run_jobs(workers - 1, encode, own)
+    finally:
+        team.busy.release()
+    return True
 
 
 def kernel(k, serial: bool):

@@ -57,8 +57,9 @@ import numpy as np
 
 from ._numba import get_num_threads, scratch
 from . import _threads, _vgemm, _winograd, _winograd4
+from . import _team_jobs as _jobs
 from . import _winograd_blocks as _blocks
-from ._threads import blas_for, kernel, pieces, run, split_blocks
+from ._threads import blas_for, kernel, pieces, run, run_jobs, split_blocks
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -125,8 +126,12 @@ def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> n
 
 # Filter pairs (F * C) from which the weight transform is split among the threads: at 2
 # threads vgg11bn's 512x512 transforms (36 x 9 by 9 x 262144, 38 MB written) and their
-# adjoints were ~30 ms a step on the calling thread while the other waited.
-SPLIT_WEIGHTS = 64 * 64
+# adjoints were ~30 ms a step on the calling thread while the other waited. Below 256x128
+# the split loses (F(4x4), one BLAS thread, ms, 1 thread vs split in 2, medians of 27
+# alternated, transform | adjoint: 64x64 0.13 vs 0.19 | 0.12 vs 0.22, 128x128 0.49 vs
+# 0.45 | 0.46 vs 0.49, 256x128 0.97 vs 0.75 | 1.11 vs 0.82, 512x512 9.7 vs 5.8 | 12.2 vs
+# 7.8); resnet20's 64->64 layer at 2 threads, fwd/bwd 1.98/3.98 ms against 2.33/4.45.
+SPLIT_WEIGHTS = 256 * 128
 
 
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2,
@@ -254,6 +259,20 @@ def _compiled(dtype, c: int, f: int, workers: int) -> bool:
     return _blocks.applies(dtype, c, f) and (workers > 1 or get_num_threads() == 1)
 
 
+def _team_work(team, i: int, name: str, rows: int, t: int, dtype, p: int) -> np.ndarray:
+    """``_work``'s (P, rows * t + PAD) array for helper i of a team's compiled job."""
+    return team.scratch(i, name, (p, rows * t + PAD), dtype)
+
+
+def _run_shares(workers: int, share, job) -> None:
+    """The drivers' shares, one a thread: share((workers - 1,), True) here and, on the
+    helpers, job(board row, i, team) as compiled jobs (``_threads.run_jobs``: no GIL taken
+    on their side), or share((i,), True) through ``run`` when the team is in use."""
+    if workers > 1 and run_jobs(workers, job, lambda: share((workers - 1,), True)):
+        return
+    run(workers, workers, share)
+
+
 def _taking(blocks, workers: int, free: bool):
     """(blocks as an (n, 2) int64 array, the shared counter, step) for the drivers: step 0
     (each thread takes the counter's next block) when ``free`` and ``_threads.DYNAMIC``,
@@ -274,16 +293,25 @@ def _backward_compiled(dy, x, u, blocks, k, workers, pt, pl, th, tw, tiling, dw_
     bl, counter, step = _taking(blocks, workers, per_block)
     dbp_size = f * k
 
+    t = k * th * tw
+    dxa = x[:0] if dx is None else dx
+
     def share(indices, serial):
         i = indices[0]
-        t = k * th * tw
         _blocks.backward_blocks(dy, x, u, bl, counter, i, step, pt, pl, th, tw,
                                 _work("wino_v", c, t, x.dtype, p)[0],
                                 _work("wino_m", f, t, x.dtype, p)[0],
                                 np.empty(dbp_size, np.float64), du, db, -1 if per_block else i,
-                                dx is not None, x[:0] if dx is None else dx)
+                                dx is not None, dxa)
 
-    run(workers, workers, share)
+    def job(row, i, team):
+        _jobs.encode_backward(row, dy, x, u, bl, counter, i, step, pt, pl, th, tw,
+                              _team_work(team, i, "wino_v", c, t, x.dtype, p),
+                              _team_work(team, i, "wino_m", f, t, x.dtype, p),
+                              team.scratch(i, "wino_dbp", (dbp_size,), np.float64), du, db,
+                              -1 if per_block else i, dx is not None, dxa)
+
+    _run_shares(workers, share, job)
     total = du[0]
     for i in range(1, slots):  # fixed order: the same sums whichever thread took a block
         total += du[i]
@@ -312,14 +340,19 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     if _compiled(x.dtype, c, f, workers):
         bl, counter, step = _taking(blocks, workers, True)
+        t = k * th * tw
 
         def share(indices, serial):
-            t = k * th * tw
             _blocks.forward_blocks(x, u, bias, b is not None, relu, bl, counter, indices[0],
                                    step, pt, pl, th, tw, _work("wino_v", c, t, x.dtype, p)[0],
                                    _work("wino_m", f, t, x.dtype, p)[0], y)
 
-        run(workers, workers, share)
+        def job(row, i, team):
+            _jobs.encode_forward(row, x, u, bias, b is not None, relu, bl, counter, i, step,
+                                 pt, pl, th, tw, _team_work(team, i, "wino_v", c, t, x.dtype, p),
+                                 _team_work(team, i, "wino_m", f, t, x.dtype, p), y)
+
+        _run_shares(workers, share, job)
         return y
 
     def body(indices, serial):

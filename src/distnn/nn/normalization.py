@@ -41,8 +41,9 @@ class BatchNormalization(Layer):
         reuse_buffers: (class attribute, default False) in training, write the output, the
             normalized input (where it is kept: the NumPy path and SyncBatchNorm; the
             compiled path keeps x and recomputes it in backward) and dx into arrays kept
-            from the previous step instead of new ones; a training forward's output is then valid until the next training forward
-            of this layer, which is all a model step needs. Evaluation always returns new
+            from the previous step instead of new ones; a training forward's output is
+            then valid until the next training forward of this layer, which is all a model
+            step needs. Evaluation always returns new
             arrays. Off by default: measured (benchmarks/bn_relu.py, resnet20 and vgg11bn,
             1 thread) 1-1.5 ms per step slower, though it removes the few page faults left
             (0-85 per step): a fresh array reuses memory freed moments before, still in

@@ -1,0 +1,316 @@
+"""Compiled jobs of the block threads (``_threads._Team``): the helper's watching loop and
+the jobs it runs without returning to Python.
+
+A job is one thread's share of a compiled kernel, float32: the Winograd drivers' forward
+and backward blocks (``_winograd_blocks``), and batch norm's kernels split by channels
+(``_numba``, ``_numba_bnrelu``: pieces of channels taken from a shared counter). It is
+written to the helper's row of the team's board as int64 words: its kind, then per array
+its address and shape, then the scalars (floats as their float64 bits). The caller keeps
+the arrays alive and waits for the job's completion (``_threads.run_jobs``); the helper
+views them with ``carray`` (C-contiguous, as the kernels get them) and runs its share as
+the caller runs its own.
+
+``serve`` links the kernels it calls into its compiled code, and numba's disk cache checks
+only this file: after editing a kernel it runs, delete this module's cache files
+(``__pycache__/_team_jobs*``). Compiling it cold takes ~25 s, once.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from . import _numba, _numba_bnrelu
+from ._numba_runtime import get_num_threads
+from ._threads import (PIECES_PER_THREAD, _exchange, _load_acquire, _sched_yield,
+                       _store_release, fetch_add, run_jobs)
+from ._winograd_blocks import backward_blocks, forward_blocks
+
+PYTHON, FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD = range(6)
+WORDS = 64  # a board row: the longest job's words
+
+# the batch-norm kernels' serial twins: a thread runs them on the channels it takes
+_BNF = _numba.bn_forward_train.serial
+_BNRF = _numba_bnrelu.bn_relu_forward_train.serial
+_BNB = _numba_bnrelu.bn_backward.serial
+
+
+def _pointer_to(nbtype):
+    @intrinsic
+    def pointer(typingctx, address):
+        sig = types.CPointer(nbtype)(types.int64)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+        return sig, codegen
+    return pointer
+
+
+_f32 = _pointer_to(types.float32)
+_f64 = _pointer_to(types.float64)
+_i64 = _pointer_to(types.int64)
+
+_jit = nb.njit(cache=True, nogil=True)
+
+
+# -- the caller's side: a job's words -----------------------------------------------------
+@_jit
+def _put(row, k, a):
+    """Array a's address and shape into row[k:], returning the next free word."""
+    row[k] = a.ctypes.data
+    for d in range(a.ndim):
+        row[k + 1 + d] = a.shape[d]
+    return k + 1 + a.ndim
+
+
+@_jit
+def encode_forward(row, x, u, bias, use_b, relu, blocks, counter, first, step, pt, pl, th,
+                   tw, v2, m2, y):
+    """``forward_blocks``' arguments (float32 arrays) as a FORWARD job."""
+    row[0] = FORWARD
+    k = 1
+    k = _put(row, k, x)
+    k = _put(row, k, u)
+    k = _put(row, k, bias)
+    k = _put(row, k, blocks)
+    k = _put(row, k, counter)
+    k = _put(row, k, v2)
+    k = _put(row, k, m2)
+    k = _put(row, k, y)
+    row[k], row[k + 1], row[k + 2], row[k + 3] = use_b, relu, first, step
+    row[k + 4], row[k + 5], row[k + 6], row[k + 7] = pt, pl, th, tw
+
+
+@_jit
+def encode_backward(row, dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, m2,
+                    dbp, du, db, slot, need_dx, dx):
+    """``backward_blocks``' arguments (float32 arrays; dbp and db float64) as a BACKWARD
+    job."""
+    row[0] = BACKWARD
+    k = 1
+    k = _put(row, k, dy)
+    k = _put(row, k, x)
+    k = _put(row, k, u)
+    k = _put(row, k, blocks)
+    k = _put(row, k, counter)
+    k = _put(row, k, v2)
+    k = _put(row, k, m2)
+    k = _put(row, k, dbp)
+    k = _put(row, k, du)
+    k = _put(row, k, db)
+    k = _put(row, k, dx)
+    row[k], row[k + 1], row[k + 2], row[k + 3] = first, step, pt, pl
+    row[k + 4], row[k + 5], row[k + 6], row[k + 7] = th, tw, slot, need_dx
+
+
+@_jit
+def encode_bn_forward(row, kind, counter, step, x, gamma, beta, eps, y, xhat, mean, var,
+                      invstd):
+    """A share of ``bn_forward_train`` or ``bn_relu_forward_train`` (kind) as a job."""
+    row[0] = kind
+    k = _put(row, 1, counter)
+    k = _put(row, k, x)
+    k = _put(row, k, y)
+    k = _put(row, k, xhat)
+    k = _put(row, k, gamma)
+    k = _put(row, k, beta)
+    k = _put(row, k, mean)
+    k = _put(row, k, var)
+    k = _put(row, k, invstd)
+    row[k] = step
+    row.view(np.float64)[k + 1] = eps
+
+
+@_jit
+def encode_bn_backward(row, kind, counter, step, dy, src, mean, gamma, beta, invstd, count,
+                       relu, centre, sum_dy, sum_dy_xhat, dx):
+    """A share of ``_numba_bnrelu.bn_backward`` as a job."""
+    row[0] = kind
+    k = _put(row, 1, counter)
+    k = _put(row, k, dy)
+    k = _put(row, k, src)
+    k = _put(row, k, dx)
+    k = _put(row, k, mean)
+    k = _put(row, k, gamma)
+    k = _put(row, k, beta)
+    k = _put(row, k, invstd)
+    k = _put(row, k, sum_dy)
+    k = _put(row, k, sum_dy_xhat)
+    row[k], row[k + 1], row[k + 2] = step, relu, centre
+    row.view(np.float64)[k + 3] = count
+
+
+@_jit
+def take_bn_forward(relu, counter, step, x, gamma, beta, eps, y, xhat, mean, var, invstd):
+    """Batch norm's (``relu``: fused with ReLU) forward over pieces of ``step`` channels
+    taken from the counter until none is left: every channel computed as at 1 thread."""
+    c = x.shape[1]
+    lo = fetch_add(counter, 0) * step
+    while lo < c:
+        if relu:
+            _BNRF(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, min(c, lo + step))
+        else:
+            _BNF(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, min(c, lo + step))
+        lo = fetch_add(counter, 0) * step
+
+
+@_jit
+def take_bn_backward(counter, step, dy, src, mean, gamma, beta, invstd, count, relu, centre,
+                     sum_dy, sum_dy_xhat, dx):
+    """``bn_backward`` over pieces of channels taken from the counter, as
+    ``take_bn_forward``."""
+    c = dy.shape[1]
+    lo = fetch_add(counter, 0) * step
+    while lo < c:
+        _BNB(dy, src, mean, gamma, beta, invstd, count, relu, centre, sum_dy, sum_dy_xhat, dx,
+             lo, min(c, lo + step))
+        lo = fetch_add(counter, 0) * step
+
+
+def split_job(kind: int, args) -> bool:
+    """A split batch-norm kernel (``_dispatch``'s args, without lo and hi) run by the block
+    threads as compiled jobs, pieces of channels (PIECES_PER_THREAD a thread) taken from a
+    shared counter; False (nothing run) unless float32 with the team free."""
+    x = args[0]
+    if x.dtype != np.float32:
+        return False
+    threads = get_num_threads()
+    c = x.shape[1]
+    step = -(-c // min(c, threads * PIECES_PER_THREAD))
+    counter = np.zeros(1, np.int64)
+    if kind == BN_BACKWARD:
+        def job(row, i, team):
+            encode_bn_backward(row, kind, counter, step, *args)
+
+        def own():
+            take_bn_backward(counter, step, *args)
+    else:
+        relu = kind == BN_RELU_FORWARD
+
+        def job(row, i, team):
+            encode_bn_forward(row, kind, counter, step, *args)
+
+        def own():
+            take_bn_forward(relu, counter, step, *args)
+    return run_jobs(threads, job, own)
+
+
+# -- the helper's side ----------------------------------------------------------------------
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f32_4(r, k):
+    return nb.carray(_f32(r[k]), (r[k + 1], r[k + 2], r[k + 3], r[k + 4]))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f32_3(r, k):
+    return nb.carray(_f32(r[k]), (r[k + 1], r[k + 2], r[k + 3]))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f32_2(r, k):
+    return nb.carray(_f32(r[k]), (r[k + 1], r[k + 2]))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f32_1(r, k):
+    return nb.carray(_f32(r[k]), (r[k + 1],))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f64_1(r, k):
+    return nb.carray(_f64(r[k]), (r[k + 1],))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _f64_2(r, k):
+    return nb.carray(_f64(r[k]), (r[k + 1], r[k + 2]))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _i64_1(r, k):
+    return nb.carray(_i64(r[k]), (r[k + 1],))
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _i64_2(r, k):
+    return nb.carray(_i64(r[k]), (r[k + 1], r[k + 2]))
+
+
+@_jit
+def _run_bn(r):
+    """Run the batch-norm job in board row r, as ``encode_bn_*`` wrote it."""
+    counter = _i64_1(r, 1)
+    a, b, c = _f32_3(r, 3), _f32_3(r, 7), _f32_3(r, 11)
+    if r[0] == BN_BACKWARD:
+        mean, gamma, beta, invstd = _f32_1(r, 15), _f32_1(r, 17), _f32_1(r, 19), _f32_1(r, 21)
+        sum_dy, sum_dy_xhat = _f64_1(r, 23), _f64_1(r, 25)
+        take_bn_backward(counter, r[27], a, b, mean, gamma, beta, invstd,
+                         r.view(np.float64)[30], r[28] != 0, r[29] != 0, sum_dy, sum_dy_xhat,
+                         c)
+    else:
+        gamma, beta = _f32_1(r, 15), _f32_1(r, 17)
+        mean, var, invstd = _f64_1(r, 19), _f64_1(r, 21), _f64_1(r, 23)
+        take_bn_forward(r[0] == BN_RELU_FORWARD, counter, r[25], a, gamma, beta,
+                        r.view(np.float64)[26], b, c, mean, var, invstd)
+
+
+@_jit
+def _run(r):
+    """Run the job in board row r, as ``encode_*`` wrote it."""
+    if r[0] == FORWARD:
+        x, u, bias = _f32_4(r, 1), _f32_3(r, 6), _f32_1(r, 10)
+        blocks, counter = _i64_2(r, 12), _i64_1(r, 15)
+        v2, m2, y = _f32_2(r, 17), _f32_2(r, 20), _f32_4(r, 23)
+        k = 28
+        forward_blocks(x, u, bias, r[k] != 0, r[k + 1] != 0, blocks, counter, r[k + 2],
+                       r[k + 3], r[k + 4], r[k + 5], r[k + 6], r[k + 7], v2, m2, y)
+    elif r[0] == BACKWARD:
+        dy, x, u = _f32_4(r, 1), _f32_4(r, 6), _f32_3(r, 11)
+        blocks, counter = _i64_2(r, 15), _i64_1(r, 18)
+        v2, m2, dbp = _f32_2(r, 20), _f32_2(r, 23), _f64_1(r, 26)
+        du, db, dx = _f32_4(r, 28), _f64_2(r, 33), _f32_4(r, 36)
+        k = 41
+        backward_blocks(dy, x, u, blocks, counter, r[k], r[k + 1], r[k + 2], r[k + 3],
+                        r[k + 4], r[k + 5], v2, m2, dbp, du, db, r[k + 6], r[k + 7] != 0, dx)
+    else:
+        _run_bn(r)
+
+
+@_jit
+def serve(flags, i, n, seq, yields, board):
+    """Helper i's watching (of a team of n): runs each compiled job handed to it (posted
+    count flags[i] past seq) and stores its completion (flags[n + i] = its number, release);
+    returns (seq, True) for a Python task (the caller runs it), or (seq, False) after
+    ``yields`` looks without a task, its awake flag flags[2n + i] cleared (it then sleeps
+    on its semaphore). Before returning asleep it looks once more after clearing the flag
+    (``_threads._post``: a task handed meanwhile is run, not slept on)."""
+    _exchange(flags, 2 * n + i, 1)
+    looks = 0
+    while True:
+        posted = _load_acquire(flags, i)
+        if posted != seq:
+            seq = posted
+            row = board[i]
+            if row[0] == PYTHON:
+                return seq, True
+            _run(row)
+            _store_release(flags, n + i, seq)
+            looks = 0
+            continue
+        if looks >= yields:
+            _exchange(flags, 2 * n + i, 0)
+            if _load_acquire(flags, i) == seq:
+                return seq, False
+            _exchange(flags, 2 * n + i, 1)
+            looks = 0
+            continue
+        looks += 1
+        _sched_yield()
+
+
+def compile_serve() -> None:
+    """Compile (or load) ``serve`` in the calling thread, so that a failure raises there and
+    not in a helper thread that would leave its caller waiting: one call that returns at
+    once (no task, no looks)."""
+    serve(np.zeros(3, np.int64), 0, 1, 0, 0, np.zeros((1, WORDS), np.int64))
