@@ -275,17 +275,24 @@ def test_pieces_cover_the_range_once_whichever_thread_takes_them(n, threads):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("watcher", ["jobs", "watch"])
 @pytest.mark.parametrize("yields", [0, 100, 100_000])
-def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypatch, yields):
+def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypatch, yields,
+                                                                        watcher):
     """Compiled jobs (batch norm's channel-split kernels, float32: ``_team_jobs``) and
     Python ``run`` shares one after the other, with helpers that sleep after every task,
     after a little looking, or look long enough to catch the next: each job is handed to
     every helper once (their finished counts), gives the one-thread bits, and nothing
-    hangs (a helper asleep is woken, one about to sleep sees the task)."""
+    hangs (a helper asleep is woken, one about to sleep sees the task). ``watch``: the
+    helpers watch with ``_threads._watch`` (as before ``_team_jobs`` is imported), which
+    hands each job back to Python to run."""
     if kernels.backend() != "numba":
         pytest.skip("compiled jobs are the compiled path's")
+    from distnn.kernels import _team_jobs
     from distnn.kernels import batchnorm as K
     monkeypatch.setattr(_threads, "SPIN_YIELDS", yields)
+    if watcher == "watch":
+        monkeypatch.setattr(_threads, "_SERVE", [_threads._watch, _team_jobs._run])
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((6, 24, 5, 5)) * 2 + 1).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)

@@ -19,13 +19,6 @@ from ._numba_runtime import (_U, _dispatch, _jit, _jit_serial, _jit_sums, channe
                              set_num_threads)
 from ._threads import pieces
 
-
-def _team_job(kind: str, args) -> bool:
-    """A split batch-norm kernel as compiled jobs of the block threads (``_team_jobs``;
-    imported here on first use: it imports this module)."""
-    from . import _team_jobs
-    return _team_jobs.split_job(getattr(_team_jobs, kind), args)
-
 __all__ = ["default_threads", "get_num_threads", "scratch", "set_num_threads"]
 
 
@@ -411,8 +404,7 @@ def scale_shift(x, scale, shift, y):
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "bn_grad_sums",
               "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
-bn_forward_train = _dispatch(bn_forward_train, split=channels, pieces=pieces,
-                             team=lambda args: _team_job("BN_FORWARD", args))
+bn_forward_train = _dispatch(bn_forward_train, split=channels, pieces=pieces)
 for _name in ("relu_forward", "relu_backward"):
     globals()[_name] = _dispatch(globals()[_name], small_serial=True, split=elements,
                                  pieces=pieces)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._numba import _jit_bn, _team_job, channel_stats
+from ._numba import _jit_bn, channel_stats
 from ._numba_runtime import _U, _dispatch, _jit, channels, nb
 from ._threads import pieces
 
@@ -172,7 +172,5 @@ def bn_backward(dy, xhat, mean, gamma, beta, invstd, count, relu, centre, sum_dy
 
 for _name in ("scale_shift_relu", "bn_relu_grad_sums", "bn_relu_backward_dx"):
     globals()[_name] = _dispatch(globals()[_name])
-for _name, _kind in (("bn_relu_forward_train", "BN_RELU_FORWARD"),
-                     ("bn_backward", "BN_BACKWARD")):
-    globals()[_name] = _dispatch(globals()[_name], split=channels, pieces=pieces,
-                                 team=lambda args, _k=_kind: _team_job(_k, args))
+for _name in ("bn_relu_forward_train", "bn_backward"):
+    globals()[_name] = _dispatch(globals()[_name], split=channels, pieces=pieces)

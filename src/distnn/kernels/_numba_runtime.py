@@ -55,7 +55,7 @@ _threads = [1]
 
 
 def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool = False,
-              split=None, pieces=None, team=None):
+              split=None, pieces=None):
     """The kernel as called by the layers: its serial twin at 1 thread, the parallel
     compilation (serialized launches) with more. ``parallel_at_one``: at 1 thread too, on a
     team of one (numba's thread count of the calling thread is 1 after ``set_num_threads(1)``
@@ -70,9 +70,9 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     (``_threads.pieces``: the block threads, which look for work before they sleep)
     instead of on OpenMP's, whose sleeping thread needs a wake-up per call (batch norm runs
     between two convolutions, whose blocks keep the block threads awake).
-    ``team(args)``: for a split kernel with more threads, first tried instead of
-    ``pieces``: True where it ran the kernel (``_team_jobs.split_job``: as compiled jobs of
-    the block threads, no GIL taken on their side)."""
+    A split kernel's ``team`` attribute (None here; ``_team_jobs`` sets batch norm's):
+    team(args), with more threads, is tried before ``pieces``: True where it ran the kernel
+    (as compiled jobs of the block threads, no GIL taken on their side)."""
     if split is not None and pieces is None:
         raise TypeError("_dispatch: a split kernel needs pieces (_threads.pieces)")
     # a copy under its own name: the disk cache is keyed by function name, not options
@@ -90,9 +90,9 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             n = split(args)
             if _threads[0] == 1 or (small_serial and args[0].size < PARALLEL_MIN):
                 return serial_kernel(*args, 0, n)
-            if team is None or not team(args):
+            if call.team is None or not call.team(args):
                 pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
-        call.parallel, call.serial = parallel_kernel, serial_kernel
+        call.parallel, call.serial, call.team = parallel_kernel, serial_kernel, None
         return call
 
     @functools.wraps(parallel_kernel.py_func)

@@ -23,12 +23,12 @@ from numba.extending import intrinsic
 
 from . import _numba, _numba_bnrelu
 from ._numba_runtime import get_num_threads
-from ._threads import (PIECES_PER_THREAD, _exchange, _load_acquire, _sched_yield,
-                       _store_release, fetch_add, run_jobs)
+from ._threads import (PIECES_PER_THREAD, PYTHON, _exchange, _load_acquire, _may_sleep,
+                       _sched_yield, _store_release, fetch_add, run_jobs, use_jobs)
 from ._winograd_blocks import backward_blocks, forward_blocks
 
-PYTHON, FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD = range(6)
-WORDS = 64  # a board row: the longest job's words
+FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD = range(PYTHON + 1, PYTHON + 6)
+# (a board row holds ``_threads.WORDS`` words: the longest job here, BACKWARD, takes 49)
 
 # the batch-norm kernels' serial twins: a thread runs them on the channels it takes
 _BNF = _numba.bn_forward_train.serial
@@ -299,18 +299,16 @@ def serve(flags, i, n, seq, yields, board):
             looks = 0
             continue
         if looks >= yields:
-            _exchange(flags, 2 * n + i, 0)
-            if _load_acquire(flags, i) == seq:
+            if _may_sleep(flags, i, n, seq):
                 return seq, False
-            _exchange(flags, 2 * n + i, 1)
             looks = 0
             continue
         looks += 1
         _sched_yield()
 
 
-def compile_serve() -> None:
-    """Compile (or load) ``serve`` in the calling thread, so that a failure raises there and
-    not in a helper thread that would leave its caller waiting: one call that returns at
-    once (no task, no looks)."""
-    serve(np.zeros(3, np.int64), 0, 1, 0, 0, np.zeros((1, WORDS), np.int64))
+use_jobs(serve, _run)
+# batch norm's channel-split kernels (``_dispatch``'s ``team`` hook) run as jobs
+_numba.bn_forward_train.team = lambda args: split_job(BN_FORWARD, args)
+_numba_bnrelu.bn_relu_forward_train.team = lambda args: split_job(BN_RELU_FORWARD, args)
+_numba_bnrelu.bn_backward.team = lambda args: split_job(BN_BACKWARD, args)

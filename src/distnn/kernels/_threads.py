@@ -205,6 +205,60 @@ def _post(flags, i, n):
     return _load_seq_cst(flags, 2 * n + i) != 0
 
 
+# A team's board: per helper, its task's kind (PYTHON: a Python share, ``task``; else a
+# compiled job, ``_team_jobs``) and the job's words.
+PYTHON = 0
+WORDS = 64
+
+
+@nb.njit(cache=True, nogil=True)
+def _watch(flags, i, n, seq, yields, board):
+    """The watching of a team's helper i before compiled jobs are loaded (``_SERVE``): as
+    ``_team_jobs.serve``, but every task returns to Python."""
+    _exchange(flags, 2 * n + i, 1)
+    looks = 0
+    while True:
+        posted = _load_acquire(flags, i)
+        if posted != seq:
+            return posted, True
+        if looks >= yields:
+            if _may_sleep(flags, i, n, seq):
+                return seq, False
+            looks = 0
+            continue
+        looks += 1
+        _sched_yield()
+
+
+@nb.njit(cache=True, nogil=True)
+def _may_sleep(flags, i, n, seq):
+    """Helper i's awake flag cleared, then its posted count looked at once more (``_post``'s
+    handshake): True when nothing was handed to it meanwhile (it sleeps on its semaphore
+    next), else False with the flag set again."""
+    _exchange(flags, 2 * n + i, 0)
+    if _load_acquire(flags, i) == seq:
+        return True
+    _exchange(flags, 2 * n + i, 1)
+    return False
+
+
+@nb.njit(cache=True, nogil=True)
+def _finish(flags, i, value):
+    """flags[i] = value, a release store (a compiled job's completion)."""
+    _store_release(flags, i, value)
+
+
+# The helpers' watching loop and the runner of a compiled job found outside it:
+# ``_team_jobs`` installs its own (``use_jobs``) when it is imported.
+_SERVE = [_watch, None]
+
+
+def use_jobs(serve, run_job) -> None:
+    """Let the helpers run compiled jobs: serve(flags, i, n, seq, yields, board) watches
+    and runs them (as ``_watch`` for the rest), run_job(board row) runs one."""
+    _SERVE[:] = [serve, run_job]
+
+
 @nb.njit(cache=True, nogil=True)
 def _wait_done(flags, i, value, looks):
     """Wait (without the GIL, giving the core away at each look) until flags[i] == value,
@@ -289,11 +343,10 @@ class _Team:
         # flags[i]: the number of tasks handed to helper i, flags[n + i]: of those it has
         # finished (both only ever grow), flags[2n + i]: 1 while it watches (awake)
         self.flags = np.zeros(3 * n, np.int64)
-        # board[i]: helper i's task: its kind (PYTHON or a ``_team_jobs`` job) and words
-        from ._team_jobs import PYTHON, WORDS, compile_serve
-        compile_serve()
-        self.board = np.zeros((n, WORDS), np.int64)
-        self.python = PYTHON
+        self.board = np.zeros((n, WORDS), np.int64)  # helper i's task: row i
+        # the watching loop compiled (or loaded) here, so that a failure raises in the
+        # caller, not in a helper thread: one call that returns at once
+        _SERVE[0](np.zeros(3, np.int64), 0, 1, 0, 0, np.zeros((1, WORDS), np.int64))
         self._scratch: dict = {}
         self.n = n
         self.task: list = [None] * n
@@ -314,12 +367,16 @@ class _Team:
         return buf[:size].reshape(shape)
 
     def _loop(self, i: int) -> None:
-        from ._team_jobs import serve
         seq = 0
         while True:
+            serve, run_job = _SERVE
             seq, python = serve(self.flags, i, self.n, seq, SPIN_YIELDS, self.board)
             if not python:  # nothing for SPIN_YIELDS looks: sleep until a hand-off
                 self.go[i].acquire()
+                continue
+            if self.board[i, 0] != PYTHON:  # a job, seen by ``_watch`` before use_jobs
+                _SERVE[1](self.board[i])
+                _finish(self.flags, self.n + i, seq)
                 continue
             body, indices = self.task[i]
             self.task[i] = None
@@ -340,7 +397,7 @@ class _Team:
         finished when this returns or raises (the first error raised, the caller's first)."""
         for i, part in enumerate(parts[:-1]):
             self.task[i] = (body, part)
-            self.board[i, 0] = self.python
+            self.board[i, 0] = PYTHON
             self._hand(i)
         try:
             last = body(parts[-1], True)

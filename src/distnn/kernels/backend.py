@@ -16,6 +16,7 @@ _state = {"name": None, "module": None}
 
 def _load_numba():
     from . import _numba  # noqa: F401  (compiles lazily, per kernel, from the disk cache)
+    from . import _team_jobs  # noqa: F401  (the block threads' compiled jobs, installed)
     return _numba
 
 
