@@ -23,8 +23,8 @@ from numba.extending import intrinsic
 
 from . import _numba, _numba_bnrelu
 from ._numba_runtime import get_num_threads
-from ._threads import (PIECES_PER_THREAD, PYTHON, _exchange, _load_acquire, _may_sleep,
-                       _sched_yield, _store_release, fetch_add, run_jobs, use_jobs)
+from ._threads import (PIECES_PER_THREAD, PYTHON, _store_release, _watch, fetch_add,
+                       run_jobs, use_jobs)
 from ._winograd_blocks import backward_blocks, forward_blocks
 
 FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD = range(PYTHON + 1, PYTHON + 6)
@@ -279,32 +279,16 @@ def _run(r):
 
 @_jit
 def serve(flags, i, n, seq, yields, board):
-    """Helper i's watching (of a team of n): runs each compiled job handed to it (posted
-    count flags[i] past seq) and stores its completion (flags[n + i] = its number, release);
-    returns (seq, True) for a Python task (the caller runs it), or (seq, False) after
-    ``yields`` looks without a task, its awake flag flags[2n + i] cleared (it then sleeps
-    on its semaphore). Before returning asleep it looks once more after clearing the flag
-    (``_threads._post``: a task handed meanwhile is run, not slept on)."""
-    _exchange(flags, 2 * n + i, 1)
-    looks = 0
+    """Helper i's watching (of a team of n): ``_threads._watch`` until a task is handed to
+    it; runs each compiled job itself and stores its completion (flags[n + i] = its
+    number, release); returns as ``_watch`` does for a Python task (seq, True) or after
+    ``yields`` looks without a task (seq, False: it then sleeps on its semaphore)."""
     while True:
-        posted = _load_acquire(flags, i)
-        if posted != seq:
-            seq = posted
-            row = board[i]
-            if row[0] == PYTHON:
-                return seq, True
-            _run(row)
-            _store_release(flags, n + i, seq)
-            looks = 0
-            continue
-        if looks >= yields:
-            if _may_sleep(flags, i, n, seq):
-                return seq, False
-            looks = 0
-            continue
-        looks += 1
-        _sched_yield()
+        seq, handed = _watch(flags, i, n, seq, yields, board)
+        if not handed or board[i, 0] == PYTHON:
+            return seq, handed
+        _run(board[i])
+        _store_release(flags, n + i, seq)
 
 
 use_jobs(serve, _run)

@@ -213,8 +213,11 @@ WORDS = 64
 
 @nb.njit(cache=True, nogil=True)
 def _watch(flags, i, n, seq, yields, board):
-    """The watching of a team's helper i before compiled jobs are loaded (``_SERVE``): as
-    ``_team_jobs.serve``, but every task returns to Python."""
+    """Helper i's watching (of a team of n), its awake flag set: returns (its posted count,
+    True) when a task is handed to it (posted count flags[i] past seq), or (seq, False)
+    after ``yields`` looks without one, its awake flag cleared (``_may_sleep``). Before
+    compiled jobs are loaded (``_SERVE``) every task goes back to Python; then
+    ``_team_jobs.serve`` runs the jobs between calls of this."""
     _exchange(flags, 2 * n + i, 1)
     looks = 0
     while True:
