@@ -70,6 +70,8 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     (``_threads.pieces``: the block threads, which look for work before they sleep)
     instead of on OpenMP's, whose sleeping thread needs a wake-up per call (batch norm runs
     between two convolutions, whose blocks keep the block threads awake).
+    ``whole``: the serial twin over the kernel's whole range (a split kernel's range filled
+    in), for callers that split the work among threads themselves.
     A split kernel's ``team`` attribute (None here; ``_team_jobs`` sets batch norm's):
     team(args), with more threads, is tried before ``pieces``: True where it ran the kernel
     (as compiled jobs of the block threads, no GIL taken on their side)."""
@@ -93,6 +95,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
             if call.team is None or not call.team(args):
                 pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
         call.parallel, call.serial, call.team = parallel_kernel, serial_kernel, None
+        call.whole = lambda *args: serial_kernel(*args, 0, split(args))
         return call
 
     @functools.wraps(parallel_kernel.py_func)
@@ -111,7 +114,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
                     nb.set_num_threads(saved)
         with _launch:
             return parallel_kernel(*args)
-    call.parallel, call.serial = parallel_kernel, serial_kernel
+    call.parallel, call.serial, call.whole = parallel_kernel, serial_kernel, serial_kernel
     return call
 
 

@@ -517,8 +517,9 @@ def run_jobs(workers: int, encode, own) -> bool:
 
 
 def kernel(k, serial: bool):
-    """The serial twin of a dispatched compiled kernel when ``serial``, else the kernel."""
-    return k.serial if serial else k
+    """The serial twin of a dispatched compiled kernel (over its whole range) when
+    ``serial``, else the kernel."""
+    return k.whole if serial else k
 
 
 # GEMMs up to this many multiply-adds run on one BLAS thread when 2+ threads are set: a

@@ -4,8 +4,16 @@ The four transforms between NCHW arrays and the (16, rows x tiles) arrays that t
 batched GEMMs read and write: input (B^T d B), output (A^T M A, + bias, + ReLU) and the
 adjoints of both. Each (sample, channel) plane is staged in a small zero-padded buffer so
 that the tile loops have no branches; a row k of a 16-row array starts ``a.shape[1]``
-elements after row k-1 (the caller pads that stride). Each kernel has a serial twin
-(``.serial``) for callers that split the work among threads themselves.
+elements after row k-1 (the caller pads that stride). Each kernel's last two arguments
+are the range [lo, hi) of its planes (channel-major: plane c * (n1 - n0) + n, or f * nk +
+n) that it transforms; ``_dispatch`` fills them in (``PLANES``), and with 2+ threads the
+block threads take pieces of that range (``_threads.pieces``), as batch norm's channels,
+rather than OpenMP's pool: vgg11bn's layers that split every kernel among the threads
+alternate these transforms with GEMMs on the block threads, which looked for their next
+share (sched_yield) while an OpenMP thread waited for the core (F(4x4) 256->512 4x4, fwd +
+bwd at 2 threads: the four transforms 16.4 ms against 14.9 at 1 thread). The serial twin
+(``.serial``, range explicit; ``.whole``, all planes) is for callers that split the work
+among threads themselves.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import numba as nb
 import numpy as np
 
 from ._numba import _U, _dispatch
+from ._threads import pieces
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -53,7 +62,7 @@ def stage_plane(df, yb, oh, ow, g, wp):
 
 
 @_jit
-def input_transform(x, n0, n1, pt, pl, th, tw, v):
+def input_transform(x, n0, n1, pt, pl, th, tw, v, lo, hi):
     """v (16, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 4x4 tile d of
     samples n0..n1-1 of x (N, C, H, W), tile (ty, tx) at input row 2*ty - pt, column
     2*tx - pl, zeros outside.
@@ -66,10 +75,9 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
     hp, wp = 2 * th + 2, 2 * tw + 2
     xf = x.ravel()
     vf = v.ravel()
-    planes = c_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         d = np.zeros(hp * wp, x.dtype)
-        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for cn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             c = cn // k_
             n = cn % k_
             xb = ((n + n0) * c_ + c) * h_ * w_
@@ -119,7 +127,7 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
 
 
 @_jit
-def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
+def output_transform(m, b, use_b, relu, n0, nk, th, tw, y, lo, hi):
     """y[n0:n0+k] (k, F, OH, OW) = A^T M A of every tile of m (16, >= F*k*th*tw), plus b[f]
     when use_b, then max(., 0) when relu; tiles past OH/OW are cut."""
     _, f_, oh, ow = y.shape
@@ -129,10 +137,9 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
     wp = 2 * tw
     mf = m.ravel()
     yf = y.ravel()
-    planes = f_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         out = np.empty(2 * th * wp, m.dtype)
-        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for fn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             f = fn // k_
             n = fn % k_
             yb = ((n + n0) * f_ + f) * oh * ow
@@ -159,7 +166,7 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
 
 
 @_jit_sums
-def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
+def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp, lo, hi):
     """dm (16, >= F*(n1-n0)*th*tw) = A dY A^T of every 2x2 tile of dy[n0:n1] (zeros past
     OH/OW); dbp[f * (n1-n0) + n] = the sum of dy[n0 + n, f] (float64)."""
     _, f_, oh, ow = dy.shape
@@ -169,10 +176,9 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
     wp = 2 * tw
     df = dy.ravel()
     mf = dm.ravel()
-    planes = f_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         g = np.zeros(2 * th * wp, dy.dtype)
-        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for fn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             f = fn // k_
             n = fn % k_
             yb = ((n + n0) * f_ + f) * oh * ow
@@ -208,7 +214,7 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
 
 
 @_jit
-def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
+def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx, lo, hi):
     """dx[n0:n1] = the sum over tiles of B dV B^T, at the positions input_transform read
     (positions in the padding are dropped); dx[n0:n1] is overwritten."""
     _, c_, h_, w_ = dx.shape
@@ -218,10 +224,9 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
     hp, wp = 2 * th + 2, 2 * tw + 2
     vf = dv.ravel()
     xf = dx.ravel()
-    planes = c_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         d = np.zeros(hp * wp, dv.dtype)
-        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for cn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             c = cn // k_
             n = cn % k_
             xb = ((n + n0) * c_ + c) * h_ * w_
@@ -276,6 +281,12 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
                     xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
-for _name in ("input_transform", "output_transform", "output_transform_adjoint",
-              "input_transform_adjoint"):
-    globals()[_name] = _dispatch(globals()[_name])
+# Each transform's planes, from its arguments (its range [lo, hi) left out).
+PLANES = {
+    "input_transform": lambda a: a[0].shape[1] * (a[2] - a[1]),  # x, n0, n1
+    "output_transform": lambda a: a[8].shape[1] * a[5],  # ..., nk, th, tw, y
+    "output_transform_adjoint": lambda a: a[0].shape[1] * (a[2] - a[1]),  # dy, n0, n1
+    "input_transform_adjoint": lambda a: a[7].shape[1] * (a[2] - a[1]),  # dv, n0, n1 .. dx
+}
+for _name, _planes in PLANES.items():
+    globals()[_name] = _dispatch(globals()[_name], split=_planes, pieces=pieces)

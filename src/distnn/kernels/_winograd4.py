@@ -17,7 +17,8 @@ import numba as nb
 import numpy as np
 
 from ._numba import _U, _dispatch
-from ._winograd import NARROW_PART, stage_plane, write_plane
+from ._threads import pieces
+from ._winograd import NARROW_PART, PLANES, stage_plane, write_plane
 from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, input_plane,
                          from_phases, output_adjoint_plane, output_plane, to_phases)
 
@@ -131,7 +132,7 @@ def _a_(q):
 
 
 @_jit
-def input_transform(x, n0, n1, pt, pl, th, tw, v):
+def input_transform(x, n0, n1, pt, pl, th, tw, v, lo, hi):
     """v (36, >= C*(n1-n0)*th*tw), row k = (C, tiles): B^T d B of every 6x6 tile d of
     samples n0..n1-1 of x (N, C, H, W), tile (ty, tx) at input row 4*ty - pt, column
     4*tx - pl, zeros outside (each plane is staged in a zero-padded buffer first)."""
@@ -144,21 +145,19 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
     vf = v.ravel()
     ntp = th * (tw + 1)
     if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
-        planes = c_ * k_
-        for part in nb.prange(-(-planes // PART)):
+        for part in nb.prange(-(-(hi - lo) // PART)):
             d = np.empty(16 * (th + 1) * (tw + 1) + 8, x.dtype)
             tmp = np.empty(36 * ntp, x.dtype)
             tmp2 = np.empty(36 * ntp, x.dtype)
-            for cn in range(part * PART, min(planes, (part + 1) * PART)):
+            for cn in range(lo + part * PART, min(hi, lo + (part + 1) * PART)):
                 c = cn // k_
                 n = cn % k_
                 input_plane(xf, ((n + n0) * c_ + c) * h_ * w_, h_, w_, pt, pl, th, tw, vf, cs,
                             c * nt + n * th * tw, d, tmp, tmp2)
         return
-    planes = c_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         d = np.zeros(hp * wp, x.dtype)
-        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for cn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             c = cn // k_
             n = cn % k_
             xb = ((n + n0) * c_ + c) * h_ * w_
@@ -187,7 +186,7 @@ def input_transform(x, n0, n1, pt, pl, th, tw, v):
 
 
 @_jit
-def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
+def output_transform(m, b, use_b, relu, n0, nk, th, tw, y, lo, hi):
     """y[n0:n0+k] (k, F, OH, OW) = A^T M A of every tile of m (36, >= F*k*th*tw), plus b[f]
     when use_b, then max(., 0) when relu; tiles past OH/OW are cut."""
     _, f_, oh, ow = y.shape
@@ -199,12 +198,11 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
     z = m.dtype.type(0)  # float32 for float32 (``mf[0] * 0`` is float64 in numba)
     ntp = th * (tw + 1)
     if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
-        planes = f_ * nk
-        for part in nb.prange(-(-planes // PART)):
+        for part in nb.prange(-(-(hi - lo) // PART)):
             out = np.empty(16 * ntp, m.dtype)
             tmp = np.empty(36 * ntp, m.dtype)
             tmp2 = np.empty(24 * ntp, m.dtype)
-            for fn in range(part * PART, min(planes, (part + 1) * PART)):
+            for fn in range(lo + part * PART, min(hi, lo + (part + 1) * PART)):
                 f = fn // nk
                 n = fn % nk
                 yb = ((n + n0) * f_ + f) * oh * ow
@@ -234,10 +232,9 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
                             val = z
                         yf[_U(yr + q)] = val
         return
-    planes = f_ * nk
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         out = np.empty(4 * th * wp, m.dtype)
-        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for fn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             f = fn // nk
             n = fn % nk
             yb = ((n + n0) * f_ + f) * oh * ow
@@ -263,7 +260,7 @@ def output_transform(m, b, use_b, relu, n0, nk, th, tw, y):
 
 
 @_jit_sums
-def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
+def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp, lo, hi):
     """dm (36, >= F*(n1-n0)*th*tw) = A dY A^T of every 4x4 tile of dy[n0:n1] (zeros past
     OH/OW); dbp[f * (n1-n0) + n] = the sum of dy[n0 + n, f] (float64)."""
     _, f_, oh, ow = dy.shape
@@ -275,14 +272,13 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
     mf = dm.ravel()
     ntp = th * (tw + 1)
     if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
-        planes = f_ * k_
-        for part in nb.prange(-(-planes // PART)):
+        for part in nb.prange(-(-(hi - lo) // PART)):
             # dY by phases, as output_transform's out: every plane writes the same places,
             # the others stay zero
             g = np.zeros(16 * ntp, dy.dtype)
             tmp = np.empty(24 * ntp, dy.dtype)
             tmp2 = np.empty(36 * ntp, dy.dtype)
-            for fn in range(part * PART, min(planes, (part + 1) * PART)):
+            for fn in range(lo + part * PART, min(hi, lo + (part + 1) * PART)):
                 f = fn // k_
                 n = fn % k_
                 yb = ((n + n0) * f_ + f) * oh * ow
@@ -295,10 +291,9 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
                 dbp[fn] = acc
                 output_adjoint_plane(g, th, tw, mf, fs, f * nt + n * th * tw, tmp, tmp2)
         return
-    planes = f_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         g = np.zeros(4 * th * wp, dy.dtype)
-        for fn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for fn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             f = fn // k_
             n = fn % k_
             yb = ((n + n0) * f_ + f) * oh * ow
@@ -323,7 +318,7 @@ def output_transform_adjoint(dy, n0, n1, th, tw, dm, dbp):
 
 
 @_jit
-def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
+def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx, lo, hi):
     """dx[n0:n1] = the sum over tiles of B dV B^T, at the positions input_transform read
     (positions in the padding are dropped); dx[n0:n1] is overwritten."""
     _, c_, h_, w_ = dx.shape
@@ -338,12 +333,11 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
     if ntp >= WIDE_TILES:  # vectorized over the plane's tiles (``_winograd4w``)
         ph = (th + 1) * t1
         q1 = max(0, min(w_, wp - pl))  # columns inside the tiles (q + pl < wp)
-        planes = c_ * k_
-        for part in nb.prange(-(-planes // PART)):
+        for part in nb.prange(-(-(hi - lo) // PART)):
             d = np.empty(16 * ph + 8, dv.dtype)
             tmp = np.empty(36 * ntp, dv.dtype)
             tmp2 = np.empty(36 * ntp, dv.dtype)
-            for cn in range(part * PART, min(planes, (part + 1) * PART)):
+            for cn in range(lo + part * PART, min(hi, lo + (part + 1) * PART)):
                 c = cn // k_
                 n = cn % k_
                 xb = ((n + n0) * c_ + c) * h_ * w_
@@ -358,10 +352,9 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
                     for q in range(q0, w_):
                         xf[_U(xr + q)] = 0
         return
-    planes = c_ * k_
-    for part in nb.prange(-(-planes // NARROW_PART)):
+    for part in nb.prange(-(-(hi - lo) // NARROW_PART)):
         d = np.zeros(hp * wp, dv.dtype)
-        for cn in range(part * NARROW_PART, min(planes, (part + 1) * NARROW_PART)):
+        for cn in range(lo + part * NARROW_PART, min(hi, lo + (part + 1) * NARROW_PART)):
             c = cn // k_
             n = cn % k_
             xb = ((n + n0) * c_ + c) * h_ * w_
@@ -392,6 +385,5 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx):
                     xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
-for _name in ("input_transform", "output_transform", "output_transform_adjoint",
-              "input_transform_adjoint"):
-    globals()[_name] = _dispatch(globals()[_name])
+for _name, _planes in PLANES.items():  # the range of planes as ``_winograd``'s
+    globals()[_name] = _dispatch(globals()[_name], split=_planes, pieces=pieces)

@@ -335,7 +335,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     x = np.ascontiguousarray(x)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w, tiling, workers)
+        u = weights_transform(w, tiling, get_num_threads())
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     if _compiled(x.dtype, c, f, workers):
@@ -383,7 +383,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
     dy = np.ascontiguousarray(dy)
     k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
     with blas_for(workers):
-        u = weights_transform(w, tiling, workers)
+        u = weights_transform(w, tiling, get_num_threads())
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
     if _compiled(x.dtype, c, f, workers) and blocks:
