@@ -331,3 +331,48 @@ def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypa
             assert team.flags[team.n] == finished  # through a ThreadPoolExecutor
     finally:
         kernels.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("n", [(1 << 19) - 1, 1 << 19, (1 << 20) + 4097])
+def test_elementwise_jobs_give_the_one_thread_bits_and_run_on_the_helper(n):
+    """ReLU's forward and backward and the sum of two arrays (a residual block's) from
+    2^19 float32 elements run as compiled jobs of the block threads (``_team_jobs``),
+    pieces of elements taken from a counter: every element written once, as at 1 thread
+    (NaN and -0.0 included); below that size, on the calling thread alone."""
+    if kernels.backend() != "numba":
+        pytest.skip("compiled jobs are the compiled path's")
+    from distnn.kernels import _team_jobs  # noqa: F401  (installs the jobs)
+    from distnn.kernels.backend import compiled
+    fast = compiled()
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(n).astype(np.float32)
+    a[::1001] = np.nan
+    a[::997] = -0.0
+    b = rng.standard_normal(n).astype(np.float32)
+    a3, b3 = a.reshape(1, 1, n), b.reshape(1, 1, n)
+
+    def all_three():
+        outs = [np.full(n, 7, np.float32) for _ in range(3)]
+        fast.relu_forward(a3, outs[0].reshape(a3.shape))
+        fast.relu_backward(b3, a3, outs[1].reshape(a3.shape))
+        fast.add(a3, b3, outs[2].reshape(a3.shape))
+        return outs
+
+    previous = kernels.get_num_threads()
+    try:
+        kernels.set_num_threads(1)
+        want = all_three()
+        np.testing.assert_array_equal(want[0], np.maximum(a, 0))
+        np.testing.assert_array_equal(want[1], b * (a > 0))
+        np.testing.assert_array_equal(want[2], a + b)
+        kernels.set_num_threads(2)
+        if kernels.get_num_threads() < 2:
+            pytest.skip("numba has one thread here")
+        team = _threads._team(2)
+        finished = team.flags[team.n]
+        got = all_three()
+        assert team.flags[team.n] - finished == (3 if n >= 1 << 19 else 0)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    finally:
+        kernels.set_num_threads(previous)

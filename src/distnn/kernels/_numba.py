@@ -174,6 +174,16 @@ def relu_backward(dy, y, dx, lo, hi):
         xf[_U(i)] = d if yf[_U(i)] > z else d * z
 
 
+@_jit
+def add(a, b, out, lo, hi):
+    """out = a + b over flat elements lo to hi (a residual block's sum, its gradients')."""
+    af = a.ravel()
+    bf = b.ravel()
+    of = out.ravel()
+    for i in nb.prange(lo, hi):
+        of[_U(i)] = af[_U(i)] + bf[_U(i)]
+
+
 # -- max pooling --------------------------------------------------------------------------
 @_jit
 def maxpool_forward(x, kh, kw, sh, sw, ph, pw, y, idx):
@@ -405,7 +415,7 @@ for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols", "bn_grad_sums"
               "bn_backward_dx", "scale_shift"):
     globals()[_name] = _dispatch(globals()[_name])
 bn_forward_train = _dispatch(bn_forward_train, split=channels, pieces=pieces)
-for _name in ("relu_forward", "relu_backward"):
+for _name in ("relu_forward", "relu_backward", "add"):
     globals()[_name] = _dispatch(globals()[_name], small_serial=True, split=elements,
                                  pieces=pieces)
 for _name in ("maxpool_forward", "maxpool_backward"):

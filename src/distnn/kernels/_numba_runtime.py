@@ -73,8 +73,9 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     ``whole``: the serial twin over the kernel's whole range (a split kernel's range filled
     in), for callers that split the work among threads themselves.
     A split kernel's ``team`` attribute (None here; ``_team_jobs`` sets batch norm's):
-    team(args), with more threads, is tried before ``pieces``: True where it ran the kernel
-    (as compiled jobs of the block threads, no GIL taken on their side)."""
+    team(args), with more threads, is tried before ``small_serial``'s size rule and
+    ``pieces``: True where it ran the kernel (as compiled jobs of the block threads, no GIL
+    taken on their side)."""
     if split is not None and pieces is None:
         raise TypeError("_dispatch: a split kernel needs pieces (_threads.pieces)")
     # a copy under its own name: the disk cache is keyed by function name, not options
@@ -90,10 +91,14 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
         @functools.wraps(parallel_kernel.py_func)
         def call(*args):
             n = split(args)
-            if _threads[0] == 1 or (small_serial and args[0].size < PARALLEL_MIN):
+            if _threads[0] == 1:
                 return serial_kernel(*args, 0, n)
-            if call.team is None or not call.team(args):
-                pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
+            if call.team is not None and call.team(args):
+                return None
+            if small_serial and args[0].size < PARALLEL_MIN:
+                return serial_kernel(*args, 0, n)
+            pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
+            return None
         call.parallel, call.serial, call.team = parallel_kernel, serial_kernel, None
         call.whole = lambda *args: serial_kernel(*args, 0, split(args))
         return call

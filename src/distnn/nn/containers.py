@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..kernels.backend import compiled
 from .base import Layer, check_input
 from .model import ModelMethods
 from .normalization import link_bn_relu
@@ -25,6 +26,20 @@ def _as_layers(branch) -> list[Layer]:
     return list(branch)
 
 
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b into a new array: for contiguous floats of one shape and dtype the compiled
+    kernel, whose elements the block threads share at 2+ threads (the same bits)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return a + b
+    out = np.empty_like(a)
+    fast = compiled()
+    if (fast is not None and a.dtype.kind == "f" and a.size and a.flags.c_contiguous
+            and b.flags.c_contiguous):
+        fast.add(a, b, out)
+        return out
+    return np.add(a, b, out=out)
+
+
 def _sum_fresh(arrays):
     """Sum of the non-None arrays into a new array (inputs may be views of dy or caches)."""
     arrays = [a for a in arrays if a is not None]
@@ -33,7 +48,10 @@ def _sum_fresh(arrays):
     if len(arrays) == 1:
         return arrays[0].copy()
     # one pass (not a copy, then +=), into arrays[0]'s shape and dtype as += would be
-    total = np.add(arrays[0], arrays[1], out=np.empty_like(arrays[0]))
+    if arrays[0].shape == arrays[1].shape and arrays[0].dtype == arrays[1].dtype:
+        total = _add(arrays[0], arrays[1])
+    else:
+        total = np.add(arrays[0], arrays[1], out=np.empty_like(arrays[0]))
     for a in arrays[2:]:
         total += a
     return total
@@ -106,7 +124,7 @@ class Add(_Block):
         # Branch outputs may be arrays their last layer caches for backward: never add into
         # them in place; the first sum makes a fresh array that later ones accumulate into.
         outs = [b.forward(x, training) for b in self.branches]
-        y = outs[0] + outs[1]
+        y = _add(outs[0], outs[1])
         for out in outs[2:]:
             y += out
         return y
