@@ -139,8 +139,9 @@ def elements(args) -> int:
 # (float32, 2 threads against 1, ms: ReLU 64x32x16x16 0.24 against 0.16, 64x64x8x8 0.155
 # against 0.067, 64x16x32x32 0.32 against 0.33). In the model at 2 threads, alternated in
 # one process: simplecnn 1.09x and lenet 1.09x faster a step, resnet20 0.96-1.01x (noise).
-# resnet20's 64x16x32x32 ReLUs (2^20 elements) split among the block threads took 0.77 /
-# 1.29 ms forward / backward against 0.44 / 0.68 on one thread: they stay on one.
+# resnet20's 64x16x32x32 ReLUs (2^20 elements) split among the block threads as Python
+# shares took 0.77 / 1.29 ms forward / backward against 0.44 / 0.68 on one thread; as
+# compiled jobs (``_team_jobs.ELEMENTWISE_MIN``, the ``team`` hook, tried first) they gain.
 # Batch norm keeps its threads (its backward on 128-512 channels gained 1.06-1.22x from
 # the second); the convolution kernels too (vgg11bn's split Winograd transforms on
 # 512K-element inputs ran 13% slower a step on one thread).
