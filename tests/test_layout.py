@@ -1,5 +1,6 @@
 """The package's structure: no import cycles (imports inside functions included), the
-layering of DESIGN.md, ruff clean, and a README layout section that matches the tree."""
+import rule of docs/design.md §The import rule, ruff clean, a README layout section that
+matches the tree, and design citations that name a section of docs/design.md."""
 from __future__ import annotations
 
 import ast
@@ -192,3 +193,43 @@ def test_readme_layout_matches_the_tree():
     assert packages - listed == set(), "packages missing from README's Layout section"
     assert listed - packages - {"src", "tests", "benchmarks", "scripts", "examples",
                                 "distnn"} == set(), "README lists packages that do not exist"
+
+
+DESIGN_DOC = ROOT / "docs" / "design.md"
+# A citation: docs/design.md, a section sign, then the section's name up to the first
+# ) , ; : quote or backquote, or the end of the line.
+CITATION = re.compile(r"docs/design\.md §([^),;:`'\"\n]+)")
+
+
+def _design_sections() -> list[str]:
+    """docs/design.md's headings without their numbers ("4.4 One step: ..." -> "One
+    step: ...")."""
+    headings = re.findall(r"^#{2,4} +(.+?)\s*$", DESIGN_DOC.read_text(), re.M)
+    return [re.sub(r"^\d+(\.\d+)*\.? +", "", h) for h in headings]
+
+
+def _cited_files() -> list[Path]:
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for folder in ("src", "tests", "benchmarks"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    return files
+
+
+def test_design_citations_name_sections_that_exist():
+    # Citations of the house rules used to name a file outside the repository; each one now
+    # names a heading of docs/design.md (its section on gradient averaging, its rule 6).
+    sections = _design_sections()
+    assert {"Gradient averaging", "Randomness and seeds", "The import rule"} <= set(sections)
+    assert any(s.startswith("Rule 7:") for s in sections)
+    bad, cited = [], 0
+    for path in _cited_files():
+        text = path.read_text(errors="replace")
+        for name in CITATION.findall(text):
+            name = name.strip().rstrip(".")
+            cited += 1
+            if not any(s == name or s.startswith(name + ":") for s in sections):
+                bad.append(f"{path.relative_to(ROOT)}: §{name}")
+        if re.search(r"\bDESIGN(\.md| rule)", text):
+            bad.append(f"{path.relative_to(ROOT)}: cites DESIGN outside the repository")
+    assert cited >= 5  # the check sees the citations it is meant to check
+    assert bad == []

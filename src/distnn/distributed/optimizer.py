@@ -1,6 +1,6 @@
 """DistributedOptimizer for distnn models: a thin adapter from ``model.grad_hooks`` to the
-one gradient ``Reducer`` (reducer.py, where data-parallel gradients are combined, DESIGN
-rule 7), plus the check that every rank holds the same model.
+one gradient ``Reducer`` (reducer.py, where data-parallel gradients are combined:
+docs/design.md §Gradient averaging), plus the check that every rank holds the same model.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ order during backward, one synchronize that completes and scales them, and count
 
 The framework adapters only translate their hooks (a distnn layer's gradients ready, a
 torch parameter's gradient accumulated) into ``ready(segment)`` calls. What gradients
-become, in the one documented place (DESIGN rule 7):
+become, in the one documented place (docs/design.md §Gradient averaging):
 
 - ``op="average"``: the sum over ranks divided by the number of ranks (Horovod/DDP);
   with ``gradient_predivide_factor`` f the buffer is multiplied by 1/f before the sum and

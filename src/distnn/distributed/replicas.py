@@ -25,8 +25,9 @@ def broadcast_parameters(model, root: int = 0, comm: Communicator | None = None)
     """Make every rank's weights (the flat parameter buffer) and every layer's ``buffers``
     (e.g. BatchNorm running statistics) equal to those of ``root``, in place.
 
-    Initial weights must be broadcast, never assumed equal because seeds are (DESIGN
-    rule 8). Raises on every rank when the ranks hold different models.
+    Initial weights must be broadcast, never assumed equal because seeds are
+    (docs/design.md §Randomness and seeds). Raises on every rank when the ranks hold
+    different models.
     """
     comm = comm if comm is not None else get_comm()
     if comm.size == 1:

@@ -19,9 +19,9 @@ other hooks in this order::
         with evaluation_weights(trainer): # validation, on_epoch_end callbacks, checkpoint
     end(trainer)                          # after the last epoch (also on early stop)
 
-Every hook but ``step``/``serve`` is collective in the sense of DESIGN rule 6: all ranks
-call it the same number of times, so a rule may communicate inside any of them; ``step``
-and ``serve`` are where a rule's point-to-point protocol lives.
+Every hook but ``step``/``serve`` is collective (docs/design.md §Rule 6): all ranks call it
+the same number of times, so a rule may communicate inside any of them; ``step`` and
+``serve`` are where a rule's point-to-point protocol lives.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """PyTorch modules on distnn's distributed API (Horovod's PyTorch API, name for name), and
 in distnn's trainer.
 
-Horovod scripts port by changing the import (README, "Coming from Horovod", lists every
+Horovod scripts port by changing the import (docs/horovod.md, "Coming from Horovod", lists every
 name: collectives with name/op/pre- and postscale, async handles, grouped forms, alltoall,
 reducescatter, process sets, join, Compression, Adasum)::
 

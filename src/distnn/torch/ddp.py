@@ -2,7 +2,7 @@
 ``(rank, device)`` and ``partition_dataset`` returns ``(loader, per-rank batch size)``.
 
 A Needle data-parallel script ports by changing the imports and the model/loss to torch
-(README, "Coming from Needle")::
+(docs/horovod.md, "Coming from Needle")::
 
     from distnn.torch import ddp                       # was: import ddp (apps/ddp.py)
     rank, device = ddp.init()

@@ -1,7 +1,7 @@
 """SINGA's ``opt`` names over distnn.torch: ``SGD`` built without parameters and ``DistOpt``,
 which all-reduces the gradients of whatever a loss tensor depends on.
 
-SINGA scripts port by changing the import (README, "Coming from SINGA")::
+SINGA scripts port by changing the import (docs/horovod.md, "Coming from SINGA")::
 
     from distnn.torch import opt                      # was: from singa import opt
     sgd = opt.SGD(lr=0.005, momentum=0.9, weight_decay=1e-5)
