@@ -1,75 +1,154 @@
-"""The configuration of a run: frozen dataclasses, one per section of ``run.options``.
+"""The configuration of a run: one frozen dataclass per section, each field one option of
+the ``distnn`` command, with its type, default, help and kind written here, once.
 
-A section's fields are the options of that section (``OPTIONS``), with their defaults,
-validated in ``__post_init__`` by the option's kind, so a value is checked the same way
-whether it comes from the command line, a TOML file or Python code::
+Everything else derives from these fields: the option table (``run.options.OPTIONS``),
+the command's parser and ``--help``, the keys of TOML files, and the checks. A field's
+kind (``run.kinds``) checks and normalizes its value in ``__post_init__``, so a value is
+checked the same way whether it comes from the command line, a TOML file or Python::
 
     cfg = build_config("train", {"model": "lenet", "num_epochs": 2})
+    ModelConfig(model="lenet").dtype        # 'float32'
 """
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from .options import EVAL, GROUPS, OPTION_BY_NAME, OPTIONS, PRED, TRAIN, Option, canonical
+from .kinds import (Bool, CompressionSpec, FileList, Float, Int, KeyValues, Kind, List, Maybe,
+                    ModelSpec, Shape, Str, datasets, losses, models, optimizers,
+                    parallel_modes, schedulers)
 
+if TYPE_CHECKING:
+    from .options import Option
 
 __all__ = [
-    "ConfigError", "Option", "OPTIONS", "OPTION_BY_NAME", "GROUPS", "DataConfig", "ModelConfig",
-    "OptimizerConfig", "ScheduleConfig", "TrainConfig", "ParallelConfig", "OutputConfig",
-    "PredictConfig", "RunConfig", "load_toml", "option_values", "build_config",
+    "ConfigError", "TRAIN", "EVAL", "PRED", "ALL", "option", "ModelConfig", "DataConfig",
+    "TrainConfig", "OptimizerConfig", "ScheduleConfig", "ParallelConfig", "OutputConfig",
+    "PredictConfig", "RunConfig", "SECTIONS", "load_toml", "option_values", "build_config",
 ]
+
+TRAIN, EVAL, PRED = "train", "evaluate", "predict"
+ALL = (TRAIN, EVAL, PRED)
 
 
 class ConfigError(ValueError):
     """A bad option value: the message names the option, the rule and the value."""
 
 
-def _check_section(obj) -> None:
-    """Validate (and normalize) every field of a config dataclass through its option."""
-    for f in fields(obj):
-        option = OPTION_BY_NAME[f.name]
-        value = getattr(obj, f.name)
-        try:
-            value = option.kind.check(value)
-        except ValueError as exc:
-            raise ConfigError(f"--{f.name}: {exc}") from None
-        object.__setattr__(obj, f.name, value)
+def option(default: Any, kind: Kind, help: str, *, commands: tuple[str, ...] = ALL,
+           aliases: tuple[str, ...] = (), argument: str | None = None) -> Any:
+    """A config field that is an option: ``--NAME`` (also with dashes, and ``--ALIAS``),
+    the key ``NAME`` in TOML files. ``kind`` parses and checks its values; ``commands``
+    take it; ``argument``: the training rule's constructor argument it sets, when that is
+    not the field's own name (``ParallelConfig.rule_arguments``)."""
+    meta = {"kind": kind, "help": help, "commands": commands, "aliases": aliases}
+    if argument is not None:
+        meta["argument"] = argument
+    return field(default=default, metadata=meta)
 
 
-def _section(name: str):
-    """Decorator: a frozen dataclass whose fields are the options of config section
-    ``name``, with their defaults, validated in ``__post_init__``."""
+class Section:
+    """Base of the section dataclasses: ``__post_init__`` checks every field by its kind
+    (the error names the option); ``title`` heads the section's options in ``--help``."""
 
-    def wrap(cls):
-        cls.__annotations__ = {o.name: Any for o in OPTIONS if o.section == name}
-        for o in OPTIONS:
-            if o.section == name:
-                setattr(cls, o.name, o.default)
-        user_post = cls.__dict__.get("_check")
+    title: ClassVar[str] = ""
 
-        def __post_init__(self):
-            _check_section(self)
-            if user_post is not None:
-                user_post(self)
-
-        cls.__post_init__ = __post_init__
-        return dataclass(frozen=True)(cls)
-
-    return wrap
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            try:
+                value = f.metadata["kind"].check(getattr(self, f.name))
+            except ValueError as exc:
+                raise ConfigError(f"--{f.name}: {exc}") from None
+            object.__setattr__(self, f.name, value)
 
 
-@_section("model")
-class ModelConfig:
+@dataclass(frozen=True)
+class ModelConfig(Section):
     """Model name, dtype, initial weights and the run's seed."""
 
+    title: ClassVar[str] = "Model"
+    model: str = option("simplecnn", ModelSpec(models),
+        "Model of the zoo (simplecnn, simplemlp, lenet, alexnet, vgg16, resnet20, ...), or your "
+        "own: FILE.py (calls its build_model() or get_model()), FILE.py:NAME or MODULE:NAME, "
+        "returning a distnn Sequential or a torch.nn.Module.")
+    dtype: str = option("float32", Str(("float32", "float64")),
+        "Floating-point type of weights and data.")
+    weights_and_bias_filename: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Load weights and biases from this .npz before training/evaluating (required by "
+        "evaluate and predict).", aliases=("weights",))
+    random_seed: int = option(0, Int(0),
+        "Seed of the initial weights, shuffles and augmentation.", aliases=("seed",))
+    model_args: tuple[tuple[str, Any], ...] = option((), KeyValues(),
+        "Keyword arguments for the --model file's callable: NAME=VALUE,... (e.g. "
+        "dense=100,dropout=0.25); distnn search sets the keys of its space that are the "
+        "callable's parameters, not options.")
 
-@_section("data")
-class DataConfig:
+
+@dataclass(frozen=True)
+class DataConfig(Section):
     """Dataset, paths, validation, augmentation and reader options."""
 
-    def _check(self):
+    title: ClassVar[str] = "Dataset"
+    dataset: str = option("fashion_mnist", Str(datasets),
+        "Dataset: fashion_mnist, mnist, cifar10, imagenet, hdf5, digits, synthetic.")
+    dataset_path: str | None = option(None, Maybe(Str(metavar="PATH")),
+        "Folder (or file) of the dataset; default: the usual places (/usr/share/datasets, "
+        "$DISTNN_DATA, the cache).")
+    dataset_test_path: str | None = option(None, Maybe(Str(metavar="PATH")),
+        "Read the test split from this folder instead of --dataset_path.")
+    test_as_validation: bool = option(False, Bool(),
+        "Validate on the test split after every epoch (instead of a part of the training set).")
+    validation_split: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
+        "Fraction of the training set (from its end) held out for validation after every epoch "
+        "(ignored with --test_as_validation); none: 0.2, or 0 when the dataset has its own "
+        "validation files (hdf5 --val_list).", commands=(TRAIN, PRED))
+    flip_images: bool = option(False, Bool(),
+        "Randomly flip training images horizontally.", commands=(TRAIN,))
+    flip_images_prob: float = option(0.5, Float(0.0, 1.0),
+        "Probability of a flip.", commands=(TRAIN,))
+    crop_images: bool = option(False, Bool(),
+        "Randomly shift training images (pad and crop back).", commands=(TRAIN,))
+    crop_images_padding: int = option(4, Int(1),
+        "Zero pixels padded on each side before the random crop.", commands=(TRAIN,))
+    crop_images_prob: float = option(0.5, Float(0.0, 1.0),
+        "Probability of a crop.", commands=(TRAIN,))
+    crop_images_padding_mode: str = option(
+        "constant", Str(("constant", "symmetric", "reflect", "edge")),
+        "What the crop's padding holds: constant (zeros), symmetric (the border mirrored, "
+        "SINGA's augmentation), reflect or edge.", commands=(TRAIN,))
+    download: bool = option(True, Bool(),
+        "Download the dataset when it is not found (mnist, fashion_mnist, cifar10).")
+    normalize: bool = option(True, Bool(),
+        "Scale stored pixel values to [0, 1].")
+    prefetch: bool = option(True, Bool(),
+        "Prepare the next batch in a background thread.")
+    train_list: str | tuple[str, ...] | None = option(None, Maybe(FileList()),
+        "hdf5: text file listing the training HDF5 files (implies --dataset hdf5). With several "
+        "ranks each rank reads only its part: whole files when there are at least as many files "
+        "as ranks, else its rows of each file.")
+    val_list: str | tuple[str, ...] | None = option(None, Maybe(FileList()),
+        "hdf5: list of validation files.")
+    test_list: str | tuple[str, ...] | None = option(None, Maybe(FileList()),
+        "hdf5: list of test files.")
+    features_name: str = option("features", Str(lower=False),
+        "hdf5: dataset name of the features.")
+    labels_name: str = option("labels", Str(lower=False),
+        "hdf5: dataset name of the labels.")
+    data_layout: str = option("auto", Str(("auto", "nchw", "nhwc")),
+        "hdf5: the layout images are given to the model in: nchw (channels-last files are "
+        "transposed), nhwc (as channels-last files store them, for models written for NHWC "
+        "input); auto: nhwc when the --model file sets data_layout = 'nhwc', else nchw.")
+    input_shape: tuple[int, ...] | None = option(None, Maybe(Shape()),
+        "synthetic: per-sample shape C,H,W (default 1,28,28).")
+    num_classes: int | None = option(None, Maybe(Int(1)),
+        "synthetic/hdf5: number of classes.")
+    num_samples: int | None = option(None, Maybe(Int(1)),
+        "synthetic: number of training samples.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.validation_split is None:  # hdf5 --val_list has its own validation files
             object.__setattr__(self, "validation_split", 0.0 if self.val_list else 0.2)
         if self.data_layout == "nhwc" and (self.flip_images or self.crop_images):
@@ -77,17 +156,108 @@ class DataConfig:
                               "or use --data_layout nchw (got --data_layout nhwc)")
 
 
-
-@_section("train")
-class TrainConfig:
+@dataclass(frozen=True)
+class TrainConfig(Section):
     """Batch sizes, epochs, evaluation, history, weights and checkpoints."""
 
+    title: ClassVar[str] = "Training"
+    batch_size: int = option(64, Int(1),
+        "Batch size PER RANK (global = batch_size x ranks).")
+    global_batch_size: int | None = option(None, Maybe(Int(1)),
+        "Global batch size over all ranks (overrides --batch_size).")
+    num_epochs: int = option(3, Int(0),
+        "Number of epochs (in total, when resuming).", commands=(TRAIN,))
+    steps_per_epoch: int = option(0, Int(0),
+        "Use at most this many batches per epoch (0: all); evaluation is trimmed alike.")
+    evaluate: bool | None = option(None, Maybe(Bool()),
+        "true: evaluate on the test split before and after training (PyDTNN); false: never; "
+        "none: after training only.", commands=(TRAIN,))
+    evaluate_only: bool = option(False, Bool(),
+        "Only evaluate the model (with --weights_and_bias_filename) on the test split.",
+        commands=(TRAIN,))
+    history_file: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Write the per-epoch history here (JSON, or CSV for a .csv name).", commands=(TRAIN,))
+    validate_every: int = option(0, Int(0),
+        "NNLO: also validate every N updates (0: only after each epoch); the results are "
+        "printed on rank 0.", commands=(TRAIN,))
+    save_weights: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Write the final weights (.npz) here (rank 0).", commands=(TRAIN,))
+    weights_layout: str = option("distnn", Str(("distnn", "pydtnn")),
+        "Layout of the --save_weights file: distnn ('layer/name' keys) or pydtnn (PyDTNN's "
+        "'1_Conv2D_w' keys, which PyDTNN loads; --weights_and_bias_filename reads either).",
+        commands=(TRAIN,))
+    every_rank_writes: bool = option(False, Bool(),
+        "Every rank writes its own copy of --history_file and --save_weights, and the first "
+        "rank of every node its node's --checkpoint (for node-local disks; '{rank}' in a name "
+        "is replaced by the rank); default: rank 0 writes them.", commands=(TRAIN,))
+    checkpoint: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Write the full training state here every --checkpoint_freq epochs (atomic; for "
+        "--resume).", commands=(TRAIN,))
+    checkpoint_freq: int = option(1, Int(1),
+        "Epochs between full-state checkpoints.",
+        commands=(TRAIN,), aliases=("checkpoint_interval",))
+    checkpoint_steps: int = option(0, Int(0),
+        "Also write the checkpoint every N training steps (0: only at epoch ends); a resume "
+        "continues mid-epoch at the exact batch, so a restart redoes at most N steps "
+        "(synchronous rules).", commands=(TRAIN,))
+    progress_file: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Rank 0 keeps this file holding 'global_step epoch epoch_step global_batch' after every "
+        "step (distnn launch reads it to say how many samples a restart redoes).",
+        commands=(TRAIN,))
+    resume: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Continue the run saved in this checkpoint (same model, optimizer and schedulers; keeps "
+        "its global batch) and keep checkpointing to it (unless --checkpoint names another "
+        "file).", commands=(TRAIN,))
+    overwrite: bool = option(False, Bool(),
+        "Replace an existing --checkpoint file (without it, a run refuses to start over a "
+        "checkpoint it does not --resume).", commands=(TRAIN,))
+    ignore_nan: bool = option(False, Bool(),
+        "Keep training when the loss becomes NaN or infinite (default: stop at the first such "
+        "step, exit status 3).", commands=(TRAIN,))
+    shuffle: bool = option(True, Bool(),
+        "Shuffle the training set every epoch.", commands=(TRAIN,))
 
-@_section("optim")
-class OptimizerConfig:
+
+@dataclass(frozen=True)
+class OptimizerConfig(Section):
     """Optimizer, its hyper-parameters (PyDTNN names), loss and metrics."""
 
-    def _check(self):
+    title: ClassVar[str] = "Optimizer"
+    optimizer: str = option("sgd", Str(optimizers),
+        "Optimizer: sgd, rmsprop, adam, adamw, nadam, adadelta.", commands=(TRAIN,))
+    learning_rate: float = option(0.01, Float(0.0),
+        "Learning rate.", commands=(TRAIN,), aliases=("lr",))
+    learning_rate_scaling: bool = option(False, Bool(),
+        "Multiply the learning rate by the number of ranks (use with warm-up).", commands=(TRAIN,))
+    lr_per_sample: bool = option(False, Bool(),
+        "--learning_rate is a rate per sample (PyDTNN's meaning): each step applies it divided "
+        "by the global batch size (batch_size x ranks). The command sets it when its line uses "
+        "PyDTNN's spellings (a note says so); give true or false to decide.", commands=(TRAIN,))
+    momentum: float = option(0.9, Float(0.0),
+        "Momentum (sgd, rmsprop).", commands=(TRAIN,))
+    nesterov: bool = option(False, Bool(),
+        "Nesterov momentum (sgd).", commands=(TRAIN,))
+    decay: float | None = option(None, Maybe(Float(0.0)),
+        "Weight decay (default: the optimizer's own).",
+        commands=(TRAIN,), aliases=("weight_decay",))
+    beta1: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
+        "beta1 (adam, adamw, nadam; default 0.9).", commands=(TRAIN,))
+    beta2: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
+        "beta2 (adam, adamw, nadam; default 0.999).", commands=(TRAIN,))
+    epsilon: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "epsilon (rmsprop, adam*, nadam, adadelta; default: the optimizer's own).",
+        commands=(TRAIN,))
+    rho: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
+        "rho (rmsprop's alpha, adadelta; default: the optimizer's own).", commands=(TRAIN,))
+    loss_func: str = option("categorical_cross_entropy", Str(losses),
+        "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae. mse, mae and bce "
+        "train on one-hot labels.")
+    metrics: tuple[str, ...] = option(("categorical_accuracy",), List(),
+        "Comma-separated metrics: categorical_accuracy (acc), top5, categorical_hinge, "
+        "categorical_mse, categorical_mae, mse, mae.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.nesterov and self.optimizer == "sgd" and self.momentum <= 0:
             raise ConfigError(f"--nesterov needs --momentum > 0, got momentum={self.momentum}")
         from ..nn.metrics import get_metric
@@ -104,11 +274,65 @@ class OptimizerConfig:
         object.__setattr__(self, "metrics", tuple(metrics.values()))
 
 
-@_section("sched")
-class ScheduleConfig:
+@dataclass(frozen=True)
+class ScheduleConfig(Section):
     """LR schedulers and callbacks and their parameters."""
 
-    def _check(self):
+    title: ClassVar[str] = "Learning-rate schedulers and callbacks"
+    lr_schedulers: tuple[str, ...] = option((), List(schedulers),
+        "Comma-separated: warm_up, early_stopping, reduce_lr_on_plateau, "
+        "reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.", commands=(TRAIN,))
+    warm_up_epochs: float = option(5.0, Float(0.0),
+        "warm_up: epochs of linear warm-up.", commands=(TRAIN,))
+    warm_up_batches: int = option(0, Int(0),
+        "warm_up: batches of linear warm-up (overrides --warm_up_epochs).", commands=(TRAIN,))
+    early_stopping: str | None = option(None, Maybe(Str(lower=False, metavar="SPEC")),
+        "NNLO syntax 'metric,op,patience', e.g. 'val_loss,~<,4' ('~' compares the mean of the "
+        "last patience epochs with the patience before; '<'/'>' compare with the best).",
+        commands=(TRAIN,))
+    early_stopping_metric: str = option("val_loss", Str(lower=False),
+        "early_stopping: metric.", commands=(TRAIN,))
+    early_stopping_patience: int = option(10, Int(1),
+        "early_stopping: epochs without improvement.", commands=(TRAIN,))
+    early_stopping_min_delta: float = option(0.0, Float(0.0),
+        "early_stopping: minimum improvement.", commands=(TRAIN,))
+    early_stopping_restore_best: bool = option(False, Bool(),
+        "early_stopping: restore the weights of the best epoch at the end.", commands=(TRAIN,))
+    reduce_lr_on_plateau_metric: str = option("val_loss", Str(lower=False),
+        "reduce_lr_on_plateau: metric.", commands=(TRAIN,))
+    reduce_lr_on_plateau_factor: float = option(0.1, Float(0.0, 1.0, True, True),
+        "reduce_lr_on_plateau: new_lr = lr * factor.", commands=(TRAIN,))
+    reduce_lr_on_plateau_patience: int = option(5, Int(1),
+        "reduce_lr_on_plateau: epochs without improvement.", commands=(TRAIN,))
+    reduce_lr_on_plateau_min_lr: float = option(0.0, Float(0.0),
+        "reduce_lr_on_plateau: lower bound.", commands=(TRAIN,))
+    reduce_lr_every_nepochs_factor: float = option(0.1, Float(0.0, 1.0, low_open=True),
+        "reduce_lr_every_nepochs: new_lr = lr * factor.", commands=(TRAIN,))
+    reduce_lr_every_nepochs_nepochs: int = option(5, Int(1),
+        "reduce_lr_every_nepochs: period in epochs.", commands=(TRAIN,))
+    reduce_lr_every_nepochs_min_lr: float = option(0.0, Float(0.0),
+        "reduce_lr_every_nepochs: lower bound.", commands=(TRAIN,))
+    stop_at_loss_metric: str = option("val_accuracy", Str(lower=False),
+        "stop_at_loss: metric.", commands=(TRAIN,))
+    stop_at_loss_threshold: float | None = option(None, Maybe(Float(-math.inf)),
+        "stop_at_loss: stop once the metric reaches this value (>= for accuracies, <= for "
+        "losses); required by stop_at_loss.", commands=(TRAIN,))
+    target_metric: str | None = option(None, Maybe(Str(lower=False, metavar="SPEC")),
+        "NNLO syntax 'metric,op,value', e.g. 'val_acc,>,0.97': stop when reached.",
+        commands=(TRAIN,))
+    model_checkpoint_metric: str = option("val_loss", Str(lower=False),
+        "model_checkpoint: metric for --model_checkpoint_best_only.", commands=(TRAIN,))
+    model_checkpoint_save_freq: int = option(2, Int(1),
+        "model_checkpoint: epochs between saves.", commands=(TRAIN,))
+    model_checkpoint_best_only: bool = option(False, Bool(),
+        "model_checkpoint: save only when the metric improved.", commands=(TRAIN,))
+    model_checkpoint_file: str = option(
+        "checkpoint-{epoch:03d}.npz", Str(lower=False, metavar="PATTERN"),
+        "model_checkpoint: weights file name ({epoch} and logged keys are filled in).",
+        commands=(TRAIN,))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         from ..training.callbacks import parse_early_stopping, parse_target_metric
         for spec, parse in ((self.early_stopping, parse_early_stopping),
                             (self.target_metric, parse_target_metric)):
@@ -119,19 +343,152 @@ class ScheduleConfig:
                     raise ConfigError(str(exc)) from None
 
 
-@_section("parallel")
-class ParallelConfig:
+@dataclass(frozen=True)
+class ParallelConfig(Section):
     """Data parallelism over MPI: training rule and its options, all-reduce, threads."""
 
+    title: ClassVar[str] = "Parallel execution"
+    parallel: str = option("auto", Str(parallel_modes),
+        "Training rule: data (synchronous all-reduce, alias bsp), localsgd (periodic "
+        "averaging), downpour (asynchronous parameter server on rank 0), easgd (elastic "
+        "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
+        "(local steps, one chunk of the weights averaged per step); sequential (one process) or "
+        "auto (data).")
+    stall_warning: float = option(60.0, Float(0.0, low_open=True),
+        "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
+        "that have not arrived and where each last was (step, phase).", commands=(TRAIN,))
+    stall_timeout: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "Seconds of such waiting after which the job ends with exit status 4, naming those "
+        "ranks (default: never); the last checkpoint stays resumable.", commands=(TRAIN,))
+    sync_every: int | None = option(None, Maybe(Int(1)),
+        "Batches between two exchanges: downpour/gem pushes, easgd's tau, localsgd's averaging "
+        "period (default: 1, 1, 4, 8).", commands=(TRAIN,), aliases=("localsgd_period",))
+    synchronous: bool = option(False, Bool(),
+        "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
+        "without a master; gossip: shared, deterministic push schedule.", commands=(TRAIN,))
+    elastic_force: float = option(0.9, Float(0.0, 1.0),
+        "easgd: rho; the moving rate is elastic_force x elastic_lr (0: independent workers).",
+        commands=(TRAIN,))
+    elastic_lr: float | None = option(None, Maybe(Float(0.0, 1.0, low_open=True)),
+        "easgd: eta (default 1 / number of workers).", commands=(TRAIN,))
+    elastic_momentum: float = option(0.0, Float(0.0, 1.0, high_open=True),
+        "easgd: momentum of the centre's moves.", commands=(TRAIN,))
+    worker_optimizer: str | None = option(None, Maybe(Str(optimizers)),
+        "easgd: optimizer of the workers' local steps (default: --optimizer).", commands=(TRAIN,))
+    gem_lr: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "gem: learning rate eta (default: --learning_rate and its schedule).", commands=(TRAIN,))
+    gem_momentum: float = option(0.9, Float(0.0, 1.0, high_open=True),
+        "gem: momentum of the energy proxy.", commands=(TRAIN,))
+    gem_kappa: float = option(1.0, Float(0.0, low_open=True),
+        "gem: proxy amplification kappa.", commands=(TRAIN,))
+    gossip_probability: float = option(0.25, Float(0.0, 1.0, low_open=True),
+        "gossip: probability that a rank pushes its weights to a random peer after a step.",
+        commands=(TRAIN,), aliases=("gossip_p",), argument="probability")
+    gossip_alpha: float | None = option(None, Maybe(Float(0.0, 1.0, low_open=True)),
+        "gossip: initial mixing weight of each rank (default 1 / ranks).", commands=(TRAIN,),
+        argument="alpha")
+    partial_chunks: int = option(4, Int(1),
+        "partial: cut the flat weights into this many contiguous chunks; after each local step "
+        "one chunk is averaged over the ranks, in turn (each once every N steps; 1: all, every "
+        "step).", commands=(TRAIN,), argument="chunks")
+    non_blocking_mpi: bool = option(True, Bool(),
+        "Overlap the gradient all-reduce with backward.", commands=(TRAIN,),
+        argument="non_blocking")
+    bucket_size_mb: float = option(4.0, Float(0.0),
+        "Gradient all-reduce bucket size in MiB.", commands=(TRAIN,))
+    sync_batchnorm: bool = option(False, Bool(),
+        "Batch-norm statistics over the global batch.", commands=(TRAIN,))
+    gradient_compression: str = option("none", CompressionSpec(),
+        "Gradients travel as: none (own dtype), fp16, topk:RATIO (each tensor's largest RATIO "
+        "share), threshold:VALUE (entries with |g| >= VALUE) or powersgd:RANK (low-rank "
+        "factors); --parallel data only. topk/threshold/powersgd keep what they did not send "
+        "(--error_feedback) and send 1-D and small tensors dense.", commands=(TRAIN,),
+        argument="compression")
+    compression_warmup_steps: int = option(0, Int(0),
+        "Dense steps before --gradient_compression topk/threshold/powersgd starts (PowerSGD's "
+        "start_powerSGD_iter).", commands=(TRAIN,))
+    error_feedback: bool = option(True, Bool(),
+        "topk/threshold/powersgd: add what a rank did not send to its next gradient (false: "
+        "drop it).", commands=(TRAIN,))
+    threads: int = option(0, Int(0),
+        "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
+        "else the libraries' defaults).")
 
-@_section("output")
-class OutputConfig:
+    def rule_arguments(self) -> dict[str, Any]:
+        """Every field by the name of the training rules' constructor argument it sets
+        (``rules.build_rule`` takes those its rule has)."""
+        return {f.metadata.get("argument", f.name): getattr(self, f.name)
+                for f in fields(self)}
+
+    @staticmethod
+    def option_of(argument: str | None) -> str | None:
+        """The option that sets a training rule's constructor ``argument``, if any."""
+        for f in fields(ParallelConfig):
+            if f.metadata.get("argument", f.name) == argument:
+                return f.name
+        return None
+
+
+@dataclass(frozen=True)
+class OutputConfig(Section):
     """Verbosity, profiling and tracing."""
 
+    title: ClassVar[str] = "Output, profiling and tracing"
+    quiet: bool = option(False, Bool(),
+        "No progress bars, parameters or summary; only results.")
+    verbose: bool = option(False, Bool(),
+        "Print every option's value and the model summary (by default: one summary line).")
+    profile: bool = option(False, Bool(),
+        "Per-layer forward/backward time and all-reduce wait per epoch, and (PyDTNN's meaning) "
+        "the cProfile functions with the most cumulative time at the end (rank 0); --cprofile "
+        "FILE keeps the full statistics.", commands=(TRAIN,))
+    trace: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Write a Chrome-trace JSON of layer forward/backward and communication (rank r writes "
+        "FILE.rank{r}).", commands=(TRAIN,))
+    trace_merged: bool = option(False, Bool(),
+        "Gather the traces of all ranks into the one --trace FILE.", commands=(TRAIN,))
+    tensorboard: str | None = option(None, Maybe(Str(lower=False, metavar="DIR")),
+        "Write TensorBoard event files in DIR (rank 0): training loss, metrics, learning rate, "
+        "samples/s and communication per step, every logged value per epoch, the options as "
+        "text (needs tensorboardX: pip install 'distnn[tensorboard]'; then tensorboard --logdir "
+        "DIR).", commands=(TRAIN,))
+    tensorboard_every: int = option(10, Int(0),
+        "--tensorboard: write the per-step values every N steps (0: per epoch only).",
+        commands=(TRAIN,))
+    plot: str | None = option(None, Maybe(Str(lower=False, metavar="FILE.png")),
+        "At the end, draw the loss and every metric per epoch, training and validation, into "
+        "this PNG (needs matplotlib; distnn plot compares the history files of several runs).",
+        commands=(TRAIN,))
+    cprofile: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Dump cProfile statistics here (FILE.rank{r} with several ranks).")
+    traceback: bool = option(False, Bool(),
+        "Show Python tracebacks for user errors too.")
 
-@_section("predict")
-class PredictConfig:
+
+@dataclass(frozen=True)
+class PredictConfig(Section):
     """What ``distnn predict`` writes."""
+
+    title: ClassVar[str] = "Prediction"
+    split: str = option("test", Str(("train", "val", "test")),
+        "Split to predict.", commands=(PRED,))
+    output: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Predictions file: .npy (logits), .npz (logits, predicted, labels) or .csv (index, "
+        "predicted, label).", commands=(PRED,))
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "optim": OptimizerConfig,
+    "sched": ScheduleConfig, "parallel": ParallelConfig, "output": OutputConfig,
+    "predict": PredictConfig}
+
+
+def _option_fields(command: str | None = None):
+    """(section name, field) of every option, in the sections' order (that of --help)."""
+    for name, cls in SECTIONS.items():
+        for f in fields(cls):
+            if command is None or command in f.metadata["commands"]:
+                yield name, f
 
 
 @dataclass(frozen=True)
@@ -167,24 +524,22 @@ class RunConfig:
         default; not where its outputs go), JSON-able, then ``extra`` (e.g. ranks): what a
         history file and TensorBoard record, and what ``distnn plot`` labels runs with."""
         out: dict[str, Any] = {}
-        for o in OPTIONS:
-            if self.command not in o.commands or o.section in ("output", "predict") \
-                    or o.name in NOT_DESCRIBING:
+        for section, f in _option_fields(self.command):
+            if section in ("output", "predict") or f.name in NOT_DESCRIBING:
                 continue
-            value = getattr(getattr(self, o.section), o.name)
-            if value == o.default and o.name not in DESCRIBING:
+            value = getattr(getattr(self, section), f.name)
+            if value == f.default and f.name not in DESCRIBING:
                 continue
-            out[o.name] = list(value) if isinstance(value, tuple) else value
+            out[f.name] = list(value) if isinstance(value, tuple) else value
         out.update(extra)
         return out
 
     def items(self) -> list[tuple[str, list[tuple[str, Any]]]]:
-        """(group title, [(option, value)]) for the options of this command, for printing."""
+        """(section title, [(option, value)]) for the options of this command, for printing."""
         out: dict[str, list] = {}
-        for o in OPTIONS:
-            if self.command in o.commands:
-                out.setdefault(GROUPS[o.group], []).append(
-                    (o.name, getattr(getattr(self, o.section), o.name)))
+        for section, f in _option_fields(self.command):
+            out.setdefault(SECTIONS[section].title, []).append(
+                (f.name, getattr(getattr(self, section), f.name)))
         return list(out.items())
 
 
@@ -195,12 +550,26 @@ NOT_DESCRIBING = ("dataset_path", "dataset_test_path", "history_file", "save_wei
                   "every_rank_writes", "checkpoint", "checkpoint_freq", "resume", "overwrite",
                   "weights_and_bias_filename", "model_checkpoint_file", "download", "prefetch")
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
-            "optim": OptimizerConfig, "sched": ScheduleConfig, "parallel": ParallelConfig,
-            "output": OutputConfig, "predict": PredictConfig}
+
+def rule_error(parallel: ParallelConfig, exc: ValueError) -> ConfigError:
+    """A training rule's refusal (``exc``) as the command says it: naming the option of the
+    constructor argument it names (``exc.argument``), else ``--parallel``."""
+    option = ParallelConfig.option_of(getattr(exc, "argument", None))
+    if option is not None:
+        return ConfigError(f"--{option} {getattr(parallel, option)}: {exc}")
+    return ConfigError(f"--parallel {parallel.parallel}: {exc}")
+
+
+def __getattr__(name: str):
+    """The option table made from these fields, also under ``run.config``'s name."""
+    if name in ("OPTIONS", "OPTION_BY_NAME", "GROUPS", "Option"):
+        from . import options
+        return getattr(options, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _option(key: str) -> Option | None:
+    from .options import OPTION_BY_NAME, canonical
     return OPTION_BY_NAME.get(canonical(key))
 
 
@@ -242,7 +611,8 @@ def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=
 
 def option_values(given: dict[str, Any]) -> dict[str, Any]:
     """Every option's default, replaced by ``given`` (option names or aliases)."""
-    values = {o.name: o.default for o in OPTIONS}
+    from .options import canonical
+    values = {f.name: f.default for _, f in _option_fields()}
     values.update({canonical(k): v for k, v in given.items()})
     return values
 

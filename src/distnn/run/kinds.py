@@ -1,5 +1,7 @@
 """Kinds of option values: each parses a command-line string and checks a value from
-anywhere (TOML, Python), raising ValueError with the rule and the value.
+anywhere (TOML, Python), raising ValueError with the rule and the value. A field of a
+config dataclass (``run.config``) names its kind; the kinds whose choices are registries
+(models, datasets, optimizers...) read them when first asked, so ``--help`` stays fast.
 """
 from __future__ import annotations
 
@@ -232,3 +234,64 @@ class Maybe(Kind):
 
     def check(self, value):
         return None if value is None else self.inner.check(value)
+
+
+# -- registries the choices come from (imported lazily) ----------------------------------
+def models():
+    from ..models import MODELS
+    return MODELS
+
+
+def datasets():
+    from ..data import DATASETS
+    return DATASETS
+
+
+def optimizers():
+    from ..optim import OPTIMIZERS
+    return OPTIMIZERS
+
+
+def losses():
+    from ..nn.losses import LOSSES
+    return LOSSES
+
+
+def parallel_modes():
+    from ..rules import ALIASES, RULES
+    return ("auto", "sequential", *RULES, *ALIASES)
+
+
+def schedulers():
+    from ..training.callbacks import CALLBACKS
+    return CALLBACKS
+
+
+class ModelSpec(Str):
+    """A zoo name (any case) or a user's model: FILE.py, FILE.py:NAME or MODULE:NAME
+    (``distnn.models.files``; kept as written)."""
+
+    metavar = "NAME|FILE.py[:FN]"
+
+    def check(self, value):
+        from ..models.files import is_model_spec
+        if isinstance(value, str) and is_model_spec(value):
+            return value
+        try:
+            return super().check(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or a model file: FILE.py, FILE.py:NAME, "
+                             "MODULE:NAME)") from None
+
+
+class CompressionSpec(Str):
+    """none, fp16, topk:RATIO, threshold:VALUE or powersgd:RANK (checked, lower-cased)."""
+
+    metavar = "none|fp16|topk:R|threshold:V|powersgd:R"
+
+    def check(self, value):
+        from ..distributed.compression import parse_compression
+        if not isinstance(value, str):
+            raise ValueError(f"must be a string such as topk:0.01, got {value!r}")
+        spec = parse_compression(value)
+        return spec if isinstance(spec, str) else spec.spec
