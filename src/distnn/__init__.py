@@ -6,7 +6,7 @@ import sys as _sys
 # and the compiled kernels (numba over OpenMP, whose waiting threads distnn.kernels makes
 # passive) take turns on the same cores, a pool that spins steals the core the other needs
 # next: resnet20 at 2 threads took 542 ms per step with spinning pools and 379 ms without
-# (benchmarks/RESULTS.md). OpenBLAS reads it when it loads, so it applies when distnn is
+# (docs/kernels.md). OpenBLAS reads it when it loads, so it applies when distnn is
 # imported before numpy (the command always is); a value set in the environment wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
