@@ -358,3 +358,22 @@ def test_long_buffers_update_in_pieces_to_the_same_numbers(case):
         kernels.set_num_threads(previous)
     assert np.abs(results[0] - start).max() > 1e-4
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_the_learning_rate_is_the_scheduled_rate_times_the_warm_up_scale():
+    p, g = np.ones(3), np.full(3, 2.0)
+    opt = SGD([(p, g)], lr=0.4)
+    assert (opt.lr, opt.scheduled_lr, opt.lr_scale) == (0.4, 0.4, 1.0)
+    opt.lr_scale = 0.25
+    assert opt.lr == 0.4 * 0.25 and opt.scheduled_lr == 0.4
+    opt.step()  # the step uses lr = scheduled * scale
+    np.testing.assert_array_equal(p, 1.0 - 0.4 * 0.25 * 2.0)
+    opt.lr = 0.2  # sets the scheduled rate; the warm-up's factor stays
+    assert opt.scheduled_lr == 0.2 and opt.lr == 0.2 * 0.25
+    state = opt.state_dict()
+    assert state["lr"] == 0.2  # a checkpoint keeps the scheduled rate, not the scaled one
+    fresh = SGD([(np.ones(3), np.zeros(3))], lr=1.0)
+    fresh.load_state_dict(state)
+    assert (fresh.lr, fresh.scheduled_lr, fresh.lr_scale) == (0.2, 0.2, 1.0)
+    with pytest.raises(ValueError, match="lr_scale must be a finite number >= 0"):
+        opt.lr_scale = -1

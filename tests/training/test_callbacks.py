@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from distnn.optim import SGD
 from distnn.training.callbacks import (CALLBACKS, EarlyStopping, ModelCheckpoint,
                                        ReduceLREveryNEpochs,
                               ReduceLROnPlateau, TargetMetric, WarmUp, metric_mode,
@@ -38,8 +39,8 @@ class FakeComm:
 
 class FakeTrainer:
     def __init__(self, lr=0.1, steps_per_epoch=10):
-        self.lr = lr
-        self.optimizer = type("Opt", (), {"lr": lr})()
+        # the optimizer owns the learning rate, as in Trainer
+        self.optimizer = SGD([(np.zeros(2), np.zeros(2))], lr=lr)
         self.model = FakeModel()
         self.comm = FakeComm()
         self.stop_training = False
@@ -49,6 +50,10 @@ class FakeTrainer:
         self.epoch = 0
         self.num_epochs = 100
         self.messages = []
+
+    @property
+    def lr(self):
+        return self.optimizer.scheduled_lr
 
     def print(self, msg):
         self.messages.append(msg)
@@ -216,7 +221,6 @@ def test_warm_up_by_batches_and_epochs():
     w.on_train_begin(t)
     seen = []
     for step in range(6):
-        t.optimizer.lr = t.lr  # what the trainer does before the callbacks
         w.on_batch_begin(t, step)
         seen.append(t.optimizer.lr)
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])

@@ -145,3 +145,33 @@ def test_load_errors(splits, tmp_path):
     fewer.callbacks = fewer.callbacks[:1]
     with pytest.raises(ValueError, match="callbacks"):
         ckpt.load_checkpoint(path).restore(fewer)
+
+
+def test_the_checkpoint_keeps_the_optimizers_rate_and_a_resume_may_replace_it(splits,
+                                                                              tmp_path):
+    path = str(tmp_path / "c.npz")
+    first = make_trainer(path)
+    run(first, splits, 2)
+    state = ckpt.load_checkpoint(path)
+    assert "lr" not in state.meta  # one copy, in the optimizer's state
+    assert state.lr == state.meta["optimizer"]["lr"] == first.optimizer.scheduled_lr
+    again = make_trainer(path)
+    run(again, splits, 2, resume=state)  # nothing left to train: restored only
+    assert again.lr == again.optimizer.lr == state.lr
+    new = make_trainer(path)
+    new.fit(splits.train, epochs=2, batch_size=16, validation=splits.val, resume=state,
+            resume_lr=0.125)
+    assert new.optimizer.scheduled_lr == 0.125 == new.lr
+    assert state.lr == first.optimizer.scheduled_lr  # the checkpoint was not rewritten
+
+
+def test_a_file_from_before_the_optimizer_owned_the_rate_resumes_at_its_scheduled_rate(
+        splits, tmp_path):
+    path = str(tmp_path / "c.npz")
+    run(make_trainer(path), splits, 1)
+    state = ckpt.load_checkpoint(path)
+    # such files kept the scheduled rate in meta and a warm-up's scaled one in the optimizer
+    state.meta["lr"], state.meta["optimizer"]["lr"] = 0.02, 0.005
+    trainer = make_trainer()
+    state.restore(trainer)
+    assert state.lr == 0.02 == trainer.optimizer.scheduled_lr == trainer.lr

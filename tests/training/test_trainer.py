@@ -115,6 +115,47 @@ def test_warm_up_sets_optimizer_lr_per_batch(splits):
     assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
 
 
+def test_the_optimizer_owns_the_lr_and_the_step_uses_it(splits):
+    """A callback that sets the optimizer's rate is obeyed by the next steps (no copy of
+    the rate on the trainer overrides it), and trainer.lr only reads it."""
+    class Freeze(WarmUp):  # a client of the optimizer's rate, as the schedules are
+        def on_epoch_end(self, trainer, epoch, logs):
+            if epoch == 0:
+                trainer.optimizer.lr = 0.0
+                self.frozen = trainer.model.parameters_flat().copy()
+
+    freeze = Freeze()
+    trainer = make_trainer(lr=0.1, callbacks=[freeze])
+    history = trainer.fit(splits.train, epochs=2, batch_size=32)
+    assert trainer.lr == 0.0 == trainer.optimizer.scheduled_lr
+    assert history.history["lr"] == [0.1, 0.0]
+    np.testing.assert_array_equal(trainer.model.parameters_flat(), freeze.frozen)
+    with pytest.raises(AttributeError):
+        trainer.lr = 0.5
+
+
+def test_schedules_and_warm_up_compose_on_the_optimizer(splits):
+    """ReduceLREveryNEpochs halves the optimizer's scheduled rate while a warm-up spans the
+    epochs; every step runs at scheduled rate * warm-up factor."""
+    seen = []
+
+    class Spy(WarmUp):
+        def on_batch_end(self, trainer, step, logs):
+            opt = trainer.optimizer
+            seen.append((opt.lr, opt.scheduled_lr, opt.lr_scale))
+
+    trainer = make_trainer(lr=0.4, callbacks=[Spy(batches=6), ReduceLREveryNEpochs(1, 0.5)])
+    history = trainer.fit(splits.train, epochs=2, batch_size=32, steps_per_epoch=4)
+    scheduled = [0.4] * 4 + [0.2] * 4
+    factors = [(i + 1) / 6 for i in range(6)] + [1.0, 1.0]
+    assert [s for _, s, _ in seen] == scheduled
+    assert [f for _, _, f in seen] == pytest.approx(factors)
+    assert [lr for lr, _, _ in seen] == [s * f for s, f in zip(scheduled, [f for _, _, f in
+                                                                         seen])]
+    assert history.history["lr"] == [seen[3][0], seen[7][0]]
+    assert trainer.lr == 0.1  # halved again after the second epoch
+
+
 def test_history_files_json_and_csv(splits, tmp_path):
     trainer = make_trainer()
     trainer.fit(splits.train, epochs=2, batch_size=32, validation=splits.val,

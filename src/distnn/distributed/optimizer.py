@@ -221,6 +221,22 @@ class DistributedOptimizer:
         self.optimizer.lr = value
 
     @property
+    def scheduled_lr(self):
+        return self.optimizer.scheduled_lr
+
+    @scheduled_lr.setter
+    def scheduled_lr(self, value):
+        self.optimizer.scheduled_lr = value
+
+    @property
+    def lr_scale(self):
+        return self.optimizer.lr_scale
+
+    @lr_scale.setter
+    def lr_scale(self, value):
+        self.optimizer.lr_scale = value
+
+    @property
     def iterations(self):
         return self.optimizer.iterations
 

@@ -1,6 +1,11 @@
 """The ``Optimizer`` base class (parameter pairs, state buffers, lr, step count,
 (de)serialisation), the validators of hyper-parameters, and the momentum-style optimizers
 ``SGD`` and ``RMSprop``. The Adam family, Adadelta and the registry are in ``optimizers``.
+
+The optimizer is the one owner of the learning rate. ``scheduled_lr`` is the rate the
+schedules set (``ReduceLROnPlateau``, ``ReduceLREveryNEpochs``; a user may set it too,
+through ``lr``) and the one a checkpoint keeps; ``lr_scale`` is a warm-up's factor (1
+otherwise; ``WarmUp`` sets it before every batch); a step uses ``lr``, their product.
 """
 from __future__ import annotations
 
@@ -125,6 +130,7 @@ class Optimizer:
     def __init__(self, params: Any, lr: float, **hyper: Any):
         owner = type(self).__name__
         self._model, self._pairs = _resolve_params(owner, params)
+        self._lr_scale = 1.0
         self.lr = lr
         self._hp = self._check(hyper)
         self.iterations = 0
@@ -170,12 +176,33 @@ class Optimizer:
     # -- public API ---------------------------------------------------------------------
     @property
     def lr(self) -> float:
-        """Learning rate; may be set between steps (LR schedules do)."""
-        return self._lr
+        """The learning rate of the next step: ``scheduled_lr * lr_scale`` (``scheduled_lr``
+        itself outside a warm-up). Setting it sets ``scheduled_lr``; it may change between
+        steps."""
+        return self._lr * self._lr_scale
 
     @lr.setter
     def lr(self, value: float) -> None:
         self._lr = _number(type(self).__name__, "lr", value)
+
+    @property
+    def scheduled_lr(self) -> float:
+        """The learning rate that LR schedules read and set and checkpoints keep (the rate
+        of every step outside a warm-up)."""
+        return self._lr
+
+    @scheduled_lr.setter
+    def scheduled_lr(self, value: float) -> None:
+        self._lr = _number(type(self).__name__, "scheduled_lr", value)
+
+    @property
+    def lr_scale(self) -> float:
+        """The factor a warm-up applies to ``scheduled_lr`` (1 outside a warm-up)."""
+        return self._lr_scale
+
+    @lr_scale.setter
+    def lr_scale(self, value: float) -> None:
+        self._lr_scale = _number(type(self).__name__, "lr_scale", value)
 
     def hyperparameters(self) -> dict[str, Any]:
         """The hyper-parameters other than lr, by name."""
@@ -231,9 +258,10 @@ class Optimizer:
         return [state[k] for state in self.state for k in keys]
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: name, lr, iterations, hyper-parameters and
-        copies of the state arrays (``state[i][key]`` for parameter array i)."""
-        return {"optimizer": self.name, "lr": self.lr, "iterations": self.iterations,
+        """Everything needed to resume exactly: name, lr (``scheduled_lr``: a warm-up's
+        factor is set again by the warm-up), iterations, hyper-parameters and copies of the
+        state arrays (``state[i][key]`` for parameter array i)."""
+        return {"optimizer": self.name, "lr": self.scheduled_lr, "iterations": self.iterations,
                 "hyperparameters": self.hyperparameters(),
                 "state": [{k: a.copy() for k, a in state.items()} for state in self.state]}
 
@@ -275,7 +303,7 @@ class Optimizer:
         if isinstance(iterations, bool) or int(iterations) != iterations or iterations < 0:
             raise ValueError(f"{owner}.load_state_dict: iterations must be an integer >= 0, "
                              f"got {iterations!r}")
-        self.lr = d["lr"]
+        self.scheduled_lr = d["lr"]
         self._hp = hp
         new_state = []
         for state, old, (p, _) in zip(states, self.state, self._pairs):
@@ -294,7 +322,7 @@ class Optimizer:
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._hp.items())
-        return f"{type(self).__name__}(lr={self.lr!r}, {args})"
+        return f"{type(self).__name__}(lr={self.scheduled_lr!r}, {args})"
 
 
 class SGD(Optimizer):

@@ -230,8 +230,9 @@ def _uses(model, kind: str) -> bool:
 
 def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> ResumePlan:
     """Compare the run's settings with the checkpoint ``state`` (``Checkpoint``): keep its
-    global batch (re-deriving the per-rank batch), optimizer settings and seed; apply an
-    explicitly given new --learning_rate (``state.meta`` is updated); refuse explicit
+    global batch (re-deriving the per-rank batch), optimizer settings and seed; take an
+    explicitly given new --learning_rate (``plan.lr``: ``fit(resume_lr=plan.lr)`` sets it
+    on the optimizer after the restore; the checkpoint is not changed); refuse explicit
     changes that cannot be honoured. Raises RunError naming the option and the fix."""
     from ..training.checkpoint import keeps_state, stored_callbacks, unpack
     from ..training.evaluation import resolve_batch_sizes
@@ -270,7 +271,7 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     from .callbacks import lr_factor
     scale = lr_factor(cfg, comm.size)
     stored_lr = run.get("learning_rate")
-    lr = float(meta["lr"])
+    lr = state.lr
     base_lr = stored_lr if stored_lr is not None else cfg.optim.learning_rate
     if "learning_rate" in explicit and (stored_lr is None
                                         or cfg.optim.learning_rate != stored_lr):
@@ -279,7 +280,6 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
                      f"scheduled rate was {lr:.6g})")
         lr = new
         base_lr = cfg.optim.learning_rate
-        meta["lr"] = new
     elif stored_lr is not None and stored_lr != cfg.optim.learning_rate:
         notes.append(f"learning rate {lr:.6g} continues from {path} (run with "
                      f"--learning_rate {stored_lr}; give --learning_rate to change it)")

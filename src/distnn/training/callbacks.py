@@ -7,9 +7,10 @@ them, so every rank takes the same decision (stop, change the learning rate) wit
 extra communication. Callbacks that keep state return it from ``state_dict()`` so a
 checkpoint can resume them.
 
-Learning rates: ``trainer.lr`` is the *scheduled* rate (what plateau/step schedules
-change); before every batch the trainer sets ``optimizer.lr = trainer.lr`` and then
-``WarmUp`` may scale it down for the first steps.
+Learning rates: the optimizer owns the rate and the schedules are its clients. The
+plateau/step schedules read and set ``optimizer.scheduled_lr`` (what a checkpoint keeps);
+``WarmUp`` sets ``optimizer.lr_scale`` before every batch; a step uses ``optimizer.lr``,
+their product. ``trainer.lr`` reads the scheduled rate.
 
 NNLO's string syntax is accepted by ``parse_early_stopping`` ("val_loss,~<,4") and
 ``parse_target_metric`` ("val_acc,>,0.97").
@@ -64,8 +65,8 @@ class WarmUp(Callback):
         return self.start_factor + (1.0 - self.start_factor) * (step + 1) / self.total
 
     def on_batch_begin(self, trainer, step):
-        if step < self.total:
-            trainer.optimizer.lr = trainer.lr * self.factor(step)
+        # every step, so that a later fit (or a resume) past the warm-up runs at full rate
+        trainer.optimizer.lr_scale = self.factor(step)
 
 
 class ReduceLROnPlateau(_Monitor):
@@ -107,11 +108,13 @@ class ReduceLROnPlateau(_Monitor):
         if self.cooldown_left > 0:
             return
         self.wait += 1
-        if self.wait >= self.patience and trainer.lr > self.min_lr:
-            new = max(trainer.lr * self.factor, self.min_lr)
+        optimizer = trainer.optimizer
+        lr = optimizer.scheduled_lr
+        if self.wait >= self.patience and lr > self.min_lr:
+            new = max(lr * self.factor, self.min_lr)
             trainer.print(f"reduce_lr_on_plateau: {self.key} has not improved for {self.wait} "
-                          f"epochs; learning rate {trainer.lr:.4g} -> {new:.4g}")
-            trainer.lr = new
+                          f"epochs; learning rate {lr:.4g} -> {new:.4g}")
+            optimizer.scheduled_lr = new
             self.wait, self.cooldown_left = 0, self.cooldown
 
     def state_dict(self):
@@ -142,7 +145,8 @@ class ReduceLREveryNEpochs(Callback):
 
     def on_epoch_end(self, trainer, epoch, logs):
         if (epoch + 1) % self.nepochs == 0:
-            trainer.lr = max(trainer.lr * self.factor, self.min_lr)
+            optimizer = trainer.optimizer
+            optimizer.scheduled_lr = max(optimizer.scheduled_lr * self.factor, self.min_lr)
 
 
 class ValidateEvery(Callback):

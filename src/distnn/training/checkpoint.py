@@ -5,9 +5,10 @@ A checkpoint is an ``.npz`` file holding:
 * ``model/<layer>/<name>``: every parameter and buffer (``model.named_arrays()``);
 * ``optim/...``: the optimizer's ``state_dict()`` arrays;
 * ``callbacks/<i>/...``: arrays in callback states (e.g. best weights);
-* ``__meta__``: JSON with the format version, epochs done, global step, scheduled learning
-  rate, seed, history, callback states, the optimizer's scalars, and the state of every
-  random generator found in the model's layers (dropout), per rank.
+* ``__meta__``: JSON with the format version, epochs done, global step, seed, history,
+  callback states, the optimizer's scalars (its scheduled learning rate among them: the
+  optimizer owns the rate, ``Checkpoint.lr`` reads it), and the state of every random
+  generator found in the model's layers (dropout), per rank.
 
 ``save_checkpoint`` is collective (every rank calls it; RNG states are gathered) and only
 rank 0 writes, through a temporary file in the target folder and ``os.replace``, so a
@@ -156,7 +157,7 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=No
     meta = {
         "format": FORMAT, "version": VERSION, "epochs_done": epochs_done,
         "epoch_step": position[0] if position is not None else 0,
-        "global_step": trainer.global_step, "lr": trainer.lr, "seed": trainer.seed,
+        "global_step": trainer.global_step, "seed": trainer.seed,
         "history": trainer.history.records, "stop_reason": trainer.stop_reason,
         "optimizer": optim_state, "callbacks": callbacks, "rng": all_rng,
         "rule": {"name": trainer.rule.name,
@@ -209,6 +210,15 @@ class Checkpoint:
         """Batches done of epoch ``epochs_done + 1`` (0: the checkpoint is at an epoch end)."""
         return int(self.meta.get("epoch_step", 0))
 
+    @property
+    def lr(self) -> float:
+        """The scheduled learning rate the run continues with (the optimizer's; files
+        written before the optimizer owned the rate keep it as ``meta["lr"]``, their
+        optimizer's "lr" then possibly scaled by a warm-up)."""
+        if "lr" in self.meta:
+            return float(self.meta["lr"])
+        return float(self.meta["optimizer"]["lr"])
+
     def where(self) -> str:
         """'epoch E' or 'epoch E step S' (1-based E: the epoch it continues)."""
         if self.epoch_step:
@@ -237,8 +247,10 @@ class Checkpoint:
         for key, value in target.items():
             value[...] = stored[key]
 
-    def restore(self, trainer) -> None:
-        """Put the model, optimizer, schedule, history, callbacks and RNG states back."""
+    def restore(self, trainer, *, lr: float | None = None) -> None:
+        """Put the model, optimizer (its learning rate included), history, callbacks and
+        RNG states back; ``lr``: continue at this scheduled learning rate instead of the
+        stored one (a resumed run given a new ``--learning_rate``)."""
         from .history import History
         meta = self.meta
         self.restore_model(trainer.model)
@@ -268,7 +280,7 @@ class Checkpoint:
                              f"{stored_rule['name']!r}, this run uses {trainer.rule.name!r}; "
                              f"resume with --parallel {stored_rule['name']}")
         trainer.rule.load_state_dict(unpack(stored_rule["state"], self.arrays))
-        trainer.lr = float(meta["lr"])
+        base.scheduled_lr = self.lr if lr is None else float(lr)
         trainer.global_step = int(meta["global_step"])
         trainer.seed = int(meta["seed"])
         trainer.history = History(meta["history"])

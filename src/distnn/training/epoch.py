@@ -88,7 +88,6 @@ class EpochLoop:
         bar = self.reporter.open_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
         if shard is None:
             # This rank trains on no data (a master): the rule serves the others instead.
-            self.optimizer.lr = self.lr
             t0 = time.perf_counter()
             if self._stall is not None:
                 self._stall.phase("waiting for workers", step=self.global_step)
@@ -110,7 +109,6 @@ class EpochLoop:
                         bar.update(batch.global_size)
                     continue
                 step = self.global_step
-                self.optimizer.lr = self.lr
                 for cb in callbacks:
                     cb.on_batch_begin(self, step)
                 self._train_step(batch, sums)

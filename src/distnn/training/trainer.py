@@ -67,8 +67,9 @@ class Trainer(EpochLoop):
         out: where the summary lines go (default sys.stdout).
 
     Attributes:
-        lr: the scheduled learning rate (callbacks change it; the optimizer gets it
-            before every batch, scaled by a warm-up when there is one).
+        lr: the scheduled learning rate, read-only: the optimizer owns it
+            (``optimizer.scheduled_lr``; LR schedules set it there, a warm-up sets
+            ``optimizer.lr_scale``).
         history: ``History`` of the finished epochs.
         metrics: the ``MetricSet`` (loss and metric functions).
         reporter: the ``Reporter`` writing rank 0's lines and bars.
@@ -108,7 +109,6 @@ class Trainer(EpochLoop):
             raise TypeError(f"rule must be a distnn.rules.Rule, got {type(rule).__name__}")
         self.rule = rule
         self.optimizer = rule.bind(self, optimizer)
-        self.lr = float(self.optimizer.lr)
         self.history = History()
         self.epoch = 0
         self.global_step = 0
@@ -130,6 +130,11 @@ class Trainer(EpochLoop):
         self._stall = None  # the communicator's stall inspector (distributed.stall), if any
 
     # -- shortcuts to the collaborators ---------------------------------------------------
+    @property
+    def lr(self) -> float:
+        """The scheduled learning rate (the optimizer's ``scheduled_lr``; read-only here)."""
+        return float(self.optimizer.scheduled_lr)
+
     @property
     def is_root(self) -> bool:
         return self.comm.rank == 0
@@ -175,7 +180,7 @@ class Trainer(EpochLoop):
             shuffle: bool = True, drop_last: bool = False, augment=None,
             prefetch: bool = False, history_file: str | None = None,
             resume: str | None = None, eval_batch_size: int | None = None,
-            validation_steps: int = 0) -> History:
+            validation_steps: int = 0, resume_lr: float | None = None) -> History:
         """Train for ``epochs`` epochs (in total: a resumed run continues to this number).
 
         Args:
@@ -192,6 +197,8 @@ class Trainer(EpochLoop):
                 (weights, optimizer, epoch, callbacks, RNGs).
             eval_batch_size: per-rank batch size of validation (default max(batch_size, 256)).
             validation_steps: validate on at most this many batches (0: all).
+            resume_lr: with ``resume``, the scheduled learning rate to continue at instead
+                of the checkpoint's (set on the optimizer, which owns it).
 
         Returns:
             the ``History``.
@@ -246,7 +253,7 @@ class Trainer(EpochLoop):
         if resume is not None:
             from .checkpoint import Checkpoint, load_checkpoint
             state = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
-            state.restore(self)
+            state.restore(self, lr=resume_lr)
             start_epoch = state.epochs_done
             if state.epoch_step:
                 sums = state.arrays["epoch_sums"]
