@@ -11,36 +11,24 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env, launcher
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 # Tiny and fast: the cases fail before training, or after one short epoch.
 DATA = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "96",
         "--batch_size", "16", "--quiet", "--evaluate", "false", "--num_epochs", "1",
         "--steps_per_epoch", "2", "--learning_rate", "0.001"]
 
 
-def env():
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return e
-
-
 def distnn(*args, cwd, ranks=1, limit_file_size=None):
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
-
     def limits():
         if limit_file_size is not None:  # writes beyond it fail (EFBIG): a full disk
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_size, limit_file_size))
 
-    return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=180, cwd=cwd, env=env(), preexec_fn=limits)
+    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
+                          text=True, timeout=180, cwd=cwd, env=child_env(), preexec_fn=limits)
 
 
 @pytest.fixture(scope="module")

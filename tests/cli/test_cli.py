@@ -2,39 +2,28 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env
+from helpers import needs_mpiexec as needs_mpi
 
 from distnn.cli.main import build_parser, config_from_args, main
 from distnn.cli.options import resolve_values
 from distnn.run.config import (OPTIONS, ConfigError, DataConfig, OptimizerConfig, RunConfig,
                                build_config, load_toml)
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 # Small, learnable, fast: simplecnn on 8x8 Gaussian classes.
 DATA = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "600",
         "--batch_size", "16", "--quiet"]
 SYNTH = [*DATA, "--learning_rate", "0.001"]
 
 
-def env():
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return e
-
-
 def distnn(*args, cwd=None, timeout=120, launcher=()):
     return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env())
+                          text=True, timeout=timeout, cwd=cwd, env=child_env())
 
 
 def one_line(text: str) -> str:
@@ -304,7 +293,6 @@ def test_info():
 
 
 # -- under mpiexec ---------------------------------------------------------------------------
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
 
 
 @pytest.mark.mpi

@@ -8,32 +8,24 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import COMMAND, child_env, launcher
+from helpers import needs_mpiexec as needs_mpi
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datafiles import write_h5_list, write_mnist, write_pydtnn_shards  # noqa: E402
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 FASHION = Path("/usr/share/datasets/fashion-mnist")
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
 
 
 def run(*args, cwd=None, ranks=1, timeout=180, extra_env=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.update(extra_env or {})
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
-    return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=child_env(**(extra_env or {})))
 
 
 def history(path) -> dict:
@@ -55,9 +47,10 @@ def mnist_dir(tmp_path):
 @needs_mpi
 @pytest.mark.mpi
 def test_pydtnn_readme_command(tmp_path, mnist_dir):
-    # PyDTNN's README / run_mpi_mnist.sh (mpirun -np 4 ... benchmarks_CNN.py), shortened.
+    # PyDTNN's README / run_mpi_mnist.sh (mpirun -np 4 ... benchmarks_CNN.py), shortened,
+    # through PyDTNN's door (--like pydtnn: its meanings, the learning rate's included).
     proc = run(
-        "train", "--model=simplecnn", "--dataset=mnist",
+        "train", "--like=pydtnn", "--model=simplecnn", "--dataset=mnist",
         f"--dataset_train_path={mnist_dir}", f"--dataset_test_path={mnist_dir}",
         "--test_as_validation=False", "--batch_size=32", "--validation_split=0.2",
         "--steps_per_epoch=3", "--num_epochs=2", "--evaluate=True", "--optimizer=rmsprop",

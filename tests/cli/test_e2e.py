@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import COMMAND, needs_fashion_mnist
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
 
 
 def distnn(*args, cwd, timeout=300):
@@ -18,17 +17,7 @@ def distnn(*args, cwd, timeout=300):
                           cwd=cwd, timeout=timeout)
 
 
-def _have_fashion_mnist() -> bool:
-    try:
-        from distnn.data import load_dataset
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
-
-
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")]
+pytestmark = [pytest.mark.slow, needs_fashion_mnist]
 
 TEST_LINE = re.compile(r"^Test: loss=(\S+) accuracy=(\S+) \((\d+) samples")
 

@@ -16,30 +16,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import COMMAND, child_env, launcher
+from helpers import needs_mpiexec as needs_mpi
 
 from distnn.training import Reporter, load_checkpoint
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
 # 96 synthetic 8x8 samples: 76 train, 20 val, 5 steps of 16 per epoch.
 DATA = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "96",
         "--evaluate", "false", "--random_seed", "3"]
 QUIET = [*DATA, "--quiet"]
 
 
-def env():
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return e
-
-
 def distnn(*args, cwd, ranks=1, umask=None, timeout=180):
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
-    return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env(),
+    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=child_env(),
                           preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
 
 
@@ -183,7 +173,7 @@ def test_killed_during_a_checkpoint_write_the_previous_one_survives(tmp_path):
             "--evaluate", "false", "--validation_split", "0", "--quiet",
             "--checkpoint", "ck.npz"]
     proc = subprocess.Popen([*COMMAND, "train", *args, "--num_epochs", "200"], cwd=tmp_path,
-                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     caught = None
     deadline = time.time() + 120
     try:

@@ -8,22 +8,17 @@ run is a real ``mpiexec -n N distnn ...``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datafiles import write_h5_list  # noqa: E402
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")]
 
@@ -49,10 +44,9 @@ h5py.Dataset.__getitem__ = _logged_get
 
 
 def run(*args, cwd, ranks=2, timeout=240, extra_env=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.update(extra_env or {})
     return subprocess.run([MPIEXEC, "-n", str(ranks), *COMMAND, *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=child_env(**(extra_env or {})))
 
 
 def history(path) -> dict:

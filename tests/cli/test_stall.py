@@ -7,17 +7,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env
+from helpers import needs_mpiexec as needs_mpi
 
 from distnn.training import load_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_hardening import COMMAND, MPIEXEC, env, needs_mpi  # noqa: E402
 
 WARNING, TIMEOUT = 2.0, 7.0
 RUN = ["--dataset", "fashion_mnist", "--model", "simplemlp", "--global_batch_size", "32",
@@ -52,7 +50,7 @@ def test_a_stopped_rank_is_named_and_the_timeout_ends_the_job(tmp_path, ranks, r
     if rule != "data":
         args = [a for a in args if a not in ("--checkpoint_steps", "10")]
     proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *COMMAND, "train", *args], cwd=tmp_path,
-                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), line))

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env, launcher
+from helpers import needs_mpiexec as needs_mpi
 
 from distnn.training import load_checkpoint
 
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_hardening import COMMAND, MPIEXEC, distnn, env, needs_mpi, ok, weights  # noqa: E402
+from test_hardening import distnn, ok, weights  # noqa: E402
 
 # Fashion-MNIST, 16 steps of global batch 32 per epoch, 2 epochs, float64.
 RUN = ["--dataset", "fashion_mnist", "--model", "simplecnn", "--dtype", "float64",
@@ -30,9 +32,8 @@ RUN = ["--dataset", "fashion_mnist", "--model", "simplecnn", "--dtype", "float64
 def _kill_after_a_step_checkpoint(tmp_path, ranks):
     """Run with --checkpoint_steps 4 and SIGKILL every rank once the checkpoint is a
     mid-epoch one (some steps after it, as a crash would); return that checkpoint."""
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
-    proc = subprocess.Popen([*launcher, *COMMAND, "train", *RUN, "--checkpoint", "ck.npz",
-                             "--checkpoint_steps", "4"], cwd=tmp_path, env=env(),
+    proc = subprocess.Popen([*launcher(ranks), *COMMAND, "train", *RUN, "--checkpoint", "ck.npz",
+                             "--checkpoint_steps", "4"], cwd=tmp_path, env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.time() + 120

@@ -8,11 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import COMMAND, child_env, launcher, needs_fashion_mnist, needs_mpiexec
 
 pytest.importorskip("tensorboardX")
 pytest.importorskip("matplotlib")
@@ -20,36 +20,18 @@ event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator")
 Image = pytest.importorskip("PIL.Image")
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 STEPS, EVERY = 6, 3
 RUN = ["--model", "simplemlp", "--dataset", "fashion_mnist", "--steps_per_epoch", STEPS,
        "--batch_size", 32, "--evaluate", "false", "--quiet", "--tensorboard", "tb",
        "--tensorboard_every", EVERY, "--history_file", "h.json"]
 
 
-def _have_fashion_mnist() -> bool:
-    try:
-        from distnn.data import load_dataset
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
-
-
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec"),
-              pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")]
+pytestmark = [pytest.mark.mpi, needs_mpiexec, needs_fashion_mnist]
 
 
 def distnn(*args, cwd, ranks=2, env=None, timeout=240):
-    e = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    e.update(env or {})
-    launcher = [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
-    return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=e)
+    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=child_env(**(env or {})))
 
 
 def ok(proc):

@@ -3,7 +3,8 @@ run on Winograd F(4x4, 3x3) (and the 32- and 64-channel ones on F(2x2) / F(4x4))
 from __future__ import annotations
 
 import pytest
-from test_cli import MPIEXEC, _history, distnn
+from helpers import MPIEXEC
+from test_cli import _history, distnn
 
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 

@@ -8,7 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from conftest import mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import needs_mpi
 from distnn.distributed import Compression, DistributedOptimizer, LocalComm
 from distnn.distributed.adasum import combine, reference
 

@@ -5,7 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import child_env, mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import child_env, needs_mpi
 from distnn.distributed import LocalComm
 
 

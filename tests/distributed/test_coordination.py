@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import needs_mpi
 
 from distnn.distributed import LocalComm
 from distnn.distributed.coordination import Backoff, lazy_barrier, on_ranks, wait_all

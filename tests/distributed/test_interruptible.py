@@ -4,7 +4,8 @@ others' waits with PeerFailed naming it, after which a new communicator works.""
 import json
 
 import pytest
-from conftest import mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import needs_mpi
 
 
 @needs_mpi

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import common
-from conftest import mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import needs_mpi
 from distnn.distributed import DistributedOptimizer, LocalComm, make_buckets
 from distnn.optim import SGD
 

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from conftest import mpirun, needs_mpi
+from mpijobs import mpirun
+from helpers import needs_mpi
 from distnn.distributed import LocalComm, abort_on_error, describe
 
 

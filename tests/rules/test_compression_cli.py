@@ -10,7 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_cli
+from rulejobs import run_cli
+from helpers import needs_mpi
 
 # digits: 1150 training samples; global batch 64 (2 ranks) or 96 (3): the last is uneven
 COMMON = ["--model", "simplecnn", "--dataset", "digits", "--dtype", "float64",

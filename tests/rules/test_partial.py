@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_jobs
+from rulejobs import run_jobs
+from helpers import needs_mpi
 
 sys.path.insert(0, str(Path(__file__).parent / "progs"))
 from partial_prog import CLASSES, digits  # noqa: E402

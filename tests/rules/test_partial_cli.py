@@ -8,7 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_cli
+from rulejobs import run_cli
+from helpers import needs_mpi
 
 from distnn.rules.partial import chunk_edges
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_jobs
+from rulejobs import run_jobs
+from helpers import needs_mpi
 
 sys.path.insert(0, str(Path(__file__).parent / "progs"))
 from rule_prog import CLASSES, FEATURES, data  # noqa: E402

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from conftest import needs_mpi, run_cli
+from rulejobs import run_cli
+from helpers import needs_mpi
 
 
 def _fashion_mnist_available() -> bool:

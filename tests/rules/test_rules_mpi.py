@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import MPIEXEC, PROG, child_env, needs_mpi, run_jobs
+from rulejobs import PROG, run_jobs
+from helpers import MPIEXEC, child_env, needs_mpi
 
 pytestmark = needs_mpi
 

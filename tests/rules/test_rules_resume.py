@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import needs_mpi, run_jobs
+from rulejobs import run_jobs
+from helpers import needs_mpi
 
 pytestmark = needs_mpi
 

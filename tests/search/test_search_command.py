@@ -8,42 +8,26 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import COMMAND, MPIEXEC, child_env, have_fashion_mnist
+from helpers import needs_fashion_mnist as needs_data
+from helpers import needs_mpiexec as needs_mpi
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("matplotlib")
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
 BASE = ["--model", "simplemlp", "--num_epochs", "2", "--steps_per_epoch", "3"]
 LIVE = re.compile(r"^trial\s+(\d+)\s+block (\d+)\s+(.*)$", re.M)
 
 
-def _have_fashion_mnist() -> bool:
-    try:
-        from distnn.data import load_dataset
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
-
-
-needs_data = pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
-
-
 def distnn(*args, n: int = 0, cwd, timeout: float = 400) -> subprocess.CompletedProcess:
     """The command (under ``mpiexec -n n`` when n), one BLAS thread per rank."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     launcher = [MPIEXEC, "-n", str(n)] if n else []
     return subprocess.run([*launcher, *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, env=env)
+                          text=True, cwd=cwd, timeout=timeout, env=child_env())
 
 
 def _trials(folder: Path) -> dict:
@@ -53,7 +37,7 @@ def _trials(folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def seven(tmp_path_factory):
     """7 ranks = 1 coordinator + 3 blocks of 2: 6 trials, study saved every 2 trials."""
-    if MPIEXEC is None or not _have_fashion_mnist():
+    if MPIEXEC is None or not have_fashion_mnist():
         pytest.skip("needs mpiexec and Fashion-MNIST")
     folder = tmp_path_factory.mktemp("search7")
     proc = distnn("search", *BASE, "--block_size", 2, "--num_iterations", 6,
@@ -144,8 +128,7 @@ def test_resume_continues_with_the_same_trial_numbers(seven, tmp_path):
 def test_a_killed_search_resumes_its_interrupted_trials_under_their_numbers(tmp_path):
     args = ["search", "--model", "simplemlp", "--num_epochs", "3", "--steps_per_epoch", "5",
             "--block_size", "1", "--num_iterations", "3", "--checkpoint", "ck"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    job = subprocess.Popen([MPIEXEC, "-n", "3", *COMMAND, *args], cwd=tmp_path, env=env,
+    job = subprocess.Popen([MPIEXEC, "-n", "3", *COMMAND, *args], cwd=tmp_path, env=child_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     try:

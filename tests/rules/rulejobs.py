@@ -1,40 +1,17 @@
-"""Launching rule_prog.py (and the distnn command) under real mpiexec for tests/rules."""
+"""Launching rule_prog.py (and the distnn command) under real mpiexec for tests/rules (a
+module of its own, not conftest.py: "from conftest import" finds whichever conftest pytest
+loaded last when several test folders are collected together)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
+from helpers import COMMAND, MPIEXEC, child_env
 
 PROG = Path(__file__).parent / "progs" / "rule_prog.py"
-
-
-def _mpiexec() -> str | None:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
-
-
-def _have_mpi4py() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-needs_mpi = pytest.mark.skipif(MPIEXEC is None or not _have_mpi4py(),
-                               reason="needs mpiexec and mpi4py")
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
 
 
 def run_jobs(n: int, jobs: list[dict], out: Path, timeout: float = 90,
@@ -58,7 +35,6 @@ def run_jobs(n: int, jobs: list[dict], out: Path, timeout: float = 90,
 
 
 def run_cli(n: int, *args: str, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
-    exe = str(Path(sys.executable).parent / "distnn")
     launcher = [MPIEXEC, "-n", str(n)] if n else []
-    return subprocess.run(launcher + [exe, *args], capture_output=True, text=True,
+    return subprocess.run([*launcher, *COMMAND, *args], capture_output=True, text=True,
                           timeout=timeout, env=child_env(), cwd=cwd)
