@@ -371,23 +371,25 @@ def test_sync_batchnorm_with_empty_shards_does_not_hang(tmp_path):
     assert h3["loss"] == pytest.approx(h1["loss"], rel=1e-4)
 
 
-def test_threads_option_sets_blas_and_compiled_kernel_threads():
+def test_threads_option_sets_blas_and_compiled_kernel_threads_for_the_command_only():
+    # The run builder applies --threads (tests/run/test_threads.py); the command puts back
+    # what was there before once it ends (callers in the same process).
     from threadpoolctl import threadpool_info
 
     from distnn import kernels
     from distnn.cli.builders import threads
-    from distnn.cli.options import resolve_values
-    from distnn.run.config import build_config
+    from distnn.distributed import LocalComm
+    from distnn.run import build_run
+
+    def blas():
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
 
     kernels.set_num_threads(2)
-    start = kernels.get_num_threads()  # 2, or fewer on a 1-core machine / NumPy backend
-    cfg = build_config("train", resolve_values({"threads": 1}))
-    from distnn.distributed import LocalComm
+    start, start_blas = kernels.get_num_threads(), blas()  # 2, or 1 on the NumPy backend
+    cfg = build_config("train", resolve_values({"threads": 1, "dataset": "synthetic",
+                                                "input_shape": (1, 8, 8),
+                                                "num_samples": 64, "quiet": True}))
     with threads(cfg, LocalComm()):
-        assert kernels.get_num_threads() == 1
-        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
-    assert kernels.get_num_threads() == start  # restored after the run
-    # 0 with several ranks sharing the node's cores: the cores divided among them
-    two = type("TwoRanksOnANode", (), {"local_size": 2, "core_sharers": 2})()
-    with threads(build_config("train", resolve_values({})), two):
-        assert kernels.get_num_threads() == 1
+        assert build_run(cfg, LocalComm()).threads == 1
+        assert kernels.get_num_threads() == 1 and blas() == {1}
+    assert kernels.get_num_threads() == start and blas() == start_blas  # restored

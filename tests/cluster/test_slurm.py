@@ -101,18 +101,3 @@ def test_up_ends_what_a_crashed_instance_left(slurm_cluster):
     finally:
         second.down()
     assert second._leftovers() == [] and not os.path.exists(second.state)
-
-
-@pytest.mark.parametrize("spec, node, expected", [
-    ("2(x2)", "1", 2), ("3,1", "1", 1), ("2(x3),1", "3", 1), ("1(x2)", "0", 1),
-    ("garbage", "0", 1), ("2(x2)", "", 1)])
-def test_threads_per_rank_reads_srun_tasks_per_node(monkeypatch, spec, node, expected):
-    from distnn import kernels
-    from distnn.kernels import node as backend
-    for var in backend._LOCAL_SIZE_VARS + ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", spec)
-    monkeypatch.setenv("SLURM_NODEID", node)
-    assert backend.launcher_local_size() == expected
-    cores = kernels.node_cores()
-    assert kernels.threads_per_rank() == (max(1, cores // expected) if cores > 1 else 1)

@@ -1,5 +1,7 @@
-"""Threads per rank: this process's cores (affinity, not the machine's count) shared among
-the ranks on its node (MPI's local size, or the launcher's variables before MPI)."""
+"""The compiled loops' threads before a run sets them: what OpenMP would use
+(OMP_NUM_THREADS, else this process's cores by affinity), never the MPI launcher's or
+Slurm's variables (threads per rank are decided from the communicator:
+tests/run/test_threads.py)."""
 import os
 
 import pytest
@@ -14,24 +16,24 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def test_the_cores_of_the_node_divided_among_its_ranks(clean_env, monkeypatch):
+def test_the_cores_of_the_process_unless_omp_num_threads(clean_env, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     assert node_cores() == cores
-    assert threads_per_rank(1) == cores
+    assert threads_per_rank() == cores
     assert threads_per_rank(cores) == 1
-    assert threads_per_rank(cores * 4) == 1  # oversubscribed: never 0
-    assert threads_per_rank() == cores  # no launcher: one rank on the node
-    monkeypatch.setenv("MPI_LOCALNRANKS", str(cores))  # hydra, before MPI starts
-    assert threads_per_rank() == 1
+    assert threads_per_rank(cores * 4) == 1  # never 0
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(cores))  # a launcher's: not read here
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", str(cores))
+    assert threads_per_rank() == cores
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
-    assert threads_per_rank(1) == 3
+    assert threads_per_rank() == 3
 
 
 def test_affinity_not_the_machine_count(clean_env):
     before = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {min(before)})  # as taskset, Slurm or a cpuset would
-        assert node_cores() == 1 and threads_per_rank(1) == 1
+        assert node_cores() == 1 and threads_per_rank() == 1
     finally:
         os.sched_setaffinity(0, before)
     assert os.cpu_count() >= len(before)

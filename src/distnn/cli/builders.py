@@ -1,10 +1,12 @@
-"""The command's own set-up around a run: the communicator of ``--parallel`` and the threads
-of ``--threads`` (the run itself is built by ``distnn.run``)."""
+"""The command's own set-up around a run: the communicator of ``--parallel``, and the
+threads put back when the command ends (the run builder, ``distnn.run.build_run``, decides
+and applies them: ``distnn.distributed.threads_per_rank``)."""
 from __future__ import annotations
 
 import contextlib
+from typing import Iterator
 
-from ..run import RunConfig
+from ..run import RunConfig, threads_scope
 
 
 def make_comm(parallel: str):
@@ -16,19 +18,9 @@ def make_comm(parallel: str):
 
 
 @contextlib.contextmanager
-def threads(cfg: RunConfig, comm):
-    """``--threads`` for the run: the BLAS pools (threadpoolctl) and the compiled kernels'
-    loops; 0 means this rank's cores shared among the ranks of its node that use them
-    (``distributed.default_threads``)."""
-    from threadpoolctl import threadpool_limits
-
-    from .. import kernels
-    from ..distributed import default_threads
-    n = cfg.parallel.threads or default_threads(comm)
-    before = kernels.get_num_threads()
-    kernels.set_num_threads(n)
-    try:
-        with threadpool_limits(limits=n):
-            yield
-    finally:
-        kernels.set_num_threads(before)
+def threads(cfg: RunConfig, comm) -> Iterator[None]:
+    """Around a command: the threads of the compiled kernels, BLAS and torch as they were
+    before it, afterwards (for callers in the same process). Its runs apply their own
+    threads per rank (``--threads``, else the node's cores shared among its ranks)."""
+    with threads_scope():
+        yield

@@ -1,6 +1,7 @@
-"""Running ``distnn search``: training one candidate as ``distnn train`` does, preparing
-(or resuming) the optuna study, the header, and the reports (best.toml, trials.json,
-objective.png). The options, the parser and ``SearchConfig`` are in ``distnn.cli.search``.
+"""Running ``distnn search``: preparing (or resuming) the optuna study, the header, and the
+reports (best.toml, trials.json, objective.png). Each candidate is trained by
+``distnn.search.CandidateTrainer`` (the run ``distnn train`` makes, ``distnn.run``); the
+options, the parser and ``SearchConfig`` are in ``distnn.cli.search``.
 """
 from __future__ import annotations
 
@@ -10,75 +11,11 @@ import sys
 import time
 from typing import Any
 
-from ..run import (OPTION_BY_NAME, OPTIONS, ConfigError, RunConfig, RunError, agreed,
-                   build_config, build_run, load_data)
+from ..run import OPTION_BY_NAME, OPTIONS, ConfigError, RunError, agreed
 from ..run.options import TRAIN
-from ..run.preflight import check_model_outputs
 from .builders import make_comm, threads
 from .nnlo import as_options
 from .search import ALWAYS_WRITTEN, EXCLUDED, SearchConfig, search_config
-
-
-# -- training one candidate ------------------------------------------------------------------
-class CandidateTrainer:
-    """Trains one candidate on a block's communicator as ``distnn train`` does (the same
-    ``distnn.run.build_run``), quietly. The dataset is read once per block and reused while
-    the candidates do not change how it is read."""
-
-    def __init__(self, cfg: SearchConfig):
-        self.values = dict(cfg.values)
-        self.n_fold = cfg.settings.n_fold
-        self._cached: tuple[Any, Any] | None = None
-
-    def config(self, params: dict[str, Any], fold: int | None = None) -> RunConfig:
-        # --tensorboard DIR: each trial is its own run under DIR (see _tensorboard).
-        values = {**self.values, **as_options(self.values, params), "quiet": True,
-                  "tensorboard": None}
-        if fold is not None:  # the folds replace the validation split
-            values.update(validation_split=0.0, test_as_validation=False)
-        return build_config(TRAIN, values)
-
-    def _splits(self, cfg: RunConfig, comm):
-        key = (cfg.data, cfg.model.dtype, cfg.model.random_seed, cfg.optim.loss_func)
-        if self._cached is not None and self._cached[0] == key:
-            return self._cached[1]
-        self._cached = None
-        splits = load_data(cfg, comm)
-        self._cached = (key, splits)
-        return splits
-
-    def __call__(self, params: dict[str, Any], comm, fold: int | None, callbacks: list):
-        from ..search import kfold_split
-        cfg = self.config(params, fold)
-        splits = self._splits(cfg, comm)
-        train, val = splits.train, splits.val
-        if fold is not None:
-            train, val = agreed(comm, "--n_fold", lambda: kfold_split(
-                splits.train, self.n_fold, fold, cfg.model.random_seed))
-        run = build_run(cfg, comm, splits=splits, train=train, val=val,
-                        callbacks=[*callbacks, *self._tensorboard(params, fold, callbacks,
-                                                                 cfg, comm)])
-        check_model_outputs(cfg, run.model, train)  # a failed trial, with its reason
-        return run.fit()
-
-    def _tensorboard(self, params, fold, callbacks, cfg: RunConfig, comm) -> list:
-        """With --tensorboard DIR, a TensorBoard callback writing DIR/trial_NNNN (or
-        trial_NNNN_foldK) with the trial's parameters as hyper-parameters (HParams view)."""
-        folder = self.values.get("tensorboard")
-        if not folder:
-            return []
-        from ..search.driver import TrialWatch
-        from ..training.tensorboard import TensorBoard
-        number = next((cb.trial for cb in callbacks if isinstance(cb, TrialWatch)), None)
-        name = f"trial_{number:04d}" if number is not None else "trial"
-        if fold is not None:
-            name += f"_fold{fold + 1}"
-        hparams = {k: (",".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
-                   for k, v in params.items()}
-        if fold is not None:
-            hparams["fold"] = fold + 1
-        return [TensorBoard(os.path.join(folder, name), self.values["tensorboard_every"],
-                            options=cfg.summary(ranks=comm.size), hparams=hparams)]
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -253,7 +190,14 @@ def run_search_command(cfg: SearchConfig, comm) -> int:
     study = agreed(comm, "--checkpoint", lambda: _prepare_study(cfg), root=0, lazy=True)
     if comm.rank == 0 and not cfg.base.output.quiet:
         print(_header(cfg, comm.size, study.study), flush=True)
-    run_search(comm, cfg.settings, cfg.space, CandidateTrainer(cfg), study=study,
+    from .. import distributed as dist
+    from ..search import CandidateTrainer
+    # Threads per rank from the job's communicator (a block alone does not know which
+    # ranks share its node), decided once for every candidate.
+    trainer = CandidateTrainer(cfg.values, cfg.settings.n_fold,
+                               to_options=lambda params: as_options(cfg.values, params),
+                               threads=dist.threads_per_rank(comm, cfg.base.parallel.threads))
+    run_search(comm, cfg.settings, cfg.space, trainer, study=study,
                finalize=lambda c: _write_reports(cfg, c, comm.size, started))
     return 0
 

@@ -25,11 +25,13 @@ from .compression import PowerSGD, Threshold, TopK
 from .reducer import Compression, Reducer
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)
-from .runtime import abort_on_error, default_threads, describe, install_abort_handler
+from .runtime import abort_on_error, describe, install_abort_handler
+from .threads import default_threads, node_cores, threads_per_rank
 
 __all__ = [
     "Communicator", "Handle", "MPIComm", "LocalComm", "init", "get_comm", "world",
-    "mpi_available", "default_threads", "rank", "size", "local_rank", "local_size",
+    "mpi_available", "threads_per_rank", "default_threads", "node_cores", "rank", "size",
+    "local_rank", "local_size",
     "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "allgather", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",

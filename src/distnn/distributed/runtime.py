@@ -10,6 +10,7 @@ import traceback
 from typing import Iterator
 
 from .comm import Communicator, get_comm
+from .threads import node_cores, threads_per_rank
 
 
 def _report(comm: Communicator, exc: BaseException) -> None:
@@ -73,15 +74,6 @@ def install_abort_handler(comm: Communicator | None = None) -> None:
     sys.excepthook = hook
 
 
-def default_threads(comm: Communicator | None = None) -> int:
-    """Threads a rank of ``comm`` uses by default: ``OMP_NUM_THREADS`` when set, else its
-    cores divided among the ranks of its node that share them (all of its node's ranks,
-    unless the launcher pinned each rank to cores of its own)."""
-    from ..kernels import threads_per_rank
-    comm = comm if comm is not None else get_comm()
-    return threads_per_rank(getattr(comm, "core_sharers", comm.local_size))
-
-
 def _threads() -> dict[str, int]:
     try:
         from threadpoolctl import threadpool_info
@@ -94,14 +86,14 @@ def _threads() -> dict[str, int]:
     return out
 
 
-def describe(comm: Communicator | None = None) -> str:
+def describe(comm: Communicator | None = None, asked: int = 0) -> str:
     """A multi-line report of the parallel set-up (collective: every rank must call it):
-    MPI library and mpi4py versions, ranks, hosts, ranks per host and threads per rank."""
+    MPI library and mpi4py versions, ranks, hosts, ranks per host and threads per rank
+    (``threads_per_rank(comm, asked)``, what a run uses; ``asked``: ``--threads``)."""
     comm = comm if comm is not None else get_comm()
-    from ..kernels import node_cores
     mine = {"host": socket.gethostname(), "pid": os.getpid(), "threads": _threads(),
             "local": (comm.local_rank, comm.local_size), "cores": node_cores(),
-            "train_threads": default_threads(comm)}
+            "train_threads": threads_per_rank(comm, asked)}
     everyone = comm.allgather_obj(mine)
     library = getattr(comm, "library_version", None)
     lines = [f"communicator: {type(comm).__name__}",

@@ -1,7 +1,8 @@
-"""One pipeline from a ``RunConfig`` to a run: the dataset splits, the model, the optimizer,
-the training rule, the callbacks and the ``Trainer``. ``distnn train``, ``evaluate``,
-``predict`` and every candidate of ``distnn search`` are built here, and so is a Python
-user's run::
+"""One pipeline from a ``RunConfig`` to a run: threads, the checks made before any data is
+read, the dataset splits, the model, the optimizer, the training rule, the callbacks, the
+``Trainer`` and, for a resumed run, what it keeps from its checkpoint. ``distnn train``,
+``evaluate``, ``predict`` and every candidate of ``distnn search`` are built here, and so is
+a Python user's run, which is the command's run::
 
     from distnn.run import build_config, build_run
     run = build_run(build_config("train", {"model": "lenet", "num_epochs": 2}))
@@ -13,134 +14,25 @@ every rank alike (``agreed``), with a ``RunError`` that names the option.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..distributed.coordination import on_ranks
+from . import preflight
 from .callbacks import build_callbacks, build_optimizer
-from .config import PRED, TRAIN, ConfigError, RunConfig
+from .config import EVAL, PRED, TRAIN, ConfigError, RunConfig, build_config
+from .data import READER_OPTIONS, build_augment, load_data, load_splits
+from .errors import RunError, TrainingDiverged, agreed, rank_path
+from .rule import build_rule
+from .threads import apply_threads
 
-__all__ = ["RunError", "Run", "build_run", "agreed", "load_data", "load_splits",
-           "build_model", "build_rule", "build_augment", "rank_path"]
-
-
-class RunError(ValueError):
-    """A run cannot be built or written as configured (a bad file, a missing split...): one
-    line naming the option, the same on every rank (exit status 2 in the command)."""
-
-    exit_code = 2
+__all__ = ["RunError", "TrainingDiverged", "Run", "build_run", "agreed", "load_data",
+           "load_splits", "build_model", "build_rule", "build_augment", "rank_path",
+           "model_from_spec", "given_options", "READER_OPTIONS"]
 
 
-def agreed(comm, what: str | None, fn: Callable[[], Any], *, root: int | None = None,
-           describe: Callable[[BaseException], str] = str, lazy: bool = False) -> Any:
-    """``fn()`` on every rank (or on ``root``), its errors caused by the configuration
-    (``ValueError``, ``OSError``, ``KeyError``, ``DatasetError``) agreed on by all ranks
-    (``distributed.coordination.on_ranks``) and raised as one ``RunError`` on every rank:
-    "what: message" (``describe(exc)`` gives the message), "[rank r] ..." on the ranks
-    that did not fail themselves when not all did, "[rank r on host h] ..." on every rank
-    when the job spans several hosts and not all ranks failed."""
-    from ..data import DatasetError
-    try:
-        return on_ranks(comm, fn, root=root, lazy=lazy,
-                        catch=(DatasetError, ValueError, OSError, KeyError))
-    except (DatasetError, ValueError, OSError, KeyError) as exc:
-        text = f"missing entry {exc}" if isinstance(exc, KeyError) else describe(exc)
-        message = text if what is None or text.startswith((what, "--")) else f"{what}: {text}"
-        ranks = getattr(exc, "ranks", [comm.rank])
-        hosts = getattr(exc, "hosts", [])
-        where = (f"on host {exc.host} " if len(set(hosts)) > 1 else "")
-        if root is None and len(ranks) < comm.size and (where or comm.rank not in ranks):
-            # Across hosts a file one host lacks is the usual cause: name the host.
-            message = f"[rank {exc.rank} {where}]".replace(" ]", "]") + f" {message}"
-        raise RunError(message) from None
-
-
-def rank_path(path: str, rank: int) -> str:
-    """``path`` with '{rank}' replaced by ``rank`` (files every rank writes)."""
-    return path.replace("{rank}", str(rank))
-
-
-# -- data ----------------------------------------------------------------------------------
-READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name",
-                  "labels_name", "input_shape", "num_classes", "num_samples", "data_layout")
-
-
-def load_splits(cfg: RunConfig, comm):
-    """The dataset splits the config asks for (train/val/test; test from
-    ``dataset_test_path`` when given). Reader options go to the readers that take them."""
-    from ..data import DATASETS, load_dataset
-    d = cfg.data
-    accepted = set(inspect.signature(DATASETS[d.dataset]).parameters)
-    reader_options = {name: getattr(d, name) for name in READER_OPTIONS
-                      if name in accepted and getattr(d, name) is not None}
-    if "rank" in accepted:  # readers that read only this rank's part (hdf5)
-        reader_options.update(rank=comm.rank, size=comm.size)
-        if "train_part" in accepted and cfg.command == TRAIN and comm.size > 1:
-            # the training files are split among the ranks that train (the workers)
-            reader_options.update(train_part=build_rule(cfg, comm).shard_of(comm))
-    from ..nn.losses import CategoricalCrossEntropy, get_loss
-    from ..nn.metrics import get_metric, mean_absolute_error, mean_squared_error
-    # mse, mae and bce (losses or metrics) compare the outputs with targets of their
-    # shape: one-hot labels then (the other losses and metrics take those too).
-    one_hot = (not isinstance(get_loss(cfg.optim.loss_func), CategoricalCrossEntropy)
-               or any(get_metric(m) in (mean_squared_error, mean_absolute_error)
-                      for m in cfg.optim.metrics))
-    common = dict(dtype=np.dtype(cfg.model.dtype), normalize=d.normalize, one_hot=one_hot,
-                  seed=cfg.model.random_seed, **reader_options)
-    training = cfg.command == TRAIN and not cfg.train.evaluate_only
-    test_as_val = training and d.test_as_validation
-    # predict --split val holds out the same tail of the training set as train did.
-    held_out = training or (cfg.command == PRED and cfg.predict.split == "val")
-    splits = load_dataset(d.dataset, path=d.dataset_path,
-                          validation_split=0.0 if test_as_val or not held_out
-                          else d.validation_split,
-                          test_as_validation=test_as_val, **common)
-    if d.dataset_test_path:
-        from ..data import Splits
-        other = load_dataset(d.dataset, path=d.dataset_test_path, **common)
-        # A folder of test files only (ImageNet validation shards) reads as train.
-        test = other.test if other.test is not None else other.train
-        splits = Splits(splits.train, test if test_as_val else splits.val, test)
-    return splits
-
-
-def load_data(cfg: RunConfig, comm):
-    """``load_splits`` on every rank (a failure on one is an error on all), then datasets
-    of which each rank read only its part learn the sizes of the other parts."""
-    splits = agreed(comm, "dataset", lambda: load_splits(cfg, comm))
-    parts = {id(ds): ds for ds in (splits.train, splits.val, splits.test)
-             if getattr(ds, "part_sizes", ()) is None}
-    if parts:
-        infos = {key: comm.allgather_obj((ds.rank, *ds.part_info())) if comm.size > 1
-                 else [(ds.rank, *ds.part_info())] for key, ds in parts.items()}
-        num_classes = max(top for info in infos.values() for _, _, top in info)
-        for key, ds in parts.items():
-            sizes = [0] * ds.size
-            for part, n, _ in infos[key]:
-                if part is not None:
-                    sizes[part] = n
-            ds.set_parts(sizes, num_classes, owners=[p for p, _, _ in infos[key]],
-                         job_rank=comm.rank)
-    return splits
-
-
-def build_augment(cfg: RunConfig) -> list:
-    """The training-time augmentations of ``cfg.data``."""
-    from ..data import RandomCrop, RandomFlip
-    d = cfg.data
-    out = []
-    if d.flip_images:
-        out.append(RandomFlip(d.flip_images_prob))
-    if d.crop_images:
-        out.append(RandomCrop(d.crop_images_padding, d.crop_images_prob,
-                              d.crop_images_padding_mode))
-    return out
-
-
-# -- model and rule ------------------------------------------------------------------------
+# -- model -------------------------------------------------------------------------------
 def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
                     seed: int = 0, num_threads: int = 0, model_args=()):
     """The model a model file makes (``models.files.load_model_spec``), a torch module
@@ -163,10 +55,10 @@ def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         raise ModelFileError(f"--model {spec!r}: {exc}") from None
 
 
-def build_model(cfg: RunConfig, dataset, comm):
+def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
     """The zoo model or the user's model file of ``cfg.model`` for ``dataset`` (a torch
-    module comes wrapped in ``distnn.torch.TorchModel``), with its weights file loaded."""
-    from ..distributed import default_threads
+    module comes wrapped in ``distnn.torch.TorchModel`` with ``threads`` intra-op threads;
+    None: ``distributed.threads_per_rank``), with its weights file loaded."""
     from ..models import get_model
     from ..models.files import is_model_spec
     m = cfg.model
@@ -174,7 +66,7 @@ def build_model(cfg: RunConfig, dataset, comm):
         model = model_from_spec(m.model, input_shape=dataset.input_shape,
                                 num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
                                 seed=m.random_seed, model_args=m.model_args,
-                                num_threads=cfg.parallel.threads or default_threads(comm))
+                                num_threads=_threads(cfg, comm, threads))
     else:
         if m.model_args:
             given = ",".join(f"{k}={v}" for k, v in m.model_args)
@@ -189,39 +81,26 @@ def build_model(cfg: RunConfig, dataset, comm):
     return model
 
 
-def build_rule(cfg: RunConfig, comm):
-    """The training rule of ``cfg.parallel.parallel`` (auto and sequential: data), its
-    constructor's arguments read from ``cfg.parallel`` (``rules.build_rule``)."""
-    from ..rules import RULES, rule_name
-    from ..rules import build_rule as rule_from_options
-    p = cfg.parallel
-    name = "data" if p.parallel in ("auto", "sequential") else rule_name(p.parallel)
-    compressing = p.gradient_compression != "none"
-    if compressing and "compression" not in inspect.signature(RULES[name]).parameters:
-        raise ConfigError(f"--gradient_compression {p.gradient_compression} compresses the "
-                          f"gradient all-reduce of --parallel data; --parallel {p.parallel} "
-                          "exchanges no gradients that way: drop --gradient_compression or "
-                          "use --parallel data")
-    try:
-        rule = rule_from_options(name, dataclasses.asdict(p))
-    except ValueError as exc:
-        raise ConfigError(f"--parallel {p.parallel}: {exc}") from None
-    if comm.size < rule.min_ranks:
-        raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
-                          f"workers, so it needs at least {rule.min_ranks} ranks, got "
-                          f"{comm.size}; run it under mpiexec -n 3 (or use --parallel data)")
-    if cfg.train.checkpoint_steps and comm.size > 1 and not rule.lockstep:
-        raise ConfigError(f"--checkpoint_steps needs a rule whose ranks take every step "
-                          f"together (--parallel data); --parallel {p.parallel} does not: "
-                          "checkpoint by epochs (--checkpoint_freq) instead")
-    return rule
+def _threads(cfg: RunConfig, comm, threads: int | None) -> int:
+    from ..distributed import threads_per_rank
+    return threads if threads is not None else threads_per_rank(comm, cfg.parallel.threads)
 
 
 # -- the run -------------------------------------------------------------------------------
+# Which option names the file a collective write could not write.
+_WRITE_OPTIONS = {"checkpoint": "--checkpoint", "history": "--history_file",
+                  "model_checkpoint weights": "--model_checkpoint_file"}
+
+
 @dataclass
 class Run:
     """A built run: its configuration, communicator, data, model, optimizer and trainer.
     ``train``/``val``: what ``fit`` trains on and validates with (the splits', or a fold's).
+    ``threads``: the threads per rank it applied. ``resume``: the loaded checkpoint of
+    ``--resume``; ``batch_size``, ``global_batch_size``, ``lr``: what the run uses (a
+    resumed run keeps its checkpoint's global batch); ``effective``: the configuration with
+    those values (what a header shows); ``notes``: what the resume kept or applied, printed
+    once on rank 0 (``announce``, or at the start of ``fit``) unless quiet.
     """
 
     cfg: RunConfig
@@ -233,6 +112,14 @@ class Run:
     val: Any
     profiler: Any = None
     callbacks: list = field(default_factory=list)
+    threads: int = 1
+    resume: Any = None
+    batch_size: int = 0
+    global_batch_size: int = 0
+    lr: float = 0.0
+    effective: RunConfig | None = None
+    notes: list = field(default_factory=list)
+    _announced: bool = field(default=False, repr=False)
 
     @property
     def eval_batch_size(self) -> int:
@@ -242,24 +129,88 @@ class Run:
         path = self.cfg.train.history_file
         return path and rank_path(path, self.comm.rank)
 
+    def announce(self) -> None:
+        """Print the resume notes ("resume: ...") on rank 0 unless quiet, once."""
+        if not self._announced and self.comm.rank == 0 and not self.cfg.output.quiet:
+            for note in self.notes:
+                print(f"resume: {note}", flush=True)
+        self._announced = True
+
     def fit(self, *, resume=None, global_batch_size: int | None = None):
-        """``Trainer.fit`` with the configuration's settings; ``resume``: a loaded
-        ``Checkpoint``; ``global_batch_size``: instead of the configuration's (a resumed
-        run keeps its checkpoint's). Returns the ``History``."""
+        """Train as ``distnn train`` does: ``Trainer.fit`` with the configuration's settings
+        (from ``--resume``'s checkpoint, keeping its global batch), then the files the
+        configuration asks for after training (``--save_weights``, ``--plot``). ``resume``:
+        another loaded ``Checkpoint``; ``global_batch_size``: instead of the run's. Errors a
+        user can cause are ``RunError``s naming the option. Returns the ``History``."""
+        from ..fileio import WriteError
+        from ..training.checkpoint import CheckpointError
+        from ..training.trainer import NonFiniteLossError
+        self.announce()
         t = self.cfg.train
+        if resume is None:
+            resume = self.resume
+        planned = resume is not None and resume is self.resume
+        if global_batch_size is None and planned:
+            global_batch_size = self.global_batch_size
         history_file = self.history_file()
-        history = self.trainer.fit(
-            self.train, epochs=t.num_epochs, batch_size=t.batch_size,
-            global_batch_size=global_batch_size or t.global_batch_size, validation=self.val,
-            steps_per_epoch=t.steps_per_epoch, validation_steps=t.steps_per_epoch,
-            shuffle=t.shuffle, augment=build_augment(self.cfg) or None,
-            prefetch=self.cfg.data.prefetch, history_file=history_file, resume=resume,
-            eval_batch_size=self.eval_batch_size)
+        try:
+            history = self.trainer.fit(
+                self.train, epochs=t.num_epochs, batch_size=t.batch_size,
+                global_batch_size=global_batch_size or t.global_batch_size,
+                validation=self.val, steps_per_epoch=t.steps_per_epoch,
+                validation_steps=t.steps_per_epoch, shuffle=t.shuffle,
+                augment=build_augment(self.cfg) or None, prefetch=self.cfg.data.prefetch,
+                history_file=history_file, resume=resume,
+                eval_batch_size=self.eval_batch_size,
+                resume_lr=self.lr if planned else None)
+        except CheckpointError as exc:
+            raise RunError(f"--resume: {exc}") from None
+        except WriteError as exc:
+            raise RunError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
+        except NonFiniteLossError as exc:
+            raise TrainingDiverged(f"training diverged: {exc.where}; lower --learning_rate, "
+                                   "or pass --ignore_nan to keep training") from None
+        comm = self.comm
         if t.every_rank_writes and history_file:  # rank 0 wrote it in fit
-            comm = self.comm
             agreed(comm, "--history_file",
                    lambda: comm.rank == 0 or self.trainer.history.save(history_file))
+        if t.save_weights:
+            self.save_weights(t.save_weights)
+        if self.cfg.output.plot and len(history):
+            from ..fileio import describe_write_failure
+            from ..training.plots import plot_history
+            agreed(comm, "--plot", lambda: plot_history(self.cfg.output.plot, history),
+                   root=0, describe=describe_write_failure)
         return history
+
+    def evaluate(self, dataset=None) -> dict:
+        """The loss and metrics on ``dataset`` (default: the test split), as the command
+        reports them."""
+        dataset = self.splits.test if dataset is None else dataset
+        return self.trainer.evaluate(dataset, batch_size=self.eval_batch_size,
+                                     steps=self.cfg.train.steps_per_epoch)
+
+    def predict(self):
+        """``distnn predict``: the logits and labels of ``--split``, written to ``--output``
+        (rank 0). Returns (logits, labels)."""
+        from ..fileio import describe_write_failure
+        from .outputs import write_predictions
+        p = self.cfg.predict
+        logits, labels = self.trainer.predict(getattr(self.splits, p.split),
+                                              batch_size=self.eval_batch_size,
+                                              steps=self.cfg.train.steps_per_epoch,
+                                              return_labels=True)
+        agreed(self.comm, "--output", lambda: write_predictions(p.output, logits, labels),
+               root=0, describe=describe_write_failure)
+        return logits, labels
+
+    def write_trace(self) -> list:
+        """With ``--trace``, the profiler's trace files (collective); their names."""
+        if self.profiler is None or not self.cfg.output.trace:
+            return []
+        o, comm = self.cfg.output, self.comm
+        return agreed(comm, "--trace", lambda: self.profiler.write_trace(
+            o.trace, comm, merged=o.trace_merged)) or []
 
     def save_weights(self, path: str) -> str:
         """Write the model's weights to ``path`` (rank 0; every rank with
@@ -280,58 +231,129 @@ class Run:
         return target
 
 
+def given_options(cfg: RunConfig) -> frozenset[str]:
+    """The options whose values in ``cfg`` differ from their defaults: what a user gave,
+    as far as the configuration shows (the command knows exactly: ``explicit``)."""
+    default = build_config(TRAIN, {})
+    out = set()
+    for f in dataclasses.fields(cfg):
+        section, base = getattr(cfg, f.name), getattr(default, f.name, None)
+        if not dataclasses.is_dataclass(section) or base is None:
+            continue
+        out |= {g.name for g in dataclasses.fields(section)
+                if getattr(section, g.name) != getattr(base, g.name, None)}
+    return frozenset(out)
+
+
 def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
-              callbacks: Sequence = ()) -> Run:
+              callbacks: Sequence = (), explicit: Iterable[str] | None = None,
+              threads: int | None = None) -> Run:
     """Build the run ``cfg`` describes on every rank of ``comm`` (default: the
-    communicator of ``distnn.distributed.init()``).
+    communicator of ``distnn.distributed.init()``), as ``distnn train``, ``evaluate`` or
+    ``predict`` does: threads per rank applied (``distributed.threads_per_rank``), the
+    outputs and files checked (``preflight``), ``--resume``'s checkpoint read and compared.
 
     Args:
         splits: dataset splits already read (default: read them, ``load_data``).
         train, val: train on / validate with these instead of the splits' (a fold).
         callbacks: more callbacks, after the configuration's.
+        explicit: the options the user gave, which a resumed run applies or refuses
+            instead of taking the checkpoint's (default: those not at their default).
+        threads: threads per rank decided by the caller (a search block takes the job's).
     """
     if comm is None:
         from .. import distributed as dist
         comm = dist.init()
-    if cfg.command == TRAIN and comm.size > 1:
-        from ..distributed.stall import watch_stalls
-        ck = cfg.train.checkpoint or cfg.train.resume
-        watch_stalls(comm, cfg.parallel.stall_warning, cfg.parallel.stall_timeout,
-                     hint=f"the last checkpoint: --resume {ck}" if ck else "")
+    threads = _threads(cfg, comm, threads)
+    apply_threads(threads)
+    t = cfg.train
+    training = cfg.command == TRAIN
+    # Cheap checks first: a bad path or file ends the run before any data is read.
+    state = None
+    if training and t.resume:
+        from ..training.checkpoint import load_checkpoint
+        state = agreed(comm, "--resume", lambda: load_checkpoint(t.resume))
+    if cfg.command == PRED and not cfg.predict.output.lower().endswith((".npy", ".npz",
+                                                                          ".csv")):
+        raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "
+                       f"{cfg.predict.output!r}")
+    preflight.check_outputs(cfg, comm)
     if splits is None:
         splits = load_data(cfg, comm)
+    preflight.check_weights_file(cfg, comm)
+    if cfg.command == PRED and getattr(splits, cfg.predict.split) is None:
+        raise RunError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
+                       "split (a val split needs --validation_split)")
+    if training and comm.size > 1:
+        from ..distributed.stall import watch_stalls
+        ck = t.checkpoint or t.resume
+        watch_stalls(comm, cfg.parallel.stall_warning, cfg.parallel.stall_timeout,
+                     hint=f"the last checkpoint: --resume {ck}" if ck else "")
     train = splits.train if train is None else train
     val = splits.val if val is None else val
-    what = "model" if cfg.command == TRAIN else "--weights_and_bias_filename"
-    model = agreed(comm, what, lambda: build_model(cfg, train, comm))
+    what = "model" if training else "--weights_and_bias_filename"
+    model = agreed(comm, what, lambda: build_model(cfg, train, comm, threads))
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
         dist.sync_batchnorm(model, comm)
     optimizer = agreed(comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size))
-    configured = build_callbacks(cfg, comm.size) if cfg.command == TRAIN else []
+    configured = build_callbacks(cfg, comm.size) if training else []
     validate = []
-    if cfg.command == TRAIN and cfg.train.validate_every:  # a callback: --resume expects it
+    if training and t.validate_every:  # a callback: --resume expects it
         if val is None:
             raise RunError("--validate_every needs validation data: --validation_split, "
                            "--test_as_validation or --val_list")
         from ..training.callbacks import ValidateEvery
-        validate = [ValidateEvery(cfg.train.validate_every, val,
-                                  max(cfg.train.batch_size, 256) * comm.size,
-                                  cfg.train.steps_per_epoch)]
+        validate = [ValidateEvery(t.validate_every, val, max(t.batch_size, 256) * comm.size,
+                                  t.steps_per_epoch)]
     profiler = None
     if cfg.output.profile or cfg.output.trace:
         from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     from ..training import Trainer
-    rule = build_rule(cfg, comm) if cfg.command == TRAIN else None
+    rule = build_rule(cfg, comm) if training else None
     try:
         trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func,
                           metrics=cfg.optim.metrics, comm=comm,
                           callbacks=[*validate, *configured, *callbacks],
                           progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
                           seed=cfg.model.random_seed, profiler=profiler, rule=rule,
-                          ignore_nan=cfg.train.ignore_nan)
+                          ignore_nan=t.ignore_nan)
     except ValueError as exc:  # the rule does not fit the model (same on every rank)
         raise ConfigError(f"--parallel {cfg.parallel.parallel}: {exc}") from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
-    return Run(cfg, comm, splits, model, trainer, train, val, profiler, configured)
+    run = Run(cfg, comm, splits, model, trainer, train, val, profiler, configured, threads,
+              effective=cfg, lr=trainer.lr)
+    if cfg.command in (TRAIN, EVAL):
+        preflight.check_model_outputs(cfg, model, train)
+    if training:
+        _plan(run, state, explicit)
+    return run
+
+
+def _plan(run: Run, state, explicit: Iterable[str] | None) -> None:
+    """A training run's batch sizes and learning rate, its resume plan, and what a later
+    ``--resume`` compares (recorded in its checkpoints)."""
+    from ..training import resolve_batch_sizes
+    cfg, comm, trainer = run.cfg, run.comm, run.trainer
+    names = list(trainer.metrics.names)
+    preflight.check_monitors(cfg, names + [f"val_{k}" for k in names if run.val is not None]
+                             + ["lr", "time", "samples_per_s"])
+    t = cfg.train
+    run.batch_size, run.global_batch_size = resolve_batch_sizes(t.batch_size,
+                                                                t.global_batch_size, comm.size)
+    if state is not None:
+        given = given_options(cfg) if explicit is None else explicit
+        plan = preflight.plan_resume(cfg, comm, set(given), state, trainer)
+        run.batch_size, run.global_batch_size = plan.batch_size, plan.global_batch_size
+        run.lr, run.effective, run.notes = plan.lr, plan.cfg, list(plan.notes)
+        run.resume = state
+    eff = run.effective
+    for cb in run.callbacks:
+        if hasattr(cb, "run"):
+            cb.run = {"model": cfg.model.model, "optimizer": cfg.optim.optimizer,
+                      "learning_rate": eff.optim.learning_rate,
+                      "learning_rate_scaling": cfg.optim.learning_rate_scaling,
+                      "ranks": comm.size, "batch_size": run.batch_size,
+                      "global_batch_size": run.global_batch_size,
+                      "random_seed": eff.model.random_seed}

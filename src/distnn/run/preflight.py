@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fileio import check_writable, npz_kind
-from .build import RunError, agreed
+from .errors import RunError, agreed
 from .config import PRED, TRAIN, RunConfig
 
 __all__ = ["check_outputs", "missing_packages", "check_weights_file", "check_model_outputs",

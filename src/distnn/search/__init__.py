@@ -7,6 +7,7 @@
                 k-fold, divergence and pruning, failed trials recorded
     study.py    samplers, pruners, the study saved/resumed as an SQLite optuna storage
     folds.py    k-fold splits of an in-memory dataset
+    candidate.py  CandidateTrainer: one candidate trained as ``distnn train`` (distnn.run)
     report.py   live lines, ranked table, trials.json, best TOML, objective PNG
 
 optuna and matplotlib are imported on the coordinator only, when used.
@@ -19,6 +20,7 @@ Example (every rank; rank 0 holds the study):
     run_search(comm, settings, space, train_fn, study=study)
 """
 from .blocks import BlockLayout, Channel, LayoutError, block_count
+from .candidate import CandidateTrainer
 from .driver import (Coordinator, SearchSettings, TrainFn, TrialWatch, execute_trial,
                      parse_objective, run_search)
 from .folds import kfold_split
@@ -29,7 +31,7 @@ from .study import (PRUNERS, SAMPLERS, SETTINGS_KEY, STUDY_FILE, SearchStudy, ma
                     make_sampler, save_study, storage_url)
 
 __all__ = [
-    "BlockLayout", "Channel", "LayoutError", "block_count",
+    "BlockLayout", "Channel", "LayoutError", "block_count", "CandidateTrainer",
     "Coordinator", "SearchSettings", "TrainFn", "TrialWatch", "execute_trial",
     "parse_objective", "run_search", "kfold_split", "TrialRecord", "live_line",
     "plot_objective", "ranked", "ranked_table", "records_from_study", "toml_value",

@@ -1,0 +1,37 @@
+"""The training rule a ``RunConfig`` asks for (``--parallel`` and the rule's options)."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from .config import ConfigError, RunConfig
+
+__all__ = ["build_rule"]
+
+
+def build_rule(cfg: RunConfig, comm):
+    """The training rule of ``cfg.parallel.parallel`` (auto and sequential: data), its
+    constructor's arguments read from ``cfg.parallel`` (``rules.build_rule``)."""
+    from ..rules import RULES, rule_name
+    from ..rules import build_rule as rule_from_options
+    p = cfg.parallel
+    name = "data" if p.parallel in ("auto", "sequential") else rule_name(p.parallel)
+    compressing = p.gradient_compression != "none"
+    if compressing and "compression" not in inspect.signature(RULES[name]).parameters:
+        raise ConfigError(f"--gradient_compression {p.gradient_compression} compresses the "
+                          f"gradient all-reduce of --parallel data; --parallel {p.parallel} "
+                          "exchanges no gradients that way: drop --gradient_compression or "
+                          "use --parallel data")
+    try:
+        rule = rule_from_options(name, dataclasses.asdict(p))
+    except ValueError as exc:
+        raise ConfigError(f"--parallel {p.parallel}: {exc}") from None
+    if comm.size < rule.min_ranks:
+        raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
+                          f"workers, so it needs at least {rule.min_ranks} ranks, got "
+                          f"{comm.size}; run it under mpiexec -n 3 (or use --parallel data)")
+    if cfg.train.checkpoint_steps and comm.size > 1 and not rule.lockstep:
+        raise ConfigError(f"--checkpoint_steps needs a rule whose ranks take every step "
+                          f"together (--parallel data); --parallel {p.parallel} does not: "
+                          "checkpoint by epochs (--checkpoint_freq) instead")
+    return rule
