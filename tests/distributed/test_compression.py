@@ -11,7 +11,7 @@ from compression_prog import sparse_pairs
 from mpijobs import mpirun
 from helpers import MPIEXEC, have_mpi4py
 
-from distnn.distributed import LocalComm, PowerSGD, Threshold, TopK
+from distnn.distributed import Compression, LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.compression import CompressedReduction, parse_compression
 from distnn.distributed.sparse import (decode, encode, payload_bytes, sparse_allreduce_,
                                        sparse_is_cheaper)
@@ -162,3 +162,65 @@ def test_vgg11bn_bytes_per_step_at_most_a_fiftieth_of_dense(tmp_path):
     for spec, (sent, dense, n_params) in out.items():
         assert dense == n_params * 4  # one step of float32 gradients
         assert 0 < sent <= dense / 50, (spec, dense / sent)
+
+
+# -- one spec object, parsed once, shared ---------------------------------------------------
+@pytest.mark.parametrize("spec", ["none", "fp16", "topk:0.01", "threshold:0.001",
+                                  "powersgd:4"])
+def test_a_spec_parses_to_one_object_that_gives_its_spec_back(spec):
+    obj = Compression.parse(spec)
+    assert Compression.parse(obj) is obj  # an object is never parsed again
+    assert Compression.parse(obj.spec) == obj and obj == spec
+    assert obj.compressing == (spec not in ("none", "fp16"))
+    assert obj.wire_dtype == (np.float16 if spec == "fp16" else None)
+    assert Compression.parse(None) is Compression.none
+    assert Compression.parse("FP16") is Compression.fp16
+
+
+def test_one_compression_facade_for_numpy_and_torch():
+    import distnn.distributed as dist
+    from distnn.distributed import reducer
+    assert dist.Compression is Compression is reducer.Compression
+    x = np.arange(4, dtype=np.float32)
+    sent, ctx = Compression.fp16.compress(x)
+    assert sent.dtype == np.float16 and Compression.fp16.decompress(sent, ctx).dtype == x.dtype
+    with pytest.raises(ValueError, match="compression must be"):
+        Compression.parse(3)
+    torch = pytest.importorskip("torch")
+    import distnn.torch as hvd
+    assert hvd.Compression is Compression
+    t = torch.arange(4.0)
+    half, ctx = hvd.Compression.fp16.compress(t)
+    assert half.dtype == torch.float16 and Compression.fp16.decompress(half, ctx).dtype == t.dtype
+
+
+def test_the_rule_the_reducer_and_a_checkpoint_share_the_spec_object(tmp_path):
+    from distnn.data import load_dataset
+    from distnn.nn import Dense, Flatten, ReLU, Sequential
+    from distnn.optim import SGD
+    from distnn.rules import DataParallel
+    from distnn.training import Trainer
+    from distnn.training.checkpoint import load_checkpoint, save_checkpoint
+
+    def trainer():
+        model = Sequential([Flatten(), Dense(64), ReLU(), Dense(3)], input_shape=(1, 8, 8),
+                           rng=0)
+        return Trainer(model, SGD(model, lr=0.05), rule=DataParallel(compression="topk:0.25"),
+                       progress=False, verbose=False)
+
+    data = load_dataset("synthetic", input_shape=(1, 8, 8), num_classes=3, num_samples=64,
+                        test_samples=8, seed=1)
+    first = trainer()
+    spec = first.rule.compression
+    assert isinstance(spec, TopK) and first.optimizer._reducer.compression is spec
+    assert first.optimizer.compressor.config is spec
+    first.fit(data.train, epochs=1, batch_size=16)
+    first.optimizer.compressor.steps = 3  # one process exchanges nothing: give it a state
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, first)
+    stored = load_checkpoint(path).meta["rule"]["state"]["compression"]
+    assert Compression.parse(stored["spec"]) == spec and stored["steps"] == 3
+    second = trainer()
+    load_checkpoint(path).restore(second)
+    assert second.optimizer.compressor.steps == 3
+    assert second.rule.resume_note(load_checkpoint(path).meta["rule"]["state"], 1) is None

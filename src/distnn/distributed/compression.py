@@ -2,10 +2,10 @@
 sparsification (``sparse.py``) and PowerSGD (``powersgd.py``), with error feedback, behind
 the one ``Reducer``. (``none`` and ``fp16`` only change the wire dtype: ``reducer.py``.)
 
-Specs, as ``--gradient_compression`` and ``compression=`` of both DistributedOptimizers:
-``none``, ``fp16``, ``topk:RATIO`` (the RATIO largest-magnitude share of each tensor),
-``threshold:VALUE`` (entries with ``|g| >= VALUE``), ``powersgd:RANK``; or the objects
-``TopK(ratio)``, ``Threshold(value)``, ``PowerSGD(rank)`` (``Compression.topk`` ... alike).
+Specs are parsed once, into the objects of ``compressors.py`` (``Compression.parse``;
+re-exported here): ``topk:RATIO`` (the RATIO largest-magnitude share of each tensor),
+``threshold:VALUE`` (entries with ``|g| >= VALUE``), ``powersgd:RANK``, or the objects
+``Compression.topk(ratio)``, ``.threshold(value)``, ``.powersgd(rank)``.
 
 One step (``CompressedReduction.reduce_``), in ``synchronize()`` after backward:
 
@@ -23,150 +23,14 @@ A process alone (size 1) sends nothing and compresses nothing.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from . import sparse
-from .powersgd import LowRankStep, matrix_dims, matrix_view, worth_compressing
-
-SPECS = "none, fp16, topk:RATIO, threshold:VALUE or powersgd:RANK"
-
-
-class _Stateful:
-    """Horovod's per-tensor ``compress``/``decompress`` do not apply: these compressions
-    keep residuals across steps and exchange whole buffers (DistributedOptimizer only)."""
-
-    @classmethod
-    def compress(cls, *args, **kwargs):
-        raise ValueError(f"Compression.{cls.__name__.lower()} works inside "
-                         "DistributedOptimizer (it keeps residuals between steps); pass "
-                         "Compression.fp16 or Compression.none to allreduce and friends")
-
-    decompress = compress
-
-
-class TopK(_Stateful):
-    """Send the ``ratio`` share of each tensor's entries largest in magnitude.
-
-    Args:
-        ratio: in (0, 1]; k = max(1, floor(ratio * size)) per tensor.
-        min_size: tensors with fewer elements travel dense.
-        exchange: "auto" (sparse while cheaper, see ``sparse.py``), "sparse" or "dense".
-    """
-
-    def __init__(self, ratio: float, *, min_size: int = 1024, exchange: str = "auto"):
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) \
-                or not 0 < ratio <= 1:
-            raise ValueError(f"compression topk: RATIO must be a number in (0, 1], got "
-                             f"{ratio!r}; e.g. topk:0.01 sends 1% of each tensor")
-        _check_exchange(exchange)
-        self.ratio, self.min_size, self.exchange = float(ratio), int(min_size), exchange
-
-    spec = property(lambda self: f"topk:{self.ratio:g}")
-
-    def compresses(self, shape) -> bool:
-        return len(shape) >= 2 and int(np.prod(shape)) >= self.min_size
-
-    def select(self, acc: np.ndarray) -> np.ndarray:
-        return sparse.topk_indices(acc, max(1, int(self.ratio * acc.size)))
-
-    def __repr__(self):
-        return f"TopK({self.ratio:g})"
-
-
-class Threshold(_Stateful):
-    """Send the entries with ``|g| >= value`` (each rank its own count).
-
-    Args:
-        value: > 0.
-        min_size, exchange: as ``TopK``.
-    """
-
-    def __init__(self, value: float, *, min_size: int = 1024, exchange: str = "auto"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"compression threshold: VALUE must be a number > 0, got "
-                             f"{value!r}; e.g. threshold:0.001")
-        _check_exchange(exchange)
-        self.value, self.min_size, self.exchange = float(value), int(min_size), exchange
-
-    spec = property(lambda self: f"threshold:{self.value:g}")
-    compresses = TopK.compresses
-
-    def select(self, acc: np.ndarray) -> np.ndarray:
-        return sparse.threshold_indices(acc, self.value)
-
-    def __repr__(self):
-        return f"Threshold({self.value:g})"
-
-
-class PowerSGD(_Stateful):
-    """Rank-``rank`` PowerSGD (see ``powersgd.py``).
-
-    Args:
-        rank: r >= 1 (clipped to the smaller side of each matrix).
-        min_compression_rate: a matrix is compressed when its factors are this many times
-            smaller than it (PyTorch's default 2; 0 compresses every matrix).
-        warm_start: keep Q between steps (PyTorch's default); False draws a new one.
-        seed: seed of the Q matrices' generator (the same on every rank).
-    """
-
-    def __init__(self, rank: int, *, min_compression_rate: float = 2.0,
-                 warm_start: bool = True, seed: int = 0):
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"compression powersgd: RANK must be an integer >= 1, got "
-                             f"{rank!r}; e.g. powersgd:2")
-        self.rank, self.min_compression_rate = rank, float(min_compression_rate)
-        self.warm_start, self.seed = bool(warm_start), int(seed)
-
-    spec = property(lambda self: f"powersgd:{self.rank}")
-
-    def compresses(self, shape) -> bool:
-        return worth_compressing(tuple(shape), self.rank, self.min_compression_rate)
-
-    def __repr__(self):
-        return f"PowerSGD({self.rank})"
-
-
-def _check_exchange(exchange: str) -> None:
-    if exchange not in ("auto", "sparse", "dense"):
-        raise ValueError(f"exchange must be 'auto', 'sparse' or 'dense', got {exchange!r}")
-
-
-_PARSERS = {"topk": (float, TopK), "threshold": (float, Threshold), "powersgd": (int, PowerSGD)}
-
-
-def parse_compression(spec: Any):
-    """A compression spec as given: "none"/"fp16" and the dense-wire objects pass through
-    (strings lower-cased); "topk:R", "threshold:V", "powersgd:R" become objects."""
-    if spec is None or isinstance(spec, (TopK, Threshold, PowerSGD)):
-        return spec
-    if not isinstance(spec, str):
-        return spec
-    text = spec.strip().lower()
-    if text in ("none", "fp16"):
-        return text
-    name, sep, arg = text.partition(":")
-    if name in _PARSERS:
-        convert, cls = _PARSERS[name]
-        if not sep or not arg:
-            raise ValueError(f"compression {spec!r}: {name} needs a value, e.g. "
-                             f"{cls(1).spec if name == 'powersgd' else name + ':0.01'}")
-        try:
-            value = convert(arg)
-        except ValueError:
-            raise ValueError(f"compression {spec!r}: {arg!r} is not a "
-                             f"{'whole number' if convert is int else 'number'}; use "
-                             f"{SPECS}") from None
-        return cls(value)
-    raise ValueError(f"compression {spec!r} is unknown; use {SPECS}")
-
-
-def is_compressing(compression) -> bool:
-    """Whether ``compression`` sends less than the gradients (needs a CompressedReduction)."""
-    return isinstance(parse_compression(compression), (TopK, Threshold, PowerSGD))
+from .compressors import (SPECS, Compression, PowerSGD, Threshold, TopK,  # noqa: F401
+                          is_compressing, parse_compression)
+from .powersgd import LowRankStep, matrix_dims, matrix_view
 
 
 class CompressedReduction:

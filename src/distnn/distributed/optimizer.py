@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import Communicator, get_comm
+from .compressors import Compression
 from .reducer import REDUCE_OPS, Reducer, make_buckets, wire_dtype  # noqa: F401
 
 
@@ -124,7 +125,7 @@ class DistributedOptimizer:
                  compression_warmup_steps: int = 0):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
-        wire_dtype(compression)
+        compression = Compression.parse(compression)  # once; the Reducer shares the object
         if backward_passes_per_step != 1:
             raise ValueError(
                 f"backward_passes_per_step={backward_passes_per_step!r}: distnn layers "

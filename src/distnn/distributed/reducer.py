@@ -27,8 +27,8 @@ import numpy as np
 
 from .adasum import adasum_
 from .comm import Communicator
-from .compression import (CompressedReduction, PowerSGD, Threshold, TopK, is_compressing,
-                          parse_compression)
+from .compression import CompressedReduction
+from .compressors import Compression
 
 REDUCE_OPS = ("average", "sum", "adasum")
 Bucket = tuple[int, int, list[str]]
@@ -76,64 +76,10 @@ class _Named:
         self.name = name
 
 
-class NoneCompressor:
-    """No compression: arrays travel in their own dtype."""
-
-    wire_dtype = None
-
-    @staticmethod
-    def compress(x: np.ndarray):
-        return x, None
-
-    @staticmethod
-    def decompress(x: np.ndarray, ctx) -> np.ndarray:
-        return x
-
-
-class FP16Compressor:
-    """Floating arrays travel as float16 and come back in their dtype."""
-
-    wire_dtype = np.float16
-
-    @staticmethod
-    def compress(x: np.ndarray):
-        if np.issubdtype(x.dtype, np.floating) and x.dtype != np.float16:
-            return x.astype(np.float16), x.dtype
-        return x, None
-
-    @staticmethod
-    def decompress(x: np.ndarray, ctx) -> np.ndarray:
-        return x.astype(ctx) if ctx is not None else x
-
-
-class Compression:
-    """``Compression.none`` and ``Compression.fp16`` (Horovod's objects, for NumPy arrays;
-    ``distnn.torch.Compression`` is the same for tensors), and the compressors that send
-    less: ``Compression.topk(0.01)``, ``Compression.threshold(1e-3)``,
-    ``Compression.powersgd(2)`` (compression.py)."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    topk = TopK
-    threshold = Threshold
-    powersgd = PowerSGD
-
-
 def wire_dtype(compression) -> Any:
-    """The dtype a bucket travels in: None (the buffer's own) or np.float16.
-
-    ``compression`` is None, "none", "fp16", or an object with a ``wire_dtype`` attribute
-    (``distnn.distributed.Compression.fp16``, ``distnn.torch.Compression.fp16``)."""
-    compression = parse_compression(compression)
-    if compression is None or compression == "none" or is_compressing(compression):
-        return None
-    if compression == "fp16":
-        return np.float16
-    if hasattr(compression, "wire_dtype"):
-        return compression.wire_dtype
-    raise ValueError(f"compression must be None, 'none', 'fp16', 'topk:RATIO', "
-                     f"'threshold:VALUE', 'powersgd:RANK' or a Compression object "
-                     f"(Compression.fp16, Compression.topk(0.01), ...), got {compression!r}")
+    """The dtype a bucket travels in: None (the buffer's own) or np.float16 (the parsed
+    ``compression``'s ``wire_dtype``; see ``compressors.py``)."""
+    return getattr(Compression.parse(compression), "wire_dtype", None)
 
 
 class Reducer:
@@ -181,17 +127,18 @@ class Reducer:
         if factor != 1.0 and op != "average":
             raise ValueError(f"gradient_predivide_factor={factor} needs op='average' "
                              f"(Horovod's rule), got op={op!r}")
-        compression = parse_compression(compression)
-        if is_compressing(compression) and op == "adasum":
+        compression = Compression.parse(compression)  # once: the object is shared
+        compressing = bool(getattr(compression, "compressing", False))  # False: user objects
+        if compressing and op == "adasum":
             raise ValueError(f"compression {compression.spec!r} needs op 'average' or 'sum': "
                              "Adasum combines parameter deltas, not gradients; use "
                              "compression='fp16' or none with op='adasum'")
-        if is_compressing(compression) and factor != 1.0:
+        if compressing and factor != 1.0:
             raise ValueError(f"gradient_predivide_factor={factor} applies to dense "
                              f"all-reduces, not to compression {compression.spec!r}; use 1")
         self.flat, self.comm, self.op, self.what = flat, comm, op, what
         self.non_blocking = bool(non_blocking)
-        self.wire = wire_dtype(compression)
+        self.wire = compression.wire_dtype
         self.compression = compression
         self.passes = int(passes)
         self.predivide = factor
@@ -213,7 +160,7 @@ class Reducer:
         self.bytes_dense = 0
         self.comm_wait_time = 0.0
         self.compressor = None
-        if is_compressing(compression):
+        if compressing:
             if tensors is None:
                 tensors = [(n, lo, hi, (hi - lo,)) for n, lo, hi in segments]
             self.compressor = CompressedReduction(

@@ -42,7 +42,9 @@ class DataParallel(Rule):
                  compression_warmup_steps: int = 0):
         self.bucket_size_mb = bucket_size_mb
         self.non_blocking = non_blocking
-        self.compression = None if compression == "none" else compression
+        # parsed once; None stands for no compression (the object is Compression.none)
+        spec = dist.Compression.parse(compression)
+        self.compression = None if spec is dist.Compression.none else spec
         self.error_feedback = error_feedback
         self.compression_warmup_steps = compression_warmup_steps
         self._residuals = None
