@@ -13,6 +13,7 @@ from typing import Iterable
 from .. import distributed as dist
 from ..distributed import Communicator
 from ..distributed.join import JoinableComm
+from .background import make_worker
 
 # Reduction ops: Horovod's names (their values are distnn's op strings).
 Average = "average"
@@ -22,7 +23,7 @@ Min = "min"
 Max = "max"
 Product = "product"
 
-_state: dict = {"initialized": False, "sets": {}, "next_id": 1, "channels": {}}
+_state: dict = {"initialized": False, "sets": {}, "next_id": 1, "channels": {}, "worker": None}
 
 
 def init(comm: Communicator | None = None, process_sets: Iterable | None = None):
@@ -33,6 +34,14 @@ def init(comm: Communicator | None = None, process_sets: Iterable | None = None)
         comm = dist.MPIComm(comm)
     c = dist.init(comm)
     _state["initialized"] = True
+    w = _state["worker"]
+    if w is None or w.base is not c:  # every rank calls init: the place to make it
+        if w is not None:
+            w.stop()
+        w = make_worker(c)
+        if w is not None:
+            w.base = c
+        _state["worker"] = w
     for ps in process_sets or []:
         add_process_set(ps)
     return c
@@ -42,9 +51,10 @@ def shutdown() -> None:
     """Forget the process sets; MPI itself stays up until the interpreter exits (mpi4py
     finalizes it), so ``init()`` may be called again."""
     for ps in list(_state["sets"].values()):
-        ps._comm = None
-        ps.process_set_id = None
-    _state.update(initialized=False, sets={}, next_id=1, channels={})
+        remove_process_set(ps)
+    if _state["worker"] is not None:
+        _state["worker"].stop()
+    _state.update(initialized=False, sets={}, next_id=1, channels={}, worker=None)
 
 
 def is_initialized() -> bool:
@@ -153,7 +163,8 @@ class ProcessSet:
     over an MPI sub-communicator made by ``add_process_set`` (or ``init(process_sets=)``).
 
     Args:
-        ranks: the global ranks in the set.
+        ranks: the global ranks in the set, or an mpi4py communicator of its members (as
+            in Horovod: every rank builds it; ranks outside pass ``MPI.COMM_NULL``).
 
     Example:
         evens = hvd.add_process_set([0, 2])
@@ -161,9 +172,12 @@ class ProcessSet:
     """
 
     def __init__(self, ranks: Iterable[int] | None = None):
+        if ranks is not None and hasattr(ranks, "Get_rank"):  # an mpi4py communicator
+            ranks = _members(ranks)
         self.ranks = None if ranks is None else sorted({int(r) for r in ranks})
         self.process_set_id: int | None = None
         self._comm: Communicator | None = None
+        self._worker = None
 
     @property
     def comm(self) -> Communicator:
@@ -202,6 +216,25 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
+def _members(mpi_comm) -> list[int]:
+    """The global ranks of an mpi4py communicator's members (collective over all ranks, so
+    that ranks outside it, holding COMM_NULL, learn them too)."""
+    world = dist.get_comm()
+    inside = mpi_comm != getattr(world, "MPI").COMM_NULL
+    key = None
+    if inside:
+        key = tuple(dist.MPIComm(mpi_comm).allgather_obj(world.rank))
+    keys = world.allgather_obj(key)
+    mine = key if inside else None
+    if mine is None:  # outside: the set is the members' one, if there is only one
+        sets = {k for k in keys if k is not None}
+        if len(sets) != 1:
+            raise ValueError("ProcessSet(comm): ranks outside the communicator cannot tell "
+                             f"which of the sets {sorted(sets)} it is; pass the rank list")
+        mine = sets.pop()
+    return list(mine)
+
+
 global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
 
@@ -217,8 +250,11 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     if any(other.ranks == ps.ranks for other in _state["sets"].values()):
         raise ValueError(f"a process set with ranks {ps.ranks} is already registered")
     member = world.rank in ps.ranks
-    sub = world.split(0 if member else 1, world.rank)
+    # color by the set's first rank: sets built from communicators (ProcessSet(comm)) may
+    # differ between ranks, each rank registering its own
+    sub = world.split(ps.ranks[0] if member else world.size, world.rank)
     ps._comm = sub if member else None
+    ps._worker = make_worker(sub) if member else None
     ps.process_set_id = _state["next_id"]
     _state["next_id"] += 1
     _state["sets"][ps.process_set_id] = ps
@@ -232,7 +268,18 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     _state["sets"].pop(process_set.process_set_id, None)
     process_set.process_set_id = None
     process_set._comm = None
+    if process_set._worker is not None:
+        process_set._worker.stop()
+        process_set._worker = None
     return True
+
+
+def worker(process_set=None):
+    """The background Worker of a process set (None: its queued collectives run when
+    called)."""
+    if process_set is None or process_set is global_process_set:
+        return _state["worker"] if _state["initialized"] else None
+    return process_set._worker
 
 
 def channel(comm: Communicator | None = None, process_set: ProcessSet | None = None):

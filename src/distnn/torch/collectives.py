@@ -4,19 +4,25 @@ global set or a process set (allgather, broadcast, alltoall, reducescatter: exch
 
 CPU tensors share memory with NumPy arrays (``tensor.numpy()``), so every collective is
 distnn's in-place MPI call on that array: no pickling, no packing for contiguous tensors.
-``name=`` is accepted (Horovod keys its negotiation by it; MPI needs no names because every
-rank posts the same collectives in the same order). An ``*_async`` call returns a handle
-whose non-blocking all-reduce is in flight; the other collectives complete when called and
-return a finished handle.
+Before each one the ranks agree on it (``agree``: name, dtype, shape, op, root) or all raise
+the same RuntimeError. Pre- and postscale factors scale integers in float64 and float16 in
+float32, cast back (Horovod's rule); an integer Average keeps its dtype (truncated mean).
+``allreduce_async`` returns a handle whose non-blocking all-reduce is in flight; the other
+``*_async`` collectives are queued on a background thread (``background``). A ``name`` of
+an operation in flight cannot be reused until its handle is synchronized.
 """
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 import torch
 
 from ..distributed import Communicator
 from ..distributed.adasum import adasum_
-from .basics import Adasum, Average, Max, Min, Product, Sum, channel
+from .agree import agree
+from .background import release, release_after, reserve
+from .basics import Adasum, Average, Max, Min, Product, Sum, channel, worker
 from .compression import Compression
 
 _OPS = {Average: "mean", "mean": "mean", Sum: "sum", Max: "max", Min: "min",
@@ -51,11 +57,23 @@ def as_numpy(t: torch.Tensor, what: str) -> np.ndarray:
 
 class Handle:
     """A started collective: ``hvd.synchronize(handle)`` (or ``wait()``) returns its output,
-    ``hvd.poll(handle)`` tells whether it has completed."""
+    ``hvd.poll(handle)`` tells whether it has completed. A ``name`` stays taken until then."""
 
-    def __init__(self, output, pending=None, finish=None):
+    def __init__(self, output, pending=None, finish=None, name=None):
         self._output, self._pending, self._finish = output, pending, finish
         self._done = pending is None
+        self._name = None
+        self.take(name)
+
+    def take(self, name) -> "Handle":
+        """Hold ``name`` (already reserved) until this handle is synchronized or dropped."""
+        if name is not None:
+            self._name = weakref.finalize(self, release, name)
+        return self
+
+    def _free(self) -> None:
+        if self._name is not None:
+            self._name()
 
     def poll(self) -> bool:
         if not self._done and hasattr(self._pending, "test") and self._pending.test():
@@ -64,13 +82,63 @@ class Handle:
 
     def wait(self):
         if not self._done:
-            self._pending.wait()
-            self._done = True
+            try:
+                self._pending.wait()
+            finally:
+                self._done = True
+                self._free()
             if self._finish is not None:
                 self._finish()
+        self._free()
         return self._output
 
     test = poll
+
+    def __call__(self):
+        """Horovod's sparse_allreduce_async returns a function: calling it synchronizes."""
+        return self.wait()
+
+
+class QueuedHandle(Handle):
+    """A collective queued on the background worker (see ``background``)."""
+
+    def take(self, name) -> "Handle":
+        if name is not None:
+            self._name = weakref.finalize(self, release_after, self._pending, name)
+        return self
+
+    def poll(self) -> bool:
+        return self._done or self._pending.test()
+
+    def wait(self):
+        if not self._done:
+            try:
+                self._output = self._pending.wait()
+            finally:
+                self._done = True
+        self._free()
+        return self._output
+
+    test = poll
+
+
+def queued(what: str, name, process_set, comm, run) -> Handle:
+    """Run ``run(c)`` (a blocking collective on communicator c; None: the usual channel)
+    on the process set's background worker, or now when it has none; ``name`` is taken
+    until the handle is synchronized."""
+    reserve(name, what)
+    w = worker(process_set) if comm is None else None
+    if w is None:
+        try:
+            with torch.no_grad():
+                out = run(None)
+        except BaseException:
+            release(name)
+            raise
+        h = Handle(out)
+        release(name)
+        return h
+    return QueuedHandle(None, w.submit(run), name=name)
 
 
 def poll(handle: Handle) -> bool:
@@ -83,21 +151,43 @@ def synchronize(handle: Handle):
     return handle.wait()
 
 
-def _flat_scaled(t: torch.Tensor, prescale: float, what: str) -> np.ndarray:
-    a = as_numpy(t, what).reshape(-1)
-    if prescale != 1.0:
-        a *= a.dtype.type(prescale)
+def scale_(a: np.ndarray, factor: float) -> np.ndarray:
+    """Multiply ``a`` in place by ``factor`` as Horovod does: integers in float64 and cast
+    back (truncated toward zero), float16 in float32, other floats in their own dtype."""
+    if factor == 1.0:
+        return a
+    if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+        a[...] = a.astype(np.float64) * float(factor)
+    elif a.dtype == np.float16:
+        a[...] = a.astype(np.float32) * np.float32(factor)
+    else:
+        a *= a.dtype.type(factor)
     return a
 
 
+def _flat_scaled(t: torch.Tensor, prescale: float, what: str) -> np.ndarray:
+    return scale_(as_numpy(t, what).reshape(-1), prescale)
+
+
+def _int_mean(mode: str, a: np.ndarray, size: int, postscale: float) -> tuple[str, float]:
+    """An Average of integers is a Sum scaled by 1/size (in float64, cast back: Horovod
+    keeps the dtype): returns the MPI op and the postscale factor to apply."""
+    if mode == "mean" and not np.issubdtype(a.dtype, np.inexact):
+        return "sum", postscale / size
+    return mode, postscale
+
+
 def _start_reduce(out: torch.Tensor, mode: str, prescale: float, postscale: float,
-                  c: Communicator, counts=None) -> Handle:
-    """Reduce ``out`` (contiguous, owned) in place over c; returns a handle."""
+                  c: Communicator, counts=None, name=None, check: bool = True) -> Handle:
+    """Reduce ``out`` (contiguous, owned) in place over c, once every rank has agreed on
+    the call (``check``); returns a handle."""
+    if check:
+        agree(c, "allreduce", [out], name=name, op=mode)
     a = _flat_scaled(out, prescale, "allreduce")
+    mode, postscale = _int_mean(mode, a, c.size, postscale)
 
     def finish():
-        if postscale != 1.0:
-            a[...] = a * postscale
+        scale_(a, postscale)
 
     if mode == "adasum":
         if hasattr(c, "adasum_"):
@@ -109,30 +199,32 @@ def _start_reduce(out: torch.Tensor, mode: str, prescale: float, postscale: floa
             c.check_none_joined("allreduce(op=Product)")
         a[...] = np.prod(c.allgather(a.copy()), axis=0)
     else:
-        if mode == "mean" and not np.issubdtype(a.dtype, np.inexact):
-            raise TypeError(f"op Average needs a floating tensor, got {out.dtype}")
         return Handle(out, c.iallreduce_(a, mode), finish)
     finish()
     return Handle(out)
 
 
 def _prepare(tensor: torch.Tensor, mode: str) -> torch.Tensor:
-    out = tensor.detach().clone().contiguous()
-    if mode == "mean" and not out.is_floating_point():
-        out = out.double()  # distnn: an average of integers is not truncated
-    return out
+    return tensor.detach().clone().contiguous()
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
-    """Start an in-place reduction of ``tensor``; ``synchronize(handle)`` returns it."""
+    """Start an in-place reduction of ``tensor``; ``synchronize(handle)`` returns it. The
+    ranks first agree on the call (blocking, small); the reduction itself is in flight."""
     mode = _op(op, average)
     c = channel(comm, process_set)
-    if tensor.is_contiguous():
-        return _start_reduce(tensor, mode, prescale_factor, postscale_factor, c)
-    tmp = tensor.detach().contiguous().clone()
-    inner = _start_reduce(tmp, mode, prescale_factor, postscale_factor, c)
-    return Handle(tensor, inner, lambda: tensor.data.copy_(inner.wait()))
+    reserve(name, "allreduce_async_")
+    try:
+        if tensor.is_contiguous():
+            return _start_reduce(tensor, mode, prescale_factor, postscale_factor, c,
+                                 name=name).take(name)
+        tmp = tensor.detach().contiguous().clone()
+        inner = _start_reduce(tmp, mode, prescale_factor, postscale_factor, c, name=name)
+    except BaseException:
+        release(name)
+        raise
+    return Handle(tensor, inner, lambda: tensor.data.copy_(inner.wait()), name=name)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -148,8 +240,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
     """Start a reduction of a copy of ``tensor``; ``synchronize(handle)`` returns it."""
     mode = _op(op, average)
-    return _start_reduce(_prepare(tensor, mode), mode, prescale_factor, postscale_factor,
-                         channel(comm, process_set))
+    c = channel(comm, process_set)
+    reserve(name, "allreduce_async")
+    try:
+        h = _start_reduce(_prepare(tensor, mode), mode, prescale_factor, postscale_factor, c,
+                          name=name)
+    except BaseException:
+        release(name)
+        raise
+    return h.take(name)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -169,7 +268,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               prescale_factor=1.0, postscale_factor=1.0, process_set=None, *,
               comm=None) -> torch.Tensor:
     """Reduction of ``tensor`` over ranks as a new tensor (Horovod's ``hvd.allreduce``;
-    differentiable for Average and Sum). Integer tensors averaged come back as float64."""
+    differentiable for Average and Sum). Integer tensors averaged keep their dtype (the
+    mean is truncated toward zero, as Horovod's)."""
     mode = _op(op, average)
     c = channel(comm, process_set)
     sent, ctx = compression.compress(tensor)
@@ -178,7 +278,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                                postscale_factor, c)
     else:
         out = _start_reduce(_prepare(sent, mode), mode, prescale_factor, postscale_factor,
-                            c).wait()
+                            c, name=name).wait()
     return compression.decompress(out, ctx)
 
 
@@ -189,14 +289,13 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     mode = _op(op, average)
     c = channel(comm, process_set)
     tensors = list(tensors)
+    agree(c, "grouped_allreduce", tensors, name=name, op=mode)
     pending = []
     for dtype in dict.fromkeys(t.dtype for t in tensors):
         group = [t for t in tensors if t.dtype == dtype]
         fused = torch.cat([t.detach().reshape(-1) for t in group])
-        if mode == "mean" and not fused.is_floating_point():
-            raise TypeError(f"op Average needs floating tensors, got {dtype}")
         h = _start_reduce(fused, mode, prescale_factor, postscale_factor, c,
-                          counts=[t.numel() for t in group])
+                          counts=[t.numel() for t in group], check=False)
         pending.append((h, group, fused))
 
     def finish():
@@ -237,11 +336,38 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None, *,
                       comm=None) -> list:
-    """Reductions of a list of tensors, fused into one all-reduce per dtype."""
+    """Reductions of a list of tensors, fused into one all-reduce per dtype
+    (differentiable for Average and Sum, as ``allreduce``)."""
     sent = [compression.compress(t) for t in tensors]
-    out = grouped_allreduce_async([s for s, _ in sent], average, name, op, prescale_factor,
-                                  postscale_factor, process_set, comm=comm).wait()
+    mode = _op(op, average)
+    if mode in ("mean", "sum") and torch.is_grad_enabled() and any(
+            s.requires_grad for s, _ in sent):
+        out = _GroupedAllreduce.apply((mode, prescale_factor, postscale_factor, process_set,
+                                       comm, name), *[s for s, _ in sent])
+    else:
+        out = grouped_allreduce_async([s for s, _ in sent], average, name, op,
+                                      prescale_factor, postscale_factor, process_set,
+                                      comm=comm).wait()
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, sent)]
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """The gradient of a grouped Sum/Average is the same grouped reduction of the output
+    gradients (as for ``allreduce``)."""
+
+    @staticmethod
+    def forward(ctx, args, *tensors):
+        ctx.args = args
+        mode, prescale, postscale, process_set, comm, name = args
+        return tuple(grouped_allreduce_async([t.detach() for t in tensors], None, name, mode,
+                                             prescale, postscale, process_set,
+                                             comm=comm).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        mode, prescale, postscale, process_set, comm, _ = ctx.args
+        return (None, *_GroupedAllreduce.apply((mode, prescale, postscale, process_set, comm,
+                                                None), *[g.contiguous() for g in grads]))
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None, *, comm=None):

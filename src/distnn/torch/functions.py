@@ -18,9 +18,9 @@ def _comm(comm: Communicator | None, process_set=None) -> Communicator:
     return channel(comm, process_set)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, comm: Communicator | None = None,
-                     name: str | None = None, process_set=None) -> Any:
-    """Root's picklable object on every rank."""
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set=None, *, comm: Communicator | None = None) -> Any:
+    """Root's picklable object on every rank (Horovod's signature: ``name`` third)."""
     c = _comm(comm, process_set)
     if hasattr(c, "check_none_joined"):
         c.check_none_joined("broadcast_object")
@@ -81,8 +81,8 @@ def _check_same(c: Communicator, who: str, described: list, what: str) -> None:
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable | torch.nn.Module,
-                         root_rank: int = 0, comm: Communicator | None = None,
-                         process_set=None) -> None:
+                         root_rank: int = 0, process_set=None, *,
+                         comm: Communicator | None = None) -> None:
     """Make every rank's tensors equal to root's, in place: ``model.state_dict()`` (weights
     and buffers), ``model.named_parameters()``, or a module (its state dict).
 
@@ -100,7 +100,8 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable | torch.n
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
-                              comm: Communicator | None = None, process_set=None) -> None:
+                              model: torch.nn.Module | None = None, process_set=None, *,
+                              comm: Communicator | None = None) -> None:
     """Make every rank's optimizer state and hyper-parameters equal to root's, without
     stepping the optimizer.
 
@@ -108,7 +109,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     one in-place broadcast per state tensor; the other ranks load it with
     ``load_state_dict``. A fresh optimizer has no state: only its hyper-parameters are
     sent, so its trajectory stays that of one process (Horovod creates the state with a
-    zero-gradient ``step()``, which advances Adam's step count).
+    zero-gradient ``step()``, which advances Adam's step count). ``model`` is accepted
+    for Horovod's signature (distnn needs no model to build the state).
     """
     c = _comm(comm, process_set)
     if c.size == 1:
