@@ -41,6 +41,24 @@ def test_wait_all_and_backoff():
     assert backoff.delay == backoff.min_sleep
 
 
+def test_backoff_yields_the_core_first_then_sleeps_doubling(monkeypatch):
+    import os
+    import time
+    yields, sleeps = [], []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1))
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    backoff = Backoff(1e-3, min_sleep=1e-5, spin_s=0.05)
+    for t in (0.0, 0.02, 0.05, 0.06, 0.07, 0.08):
+        clock[0] = t
+        backoff.pause()
+    assert len(yields) == 3 and sleeps == [1e-5, 2e-5, 4e-5]
+    backoff.reset()  # a new wait spins again
+    backoff.pause()
+    assert len(yields) == 4 and backoff.delay == 1e-5
+
+
 @needs_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])

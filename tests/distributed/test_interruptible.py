@@ -20,3 +20,5 @@ def test_polled_collectives_and_a_failed_rank(n, tmp_path):
         assert res["handle"] == [float(n)] * 4
         assert res["raised"] == (None if r == n - 1 else n - 1), (r, res)
         assert res["after"] == [float(n)] * 2
+        assert res["watched"] and res["unwatched"], (r, res)
+        assert res["steps"] == [10 + q for q in range(n)], (r, res)

@@ -156,6 +156,31 @@ def test_schedules_and_warm_up_compose_on_the_optimizer(splits):
     assert trainer.lr == 0.1  # halved again after the second epoch
 
 
+def test_the_stall_inspector_is_passed_explicitly(splits, tmp_path):
+    """Trainer(stall=) reaches the trainer's phases, its checkpoints and the rule's reducer;
+    nothing is read from the communicator."""
+    from distnn.training.checkpoint import save_checkpoint
+
+    class Spy:
+        def __init__(self):
+            self.phases = []
+
+        def phase(self, name, arg=-1, step=None):
+            self.phases.append(name)
+
+    spy = Spy()
+    trainer = make_trainer(stall=spy)
+    assert getattr(trainer.comm, "stall", None) is None  # none on the communicator
+    assert trainer.stall is spy and trainer.optimizer._reducer.stall is spy
+    trainer.fit(splits.train, epochs=1, batch_size=32, steps_per_epoch=2,
+                validation=splits.val)
+    save_checkpoint(tmp_path / "c.npz", trainer)
+    step = ["forward", "backward", "exchange", "loss check"]
+    assert spy.phases[:8] == step + step
+    assert spy.phases[8:] == ["epoch end", "evaluate", "checkpoint write"]
+    assert make_trainer().stall is None
+
+
 def test_history_files_json_and_csv(splits, tmp_path):
     trainer = make_trainer()
     trainer.fit(splits.train, epochs=2, batch_size=32, validation=splits.val,

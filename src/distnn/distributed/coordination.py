@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import time
@@ -24,7 +25,9 @@ MIN_SLEEP = 1e-4
 
 class Backoff:
     """Sleeps between polls: ``MIN_SLEEP`` first, doubling up to ``max_sleep``; ``reset()``
-    after a poll that found work.
+    after a poll that found work. With ``spin_s`` the first ``spin_s`` seconds (from the
+    creation or the last ``reset``) only yield the core (``os.sched_yield``), as MPICH's own
+    waits do, for waits that are usually short.
 
     Example:
         backoff = Backoff(2e-3)
@@ -32,16 +35,22 @@ class Backoff:
             backoff.pause()
     """
 
-    def __init__(self, max_sleep: float = 1e-3, min_sleep: float = MIN_SLEEP):
+    def __init__(self, max_sleep: float = 1e-3, min_sleep: float = MIN_SLEEP,
+                 spin_s: float = 0.0):
         self.min_sleep, self.max_sleep = float(min_sleep), float(max_sleep)
-        self.delay = min(self.min_sleep, self.max_sleep)
+        self.spin_s = float(spin_s)
+        self.reset()
 
     def pause(self) -> None:
+        if self.spin_s and time.perf_counter() - self._t0 <= self.spin_s:
+            os.sched_yield()  # let a rank sharing this core run
+            return
         time.sleep(self.delay)
         self.delay = min(self.delay * 2, self.max_sleep)
 
     def reset(self) -> None:
         self.delay = min(self.min_sleep, self.max_sleep)
+        self._t0 = time.perf_counter()
 
 
 def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3) -> float:

@@ -14,6 +14,17 @@ import sys
 import numpy as np
 
 from .comm_base import _check_array, _check_op, _divide_
+from .coordination import Backoff
+
+
+def _poll(request, inspector, keep=None) -> None:
+    """Complete ``request`` by testing it between ``Backoff`` pauses; the inspector's
+    ``PeerFailed`` once a peer has said it failed (``keep`` then stays alive)."""
+    backoff = Backoff(1e-3, min_sleep=1e-5, spin_s=0.05)  # MPI progresses only while tested
+    while not request.Test():
+        if inspector.any_failed:
+            inspector.give_up(request, keep)
+        backoff.pause()
 
 
 class _MPIHandle:
@@ -32,7 +43,7 @@ class _MPIHandle:
                 inspector.enter(seq, peers)
                 try:
                     if inspector.interruptible:
-                        inspector.poll(self._request, (self._arr, self._keep))
+                        _poll(self._request, inspector, (self._arr, self._keep))
                     else:
                         self._request.Wait()
                 finally:
@@ -49,6 +60,38 @@ class _MPIHandle:
             self._done = True
             _divide_(self._arr, self._divide_by)
         return self._done
+
+
+class SlotWindow:
+    """``slots`` float64 numbers per rank in a one-sided window (collective) under passive
+    target (``Lock_all``: a read needs nothing from the target); ``local``: this rank's."""
+
+    def __init__(self, comm: "MPIComm", slots: int):
+        self._MPI = comm.MPI
+        self._comm = comm.comm.Dup()
+        self._win = self._MPI.Win.Allocate(slots * 8, 8, comm=self._comm)
+        self.local = np.frombuffer(self._win.tomemory(), dtype=np.float64)
+        self._win.Lock_all()
+
+    @property
+    def open(self) -> bool:  # not freed yet, and MPI still running
+        return self._win is not None and not self._MPI.Is_finalized()
+
+    def get_(self, buf: np.ndarray, rank: int) -> "_MPIHandle":  # read rank's slots
+        return _MPIHandle(self._win.Rget(buf, rank), buf, 1)
+
+    def put(self, values: np.ndarray, rank: int, slot: int) -> None:
+        """Write ``values`` into ``rank``'s slots from ``slot`` on (``flush`` completes it)."""
+        self._win.Put(values, rank, target=slot)
+
+    def flush(self) -> None:
+        self._win.Flush_all()
+
+    def free(self) -> None:  # collective
+        self._win.Unlock_all()
+        self._win.Free()
+        self._comm.Free()
+        self._win = None
 
 
 def _affinity() -> frozenset:
@@ -79,6 +122,10 @@ def _fp16_sum_op(MPI):
     return _FP16_SUM
 
 
+_NONBLOCKING = {"Allreduce": "Iallreduce", "Bcast": "Ibcast", "Allgather": "Iallgather",
+                "Barrier": "Ibarrier"}
+
+
 class MPIComm:
     """Communicator over an mpi4py communicator (default ``MPI.COMM_WORLD``).
 
@@ -92,7 +139,7 @@ class MPIComm:
         comm = MPIComm(); comm.allreduce_(grads, "sum")
     """
 
-    stall = None  # a distributed.stall.StallInspector watches every wait when set
+    stall = None  # the StallInspector that watches every wait (``watch``), if any
 
     def __init__(self, mpi_comm=None, fp16: str = "auto"):
         MPI = _mpi()
@@ -119,6 +166,18 @@ class MPIComm:
         self.fp16 = "native" if fp16 == "auto" and native else ("op" if fp16 == "auto" else fp16)
         self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
+    # -- the stall inspector's access to MPI ---------------------------------------------
+    def watch(self, inspector) -> None:
+        """Have ``inspector`` (a ``StallInspector``; None: none) watch every wait here."""
+        self.stall = inspector
+
+    def slot_window(self, slots: int) -> SlotWindow:  # collective
+        return SlotWindow(self, slots)
+
+    @property
+    def thread_multiple(self) -> bool:  # several threads may call MPI at once
+        return self.MPI.Query_thread() == self.MPI.THREAD_MULTIPLE
+
     def _buf_op(self, arr: np.ndarray, op: str):
         """(buffer spec, MPI op) for arr; float16 goes through the float16 path."""
         if arr.dtype == np.float16:
@@ -142,11 +201,49 @@ class MPIComm:
         stall.enter(stall.started())
         try:
             if stall.interruptible:  # distnn search's blocks: a failed rank must not hang them
-                from .stall import polled
-                return polled(stall, self.comm, fn.__name__, *args, **kwargs)
+                return self._polled(fn.__name__, *args, **kwargs)
             return fn(*args, **kwargs)
         finally:
             stall.leave()
+
+    def _polled(self, name: str, *args, **kwargs):
+        """The blocking collective ``name`` as its non-blocking twin completed by ``_poll``
+        (ends with ``PeerFailed`` when a rank that will never join has said so); the object
+        ones (bcast, allgather, allreduce) send pickles: their sizes, then the bytes."""
+        import pickle
+        comm, MPI, stall = self.comm, self.MPI, self.stall
+        if name in _NONBLOCKING:
+            _poll(getattr(comm, _NONBLOCKING[name])(*args, **kwargs), stall, args)
+            return None
+        if name == "bcast":
+            obj, root = args[0] if args else kwargs.get("obj"), kwargs.get("root", 0)
+            data = pickle.dumps(obj, -1) if comm.rank == root else b""
+            size = np.array([len(data)], dtype=np.int64)
+            _poll(comm.Ibcast(size, root=root), stall, size)
+            buf = np.frombuffer(data, np.uint8).copy() if data else np.empty(size[0], np.uint8)
+            _poll(comm.Ibcast(buf, root=root), stall, buf)
+            return obj if comm.rank == root else pickle.loads(buf.tobytes())
+        data = np.frombuffer(pickle.dumps(args[0], -1), np.uint8)
+        sizes = np.zeros(comm.size, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        _poll(comm.Iallgather(mine, sizes), stall, (mine, sizes))
+        out = np.empty(int(sizes.sum()), np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        _poll(comm.Iallgatherv(data, [out, (sizes, offsets), MPI.BYTE]), stall, (data, out))
+        objs = [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+        if name == "allgather":
+            return objs
+        op = kwargs.get("op", args[1] if len(args) > 1 else MPI.SUM)  # allreduce
+        if not (op == MPI.SUM or op == MPI.MAX or op == MPI.MIN):
+            raise ValueError(f"interruptible allreduce of objects: op must be MPI.SUM, MAX "
+                             f"or MIN, got {op!r}")
+        total = objs[0]
+        for obj in objs[1:]:  # mpi4py's meaning of the three on Python objects
+            if op == MPI.SUM:
+                total = total + obj
+            elif (obj > total) if op == MPI.MAX else (obj < total):
+                total = obj
+        return total
 
     def allreduce_(self, arr, op="sum"):
         _check_op(op, _check_array(arr, "allreduce_"))

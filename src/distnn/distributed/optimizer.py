@@ -103,6 +103,7 @@ class DistributedOptimizer:
         compression_warmup_steps: dense steps before topk/threshold/powersgd start.
         backward_passes_per_step: must be 1 here: distnn layers overwrite their gradients
             in backward, so there is nothing to accumulate (``distnn.torch`` accumulates).
+        stall: a ``stall.StallInspector`` the reducer tells which bucket it waits for.
 
     Attributes:
         buckets: [(start, stop, [layer names])] in the order they are reduced.
@@ -122,7 +123,7 @@ class DistributedOptimizer:
                  op: str = "average", bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression=None, gradient_predivide_factor: float = 1.0,
                  backward_passes_per_step: int = 1, error_feedback: bool = True,
-                 compression_warmup_steps: int = 0):
+                 compression_warmup_steps: int = 0, stall=None):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
         compression = Compression.parse(compression)  # once; the Reducer shares the object
@@ -154,7 +155,8 @@ class DistributedOptimizer:
                                 gradient_predivide_factor=gradient_predivide_factor,
                                 tensors=parameter_tensors(model),
                                 error_feedback=error_feedback,
-                                compression_warmup_steps=compression_warmup_steps)
+                                compression_warmup_steps=compression_warmup_steps,
+                                stall=stall)
         self.buckets = self._reducer.buckets
         # Collective, before any gradient traffic: ranks with different models would
         # otherwise post all-reduces of different sizes and hang or corrupt memory.

@@ -103,6 +103,7 @@ class Reducer:
             that look at shapes (default: each segment as one 1-D tensor).
         error_feedback, compression_warmup_steps: of a compressing ``compression``
             (compression.py).
+        stall: a ``stall.StallInspector`` told which bucket this rank waits for (None: none).
 
     Attributes:
         bytes_reduced: bytes this rank handed to collectives (after compression);
@@ -114,7 +115,7 @@ class Reducer:
                  bucket_size_mb: float = 4.0, non_blocking: bool = True, compression=None,
                  backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0,
                  blocking_last: bool = False, what: str = "layer", tensors=None,
-                 error_feedback: bool = True, compression_warmup_steps: int = 0):
+                 error_feedback: bool = True, compression_warmup_steps: int = 0, stall=None):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
         passes = backward_passes_per_step
@@ -137,6 +138,7 @@ class Reducer:
             raise ValueError(f"gradient_predivide_factor={factor} applies to dense "
                              f"all-reduces, not to compression {compression.spec!r}; use 1")
         self.flat, self.comm, self.op, self.what = flat, comm, op, what
+        self.stall = stall
         self.non_blocking = bool(non_blocking)
         self.wire = compression.wire_dtype
         self.compression = compression
@@ -254,7 +256,7 @@ class Reducer:
             while self.next < len(self.buckets):  # buckets backward did not start
                 self._start(self.next, self.flat)
                 self.next += 1
-            stall = getattr(self.comm, "stall", None)
+            stall = self.stall
             for b, h in enumerate(self.handles):
                 if h is not None:
                     if stall is not None:

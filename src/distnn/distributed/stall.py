@@ -1,9 +1,9 @@
 """The stall inspector: name the ranks a waiting rank is waiting for, and end a hung job.
 
 Each rank publishes where it is (step, phase, when it got there, how many collectives it
-has started, whether it is waiting, a heartbeat) in float64 slots of an MPI one-sided
-window (``MPI.Win.Allocate``; every rank holds a passive ``Lock_all`` epoch from the
-start). Publishing is a store into local memory: no MPI call, nothing sent, and the waits
+has started, whether it is waiting, a heartbeat) in float64 slots of a one-sided window
+(``MPIComm.slot_window``: the inspector talks to MPI only through its communicator).
+Publishing is a store into local memory: no MPI call, nothing sent, and the waits
 stay MPI's own blocking calls (``_watched``/``enter``/``leave`` only mark them), so a step
 costs what it cost without the inspector (``benchmarks/stall.py``). A watchdog thread beats
 every 0.2 s and watches the clock: when the main thread has waited past ``warning``
@@ -18,23 +18,29 @@ MPICH grants it); at a lower level the report has this rank's own position only.
 lowest-numbered rank that has arrived prints.
 
 Interruptible mode (``interruptible = True``; ``distnn search``'s blocks): the waits poll
-(the non-blocking twin of each collective, tested in a loop) and a rank that failed says so
+(the communicator tests the non-blocking twin of each collective between
+``coordination.Backoff`` pauses) and a rank that failed says so
 with ``fail()``, a ``Put`` into the others' FAILED slot; their waits then end with
 ``PeerFailed`` instead of waiting for a rank that will never come (MPICH has no
 ``MPIX_Comm_revoke`` to do this).
 
+The inspector is passed explicitly to what publishes phases: ``Trainer(stall=)`` (which
+hands it to its checkpoints and to the rule's ``DistributedOptimizer``/``Reducer``).
+
 Example:
     inspector = watch_stalls(comm, warning=60, timeout=600)
-    inspector.phase("forward", step=12)
+    trainer = Trainer(model, opt, comm=comm, stall=inspector)
 """
 from __future__ import annotations
 
-import os
+import socket
 import sys
 import time
 from typing import Sequence
 
 import numpy as np
+
+from .coordination import Backoff
 
 __all__ = ["StallInspector", "PeerFailed", "watch_stalls", "PHASES", "EXIT_STALL"]
 
@@ -53,7 +59,7 @@ class StallInspector:
     """Publishes this rank's position and watches its waits (see the module doc).
 
     Args:
-        comm: the ``MPIComm`` to watch (its ``stall`` attribute is set to this inspector).
+        comm: the ``MPIComm`` to watch (``comm.watch(self)``: it marks its waits here).
         warning: seconds of waiting before the ranks not arrived are named (stderr).
         timeout: seconds of waiting before the job ends with exit status 4 (None: never).
         hint: appended to the timeout message (e.g. how to resume).
@@ -67,25 +73,21 @@ class StallInspector:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout (--stall_timeout) must be > 0 seconds or None, got "
                              f"{timeout!r}")
-        import socket
-        self.MPI = comm.MPI
         self.comm = comm
         self.warning, self.timeout, self.hint = float(warning), timeout, hint
         self.out = out
-        self.hosts = comm.comm.allgather(socket.gethostname())
-        self._wcomm = comm.comm.Dup()
-        self.win = self.MPI.Win.Allocate(SLOTS * 8, 8, comm=self._wcomm)
-        self.state = np.frombuffer(self.win.tomemory(), dtype=np.float64)
+        self.hosts = comm.allgather_obj(socket.gethostname())
+        self.win = comm.slot_window(SLOTS)
+        self.state = self.win.local
         self.state[:] = (0, 0, -1, time.time(), 0, -1, 0, 0)
-        self.win.Lock_all()
         self.seq = 0
         self.step = 0
         self._waiting = None
         self.interruptible = False  # waits poll and end with PeerFailed (see ``fail``)
         self._abandoned: list = []  # requests of waits given up (their buffers stay alive)
         # the watchdog reads other ranks' slots while the main thread is inside MPI
-        self.threaded = self.MPI.Query_thread() == self.MPI.THREAD_MULTIPLE
-        comm.stall = self
+        self.threaded = comm.thread_multiple
+        comm.watch(self)
         import atexit
         import threading
         atexit.register(self.close)  # before MPI finalizes (the window is collective)
@@ -121,8 +123,13 @@ class StallInspector:
         mark = np.array([me + 1], dtype=np.float64)
         for r in range(self.comm.size):
             if r != me:
-                self.win.Put(mark, r, target=FAILED)
-        self.win.Flush_all()
+                self.win.put(mark, r, FAILED)
+        self.win.flush()
+
+    @property
+    def any_failed(self) -> bool:
+        """Whether some rank (this one included) has said it failed."""
+        return bool(self.state[FAILED])
 
     def check(self) -> None:
         """Raise ``PeerFailed`` when another rank has said it failed (see ``fail``)."""
@@ -138,20 +145,6 @@ class StallInspector:
         except PeerFailed:
             self._abandoned.append((request, keep))
             raise
-
-    def poll(self, request, keep=None) -> None:
-        """Complete ``request`` testing it (spinning for 50 ms, then sleeping up to 1 ms between
-        tests) and checking for a failed peer; a wait given up keeps ``keep`` alive."""
-        t0 = time.perf_counter()
-        delay = 1e-5
-        while not request.Test():
-            if self.state[FAILED]:
-                self.give_up(request, keep)
-            if time.perf_counter() - t0 > 0.05:  # MPI progresses only while tested
-                time.sleep(delay)
-                delay = min(delay * 2, 1e-3)
-            else:  # as MPICH's own waits do: let a rank sharing this core run
-                os.sched_yield()
 
     # -- waiting (the caller blocks in MPI; the watchdog thread watches the clock) --------
     def enter(self, seq: int | None = None, peers: Sequence[int] | None = None) -> None:
@@ -192,13 +185,14 @@ class StallInspector:
                 bufs[r] = self.state.copy()
                 continue
             bufs[r] = np.zeros(SLOTS)
-            reqs[r] = self.win.Rget(bufs[r], r)
+            reqs[r] = self.win.get_(bufs[r], r)
         deadline = time.monotonic() + patience
+        backoff = Backoff(1e-3, min_sleep=1e-3)
         while reqs and time.monotonic() < deadline:
-            for r in [r for r, q in reqs.items() if q.Test()]:
+            for r in [r for r, q in reqs.items() if q.test()]:
                 del reqs[r]
             self.state[BEAT] = time.time()  # reading others is no reason to look stopped
-            time.sleep(1e-3)
+            backoff.pause()
         for r in reqs:  # left pending: this rank is about to be reported (or to end)
             bufs[r] = None
         return bufs
@@ -263,63 +257,15 @@ class StallInspector:
 
     def close(self) -> None:
         """Release the window (collective)."""
-        if getattr(self, "win", None) is not None and not self.MPI.Is_finalized():
+        if getattr(self, "win", None) is not None and self.win.open:
             # the watchdog writes into the window's memory: stop it before the memory goes
             self._stop.set()
             self._thread.join(5.0)
             self.state = self.state.copy()
-            self.comm.stall = None
+            self.comm.watch(None)
             self._waiting = None
-            self.win.Unlock_all()
-            self.win.Free()
-            self._wcomm.Free()
+            self.win.free()
             self.win = None
-            self.comm.stall = None
-
-
-_NONBLOCKING = {"Allreduce": "Iallreduce", "Bcast": "Ibcast", "Allgather": "Iallgather",
-                "Barrier": "Ibarrier"}
-
-
-def polled(inspector: StallInspector, mpi_comm, name: str, *args, **kwargs):
-    """The blocking collective ``name`` of ``mpi_comm`` (an mpi4py communicator) done as its
-    non-blocking twin completed by ``inspector.poll``: it ends with ``PeerFailed`` when a
-    rank that will never join has said so. The object collectives (bcast, allgather,
-    allreduce) send pickles: their sizes first, then the bytes."""
-    import pickle
-    if name in _NONBLOCKING:
-        inspector.poll(getattr(mpi_comm, _NONBLOCKING[name])(*args, **kwargs), args)
-        return None
-    MPI = inspector.MPI
-    if name == "bcast":
-        obj, root = args[0] if args else kwargs.get("obj"), kwargs.get("root", 0)
-        data = pickle.dumps(obj, -1) if mpi_comm.rank == root else b""
-        size = np.array([len(data)], dtype=np.int64)
-        inspector.poll(mpi_comm.Ibcast(size, root=root), size)
-        buf = np.frombuffer(data, np.uint8).copy() if data else np.empty(int(size[0]), np.uint8)
-        inspector.poll(mpi_comm.Ibcast(buf, root=root), buf)
-        return obj if mpi_comm.rank == root else pickle.loads(buf.tobytes())
-    data = np.frombuffer(pickle.dumps(args[0], -1), np.uint8)
-    sizes = np.zeros(mpi_comm.size, dtype=np.int64)
-    mine = np.array([data.size], dtype=np.int64)
-    inspector.poll(mpi_comm.Iallgather(mine, sizes), (mine, sizes))
-    out = np.empty(int(sizes.sum()), np.uint8)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    inspector.poll(mpi_comm.Iallgatherv(data, [out, (sizes, offsets), MPI.BYTE]), (data, out))
-    objs = [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
-    if name == "allgather":
-        return objs
-    op = kwargs.get("op", args[1] if len(args) > 1 else MPI.SUM)  # allreduce
-    if not (op == MPI.SUM or op == MPI.MAX or op == MPI.MIN):
-        raise ValueError(f"interruptible allreduce of objects: op must be MPI.SUM, MAX or "
-                         f"MIN, got {op!r}")
-    total = objs[0]
-    for obj in objs[1:]:  # mpi4py's meaning of the three on Python objects
-        if op == MPI.SUM:
-            total = total + obj
-        elif (obj > total) if op == MPI.MAX else (obj < total):
-            total = obj
-    return total
 
 
 class PeerFailed(RuntimeError):
@@ -333,19 +279,13 @@ class PeerFailed(RuntimeError):
 
 def watch_stalls(comm, warning: float = 60.0, timeout: float | None = None,
                  hint: str = "") -> StallInspector | None:
-    """Install a ``StallInspector`` on ``comm`` (collective); None for a communicator
-    without MPI (one process: nothing to wait for)."""
+    """A ``StallInspector`` watching ``comm`` (collective; the one already watching it, with
+    these settings, if any); None for a communicator without MPI (one process: nothing
+    to wait for). Pass it to what publishes phases (``Trainer(stall=)``)."""
     if getattr(comm, "size", 1) < 2 or not hasattr(comm, "MPI"):
         return None
-    current = getattr(comm, "stall", None)
+    current = comm.stall  # the inspector already watching this communicator's waits
     if current is not None:
         current.warning, current.timeout, current.hint = float(warning), timeout, hint
         return current
     return StallInspector(comm, warning, timeout, hint)
-
-
-def phase(comm, name: str, arg: int = -1, step: int | None = None) -> None:
-    """``comm.stall.phase(...)`` when ``comm`` has an inspector (else nothing)."""
-    inspector = getattr(comm, "stall", None)
-    if inspector is not None:
-        inspector.phase(name, arg, step)

@@ -56,7 +56,8 @@ class DataParallel(Rule):
                 optimizer, trainer.model, comm=trainer.comm, op="sum",
                 bucket_size_mb=self.bucket_size_mb, non_blocking=self.non_blocking,
                 compression=self.compression, error_feedback=self.error_feedback,
-                compression_warmup_steps=self.compression_warmup_steps)
+                compression_warmup_steps=self.compression_warmup_steps,
+                stall=getattr(trainer, "stall", None))
         self._optimizer = optimizer
         return optimizer
 

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from ..distributed.coordination import on_ranks
-from ..distributed.stall import phase
 from ..fileio import WriteError, atomic_open, guarded_write, npz_kind
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
@@ -120,7 +119,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     """
     comm = trainer.comm
     path = os.fspath(path)
-    phase(comm, "checkpoint write")
+    if getattr(trainer, "stall", None) is not None:
+        trainer.stall.phase("checkpoint write")
     prepare = getattr(trainer.rule, "prepare_checkpoint", None)
     if prepare is not None:
         prepare(trainer)  # collective: per-rank rule state (compression residuals)

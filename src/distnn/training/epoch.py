@@ -45,7 +45,7 @@ class EpochLoop:
     def _train_step(self, batch, sums: np.ndarray) -> None:
         model = self.model
         n = len(batch.x)
-        stall = self._stall
+        stall = self.stall
         if stall is not None:
             stall.phase("forward", step=self.global_step)
         # SyncBatchNorm layers make collectives inside forward/backward, so a rank with an
@@ -89,8 +89,8 @@ class EpochLoop:
         if shard is None:
             # This rank trains on no data (a master): the rule serves the others instead.
             t0 = time.perf_counter()
-            if self._stall is not None:
-                self._stall.phase("waiting for workers", step=self.global_step)
+            if self.stall is not None:
+                self.stall.phase("waiting for workers", step=self.global_step)
             self.rule.serve(self, epoch, progress=bar.update if bar is not None else None)
             self.global_step += n_batches
             return self._end_epoch(epoch, sums, epoch_samples, t0, bar)
@@ -156,8 +156,8 @@ class EpochLoop:
 
     def _end_epoch(self, epoch, sums, samples, t0, bar) -> dict[str, float]:
         elapsed = time.perf_counter() - t0
-        if self._stall is not None:
-            self._stall.phase("epoch end")
+        if self.stall is not None:
+            self.stall.phase("epoch end")
         self.rule.end_epoch(self, epoch)
         # Exact epoch metrics: one all-reduce of [loss_sum, metric sums, count].
         self.comm.allreduce_(sums, "sum")

@@ -65,6 +65,9 @@ class Trainer(EpochLoop):
         ignore_nan: keep training when the loss becomes NaN/inf (default: stop at the first
             such step on every rank with ``NonFiniteLossError``).
         out: where the summary lines go (default sys.stdout).
+        stall: a ``distributed.stall.StallInspector`` watching ``comm`` (``watch_stalls``):
+            the trainer, its checkpoints and the rule's reducer tell it where this rank is
+            (None: no phases are published).
 
     Attributes:
         lr: the scheduled learning rate, read-only: the optimizer owns it
@@ -88,8 +91,9 @@ class Trainer(EpochLoop):
                  callbacks: Sequence[Callback] = (), progress: bool = True,
                  verbose: bool = True, seed: int = 0, rule: Rule | None = None,
                  profiler=None, out: TextIO | None = None,
-                 ignore_nan: bool = False):
+                 ignore_nan: bool = False, stall=None):
         self.comm = comm if comm is not None else dist.get_comm()
+        self.stall = stall  # before the rule binds: DataParallel hands it to its reducer
         self.model = model
         self.metrics = MetricSet(loss, metrics)
         self.callbacks = list(callbacks)
@@ -127,7 +131,6 @@ class Trainer(EpochLoop):
         self.epoch_step = 0          # batches done in the current epoch
         self.epoch_sums = None       # this rank's metric sums of the current epoch
         self._resume_position = None  # (batches to skip, global sums) of a mid-epoch resume
-        self._stall = None  # the communicator's stall inspector (distributed.stall), if any
 
     # -- shortcuts to the collaborators ---------------------------------------------------
     @property
@@ -161,8 +164,8 @@ class Trainer(EpochLoop):
                  prefix: str = "") -> dict[str, float]:
         """Loss and metrics over ``dataset``, exact over the ranks (collective; see
         ``distnn.training.evaluate``)."""
-        if self._stall is not None:
-            self._stall.phase("evaluate")
+        if self.stall is not None:
+            self.stall.phase("evaluate")
         logs, self.last_eval_count = evaluate(
             self.model, self.metrics, self.comm, dataset, batch_size=batch_size,
             global_batch_size=global_batch_size, steps=steps, prefix=prefix)
@@ -204,7 +207,6 @@ class Trainer(EpochLoop):
             the ``History``.
         """
         comm = self.comm
-        self._stall = getattr(comm, "stall", None)
         if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0:
             raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
         if isinstance(steps_per_epoch, bool) or int(steps_per_epoch) != steps_per_epoch \

@@ -30,6 +30,14 @@ polled = {"allreduce_": comm.allreduce_(np.arange(5.0) * (rank + 1)).tolist(),
           "sum": comm.allreduce_obj(rank + 1, "sum"), "max": comm.allreduce_obj(rank, "max"),
           "min": comm.allreduce_obj(rank - 7, "min")}
 comm.barrier()
+# the inspector reaches MPI through its communicator: the comm watches for it, and every
+# rank's published slots are read through the communicator's window
+out["watched"] = comm.stall is inspector
+inspector.phase("forward", step=10 + rank)
+comm.barrier()
+slots = inspector.read(range(size))
+out["steps"] = [int(slots[r][0]) for r in range(size)]
+comm.barrier()
 handle = comm.iallreduce_(np.ones(4))
 out["handle"] = handle.wait().tolist()
 out["same"] = json.dumps(plain, sort_keys=True) == json.dumps(polled, sort_keys=True)
@@ -48,6 +56,7 @@ else:
         out["raised"] = exc.rank
 new = world.subgroup(range(size), tag=1)  # made over the sound parent, as search does
 inspector.close()
+out["unwatched"] = comm.stall is None
 out["after"] = new.allreduce_(np.ones(2)).tolist()
 with open(f"{sys.argv[1]}/r{rank}.json", "w") as f:
     json.dump(out, f)
