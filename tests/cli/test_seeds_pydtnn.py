@@ -13,15 +13,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datafiles import write_pydtnn_shards  # noqa: E402
+
+from distnn.cli.compat import option_of  # noqa: E402
+from distnn.cli.pydtnn_rate import PYDTNN_FLAGS  # noqa: E402
 from test_compat import FASHION, history, needs_mpi, run  # noqa: E402
 
 needs_fashion = pytest.mark.skipif(not (FASHION / "train-images-idx3-ubyte.gz").is_file(),
                                    reason="needs Fashion-MNIST in /usr/share/datasets")
 
 # PyDTNN's README example (pydtnn_benchmark ... --optimizer=Adam --learning_rate=0.1), on
-# Fashion-MNIST (MNIST's file names), 1 epoch
+# Fashion-MNIST (MNIST's file names), 1 epoch, through PyDTNN's door (--like pydtnn)
 PYDTNN_README = [
-    "--model=simplecnn", "--dataset=mnist", f"--dataset_train_path={FASHION}",
+    "--like=pydtnn", "--model=simplecnn", "--dataset=mnist", f"--dataset_train_path={FASHION}",
     f"--dataset_test_path={FASHION}", "--test_as_validation=False", "--batch_size=64",
     "--validation_split=0.2", "--num_epochs=1", "--evaluate=True", "--optimizer=Adam",
     "--learning_rate=0.1", "--loss_func=categorical_accuracy,categorical_cross_entropy",
@@ -37,6 +40,57 @@ def _test_accuracy(stdout: str) -> float:
 
 
 # -- PyDTNN's learning rate ---------------------------------------------------------------------
+def _config(*argv):
+    from distnn.cli.main import build_parser, config_from_args
+    args, unknown = build_parser().parse_known_args(["train", *argv])
+    assert not unknown
+    return config_from_args(args)
+
+
+def _at_default(flag: str) -> str:
+    """``--flag=VALUE`` with the value its option has anyway (the line means the same)."""
+    default = option_of(flag).default
+    if default is None or isinstance(default, bool):
+        return f"--{flag}={str(default).lower()}"
+    return f"--{flag}={','.join(default) if isinstance(default, tuple) else default}"
+
+
+@pytest.mark.parametrize("flag", sorted(PYDTNN_FLAGS))
+def test_learning_rate_means_the_same_with_or_without_a_pydtnn_only_flag(flag):
+    # outside the door: distnn's meaning, whatever else the line spells
+    plain = _config("--learning_rate=0.05")
+    spelled = _config("--learning_rate=0.05", _at_default(flag))
+    assert plain.optim.learning_rate == spelled.optim.learning_rate == 0.05
+    assert not plain.optim.lr_per_sample and not spelled.optim.lr_per_sample
+    assert spelled == plain  # the whole configuration, not only the rate
+    # through PyDTNN's door: PyDTNN's meaning (per sample), with or without its spellings
+    door = _config("--like", "pydtnn", "--learning_rate=0.05")
+    door_spelled = _config("--like=pydtnn", "--learning_rate=0.05", _at_default(flag))
+    assert door.optim.learning_rate == door_spelled.optim.learning_rate == 0.05
+    assert door.optim.lr_per_sample and door_spelled.optim.lr_per_sample
+    assert door_spelled == door
+    assert [n for n in door.notes if "per sample, PyDTNN's meaning (--like pydtnn)" in n]
+
+
+def test_the_door_is_explicit_and_lr_per_sample_decides_inside_it():
+    # PyDTNN's value spellings (a metrics-and-loss --loss_func list, a *_cifar10 model)
+    # are not a door either
+    cfg = _config("--learning_rate=0.1", "--model=vgg11_cifar10",
+                  "--loss_func=categorical_accuracy,categorical_cross_entropy")
+    assert (cfg.model.model, cfg.optim.lr_per_sample) == ("vgg11", False)
+    assert any("run distnn train --like pydtnn" in n for n in cfg.notes), cfg.notes
+    # no note when the line gives no rate, or says which meaning it wants
+    assert not _config("--tracing=false").notes
+    assert not _config("--tracing=false", "--learning_rate=0.1", "--lr_per_sample=false").notes
+    # inside the door, an explicit --lr_per_sample false keeps the rate as given
+    cfg = _config("--like=pydtnn", "--learning_rate=0.1", "--lr_per_sample=false")
+    assert not cfg.optim.lr_per_sample and not cfg.notes
+    cfg = _config("--like=distnn", "--learning_rate=0.1", "--lr_per_sample=true")
+    assert cfg.optim.lr_per_sample
+    with pytest.raises(SystemExit):
+        _config("--like=keras")
+
+
 @needs_mpi
 @needs_fashion
 @pytest.mark.mpi
@@ -47,7 +101,7 @@ def test_pydtnn_readme_command_trains_with_its_per_sample_rate(tmp_path):
     # one note line, once (rank 0), saying what --learning_rate means here and the way out
     notes = [ln for ln in proc.stderr.splitlines() if "per sample" in ln]
     assert len(notes) == 1 and NOTE in notes[0], proc.stderr
-    assert "--lr_per_sample false" in notes[0] and "--dataset_train_path" in notes[0]
+    assert "--lr_per_sample false" in notes[0] and "(--like pydtnn)" in notes[0]
     # PyDTNN's effective_learning_rate: 0.1 / (64 x 2 ranks)
     assert "learning rate 0.00078125" in proc.stdout
     assert history(tmp_path / "h.json")["lr"] == [pytest.approx(0.1 / 128)]
@@ -83,14 +137,26 @@ def test_distnn_spelling_keeps_its_learning_rate_and_the_switch_works_both_ways(
     assert proc.returncode == 0, proc.stderr
     assert "per sample" not in proc.stderr
     assert history(tmp_path / "c.json")["lr"] == [pytest.approx(0.05)]
-    # ... and the same line without the switch: PyDTNN's meaning, said once
+    # ... and the same line without the switch: outside PyDTNN's door, still distnn's
+    # meaning (its spellings do not change what --learning_rate means); a note names the door
     proc = run("train", *synth, "--learning_rate=0.05", "--enable_gpu=False",
                "--optimizer_momentum=0.5", "--global_batch_size=40", "--history_file=d.json",
                cwd=tmp_path, ranks=2)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("is per sample, PyDTNN's meaning") == 1, proc.stderr
-    assert "--global_batch_size 40" in proc.stderr
-    assert history(tmp_path / "d.json")["lr"] == [pytest.approx(0.05 / 40)]
+    assert "is per sample" not in proc.stderr
+    assert proc.stderr.count("run distnn train --like pydtnn") == 1, proc.stderr
+    assert history(tmp_path / "d.json")["lr"] == [pytest.approx(0.05)]
+    # through the door: PyDTNN's meaning, said once, with or without its spellings
+    for name, pydtnn_flags in (("e", ["--enable_gpu=False", "--optimizer_momentum=0.5"]),
+                               ("f", [])):
+        proc = run("train", "--like", "pydtnn", *synth, "--learning_rate=0.05", *pydtnn_flags,
+                   "--global_batch_size=40", f"--history_file={name}.json", cwd=tmp_path,
+                   ranks=2)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("is per sample, PyDTNN's meaning (--like pydtnn)") == 1, \
+            proc.stderr
+        assert "--global_batch_size 40" in proc.stderr
+        assert history(tmp_path / f"{name}.json")["lr"] == [pytest.approx(0.05 / 40)]
 
 
 @needs_mpi

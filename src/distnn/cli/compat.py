@@ -9,7 +9,11 @@ turned into distnn's own options before the configuration is built (``translate`
   a note saying what distnn does instead (``NOTES``);
 * ``WIDE_KINDS`` and the ``*_SPELLINGS``: their values of distnn's options (PyDTNN's
   ``--loss_func`` list, ``vgg16_cifar10``, NNLO's ``--model mnist``);
-* Theano-MPI's session files (``-cfg=session.cfg``) and tmlauncher's flags.
+* Theano-MPI's session files (``-cfg=session.cfg``) and tmlauncher's flags;
+* the door of a foreign command line, ``--like pydtnn`` (``DOORS``): where a system gives
+  one of distnn's options another meaning (PyDTNN's ``--learning_rate`` is per sample),
+  that meaning holds only through its door, and distnn's everywhere else; every other
+  spelling here means the same with or without it.
 
 The tables and ``name_of``/``option_of`` are in ``spellings``, the session files in
 ``theanompi``; this module re-exports them and holds ``NOTES`` and ``translate``.
@@ -19,14 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pydtnn_rate import learning_rate
+from .pydtnn_rate import DISTNN, DOORS, PYDTNN, learning_rate
 from .spellings import (ALIASES, FOREIGN, FOREIGN_BY_NAME, FOREIGN_OPTIONS, GROUPS, HELP,
                         LOSS_SPELLINGS, METRIC_SPELLINGS, PYDTNN_MODELS, SEARCH_ALIASES,
                         SEED_MODELS, WIDE_KINDS, LossList, name_of, option_of)
 from .theanompi import (LAUNCHER_FLAGS, RULES, SESSION_KEYS, is_session_file,
                         session_options, session_values)
 
-__all__ = ["ALIASES", "FOREIGN", "FOREIGN_BY_NAME", "FOREIGN_OPTIONS", "GROUPS", "HELP",
+__all__ = ["ALIASES", "DISTNN", "DOORS", "PYDTNN", "FOREIGN", "FOREIGN_BY_NAME",
+           "FOREIGN_OPTIONS", "GROUPS", "HELP",
            "LAUNCHER_FLAGS", "LOSS_SPELLINGS", "METRIC_SPELLINGS", "NOTES", "PYDTNN_MODELS",
            "RULES", "SEARCH_ALIASES", "SEED_MODELS", "SESSION_KEYS", "WIDE_KINDS", "LossList",
            "is_session_file", "name_of", "option_of", "session_options", "session_values",
@@ -55,15 +60,22 @@ NOTES = {
 
 # -- from their options to distnn's ----------------------------------------------------------
 def translate(values: dict[str, Any], explicit: set[str],
-              spelled: frozenset[str] = frozenset(), command: str = "train") -> list[str]:
+              spelled: frozenset[str] = frozenset(), command: str = "train",
+              like: str = DISTNN) -> list[str]:
     """Turn, in place, the foreign options and values in ``values`` (every option by name)
     into distnn's, removing the foreign options; return notes for what is done differently
     here. ``spelled``: the command line's flags as typed; ``command``: train, evaluate...
-    (only training has a learning rate). Raises ValueError naming the option."""
+    (only training has a learning rate); ``like``: the door the line came through
+    (``pydtnn``: PyDTNN's meanings, its --learning_rate per sample; ``distnn``: distnn's).
+    A foreign spelling means the same through either door. Raises ValueError naming the
+    option."""
+    if like not in DOORS:
+        raise ValueError(f"--like: must be one of {', '.join(DOORS)}; got {like!r}")
     from . import nnlo
     notes: list[str] = nnlo.model_file_data(values, explicit)
     if command == "train":
-        notes += learning_rate(values, explicit, spelled, {*PYDTNN_MODELS, "alexnet_cifar10"})
+        notes += learning_rate(values, explicit, spelled, {*PYDTNN_MODELS, "alexnet_cifar10"},
+                               like)
     model = values.get("model")
     if values.get("trial_name") or values.get("timeline"):
         nnlo.trial_files(values, nnlo.model_name(model))

@@ -3,7 +3,8 @@
 This is the only module that reads ``sys.argv`` and calls ``sys.exit`` (through the
 console script). Options come from ``distnn.run.OPTIONS`` (with ``_`` or ``-``) and the
 other systems' spellings of ``cli.compat``, optionally from ``--config FILE`` (TOML or a
-Theano-MPI session file); ``compat.translate`` turns them into distnn's options and
+Theano-MPI session file); ``compat.translate`` turns them into distnn's options (with
+PyDTNN's meanings only through its door, ``--like pydtnn``) and
 ``distnn.run.build_config`` into the frozen configuration that ``cli.commands`` runs.
 Under ``mpiexec -n N`` the same command runs on every rank; a crash on any rank aborts
 the job.
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         text = helps[command]
         p = sub.add_parser(command, help=text, description=text[0].upper() + text[1:] + ".",
                            argument_default=argparse.SUPPRESS, allow_abbrev=False)
-        add_options(p, command)
+        add_options(p, command, door=True)
     add_search_parser(sub)
     add_cluster_parser(sub)
     add_plot_parser(sub)
@@ -114,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     notes: list[str] = []
     file_values = load_config(args.config, notes) if getattr(args, "config", None) else {}
     values = resolve_values(given_options(args, args.command), file_values, notes,
-                            spelled_flags(args), args.command)
+                            spelled_flags(args), args.command,
+                            getattr(args, "like", compat.DISTNN))
     return build_config(args.command, values, notes)
 
 

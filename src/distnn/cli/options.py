@@ -56,12 +56,21 @@ class _Store(argparse._StoreAction):
             namespace._spelled = spelled
 
 
-def add_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """``--config`` and the options of ``command`` (distnn's and the foreign ones), grouped."""
+def add_options(parser: argparse.ArgumentParser, command: str, door: bool = False) -> None:
+    """``--config`` (and with ``door``, ``--like``) and the options of ``command`` (distnn's
+    and the foreign ones), grouped."""
     parser.add_argument("--config", "-cfg", metavar="FILE", default=argparse.SUPPRESS,
                         help="TOML file of option values (keys are the option names below), "
                              "or a Theano-MPI session file (KEY=VALUE lines: RULE, MODELFILE, "
                              "MODELCLASS, DEVICES...); command-line options override it.")
+    if door:
+        parser.add_argument(
+            "--like", choices=compat.DOORS, default=compat.DISTNN, metavar="SYSTEM",
+            help="Whose meanings the command line has: pydtnn reads it as PyDTNN's "
+                 "launcher (pydtnn_benchmark) does, its --learning_rate a rate per sample "
+                 "(each step applies it / the global batch, PyDTNN's "
+                 "effective_learning_rate). The other systems' spellings below mean the "
+                 "same with or without --like. Choices: distnn, pydtnn. Default: distnn.")
     titles = {**GROUPS, **compat.GROUPS}
     groups = {}
     for option in options(command):
@@ -109,10 +118,11 @@ def load_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
 def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = None,
                    notes: list[str] | None = None,
                    spelled: frozenset[str] = frozenset(),
-                   command: str = "train") -> dict[str, Any]:
+                   command: str = "train", like: str = compat.DISTNN) -> dict[str, Any]:
     """Defaults < config file < command line, for every option; then ``compat.translate``
     turns the other systems' options and values into distnn's (its notes are appended to
-    ``notes``). ``spelled``: the flags as typed (``--dataset_train_path``)."""
+    ``notes``). ``spelled``: the flags as typed (``--dataset_train_path``); ``like``: the
+    door of the command line (``--like pydtnn``: PyDTNN's meanings)."""
     values = {o.name: o.default for o in [*OPTIONS, *compat.FOREIGN_OPTIONS]}
     explicit = set()
     for source in (file_values or {}, given):
@@ -120,7 +130,7 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
             values[compat.name_of(key)] = value
             explicit.add(compat.name_of(key))
     try:
-        said = compat.translate(values, explicit, spelled, command)
+        said = compat.translate(values, explicit, spelled, command, like)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if notes is not None:

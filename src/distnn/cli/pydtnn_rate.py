@@ -1,15 +1,22 @@
 """PyDTNN's learning rate: its ``--learning_rate`` is a rate per sample (each step applies
 it divided by the global batch size, PyDTNN's ``effective_learning_rate``), distnn's is the
-rate of a step. A command line that uses PyDTNN's own spellings gets PyDTNN's meaning
-(``--lr_per_sample true``, said in one note line); ``--lr_per_sample`` given either way
-decides, and ``--effective_learning_rate`` is the rate of a step. Used by ``cli.compat``.
+rate of a step. Which one a command line means is said by its door, never guessed from its
+other options: ``distnn train --like pydtnn`` reads it as PyDTNN does (``--lr_per_sample
+true``, said in one note line); without ``--like`` it is distnn's, whatever else the line
+spells (a line with PyDTNN's spellings gets a note pointing at the door). ``--lr_per_sample``
+given either way decides, and ``--effective_learning_rate`` is the rate of a step. Used by
+``cli.compat``.
 """
 from __future__ import annotations
 
 from typing import Any
 
-# Flags only PyDTNN spells so: a command line with one of them is a PyDTNN command, whose
-# --learning_rate is per sample (each step applies it / the global batch size).
+# The doors of ``--like``: whose meanings a command line has.
+DISTNN, PYDTNN = "distnn", "pydtnn"
+DOORS = (DISTNN, PYDTNN)
+
+# Flags only PyDTNN spells so. They mean the same with or without --like pydtnn; outside
+# the door they only make the note that points at it.
 PYDTNN_FLAGS = frozenset({
     "dataset_train_path", "augment_flip", "augment_flip_prob", "crop_images_size",
     "augment_crop_prob", "synthetic_input_shape", "synthetic_train_samples",
@@ -34,10 +41,12 @@ def pydtnn_spellings(values: dict[str, Any], spelled: frozenset[str],
 
 
 def learning_rate(values: dict[str, Any], explicit: set[str], spelled: frozenset[str],
-                  models: set[str]) -> list[str]:
+                  models: set[str], like: str = DISTNN) -> list[str]:
     """Set ``lr_per_sample`` (and ``learning_rate``) in ``values`` from PyDTNN's
-    ``--effective_learning_rate`` or a PyDTNN command line (``spelled``: its flags as
-    typed; ``models``: PyDTNN's model names); return the note saying so."""
+    ``--effective_learning_rate`` or the door (``like``: ``pydtnn`` reads --learning_rate
+    per sample); return the notes saying so. ``spelled`` (the flags as typed) and
+    ``models`` (PyDTNN's model names) only decide whether a line outside the door is
+    told of it."""
     effective = values.get("effective_learning_rate")
     if effective is not None:
         if values.get("lr_per_sample") and "lr_per_sample" in explicit:
@@ -52,14 +61,17 @@ def learning_rate(values: dict[str, Any], explicit: set[str], spelled: frozenset
         return said
     if "lr_per_sample" in explicit:
         return []
-    found = pydtnn_spellings(values, spelled, models)
-    if not found:
-        return []
-    values["lr_per_sample"] = True
     lr = values["learning_rate"]
-    batch = (f"--global_batch_size {values['global_batch_size']}"
-             if values.get("global_batch_size") else f"{values['batch_size']} x ranks")
-    return [f"--learning_rate {lr} is per sample, PyDTNN's meaning (this command line uses "
-            f"PyDTNN's {', '.join(found[:3])}): each step applies {lr} / global batch "
-            f"({batch}), PyDTNN's effective_learning_rate; --lr_per_sample false applies "
-            f"{lr} as given"]
+    if like == PYDTNN:
+        values["lr_per_sample"] = True
+        batch = (f"--global_batch_size {values['global_batch_size']}"
+                 if values.get("global_batch_size") else f"{values['batch_size']} x ranks")
+        return [f"--learning_rate {lr} is per sample, PyDTNN's meaning (--like pydtnn): "
+                f"each step applies {lr} / global batch ({batch}), PyDTNN's "
+                f"effective_learning_rate; --lr_per_sample false applies {lr} as given"]
+    found = pydtnn_spellings(values, spelled, models)
+    if not found or "learning_rate" not in explicit:
+        return []
+    return [f"--learning_rate {lr} is the rate each step applies, distnn's meaning, though "
+            f"this command line uses PyDTNN's {', '.join(found[:3])}; for PyDTNN's rate per "
+            f"sample run distnn train --like pydtnn (or give --lr_per_sample true)"]

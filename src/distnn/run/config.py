@@ -231,8 +231,8 @@ class OptimizerConfig(Section):
         "Multiply the learning rate by the number of ranks (use with warm-up).", commands=(TRAIN,))
     lr_per_sample: bool = option(False, Bool(),
         "--learning_rate is a rate per sample (PyDTNN's meaning): each step applies it divided "
-        "by the global batch size (batch_size x ranks). The command sets it when its line uses "
-        "PyDTNN's spellings (a note says so); give true or false to decide.", commands=(TRAIN,))
+        "by the global batch size (batch_size x ranks). distnn train --like pydtnn sets it "
+        "(a note says so); give true or false to decide.", commands=(TRAIN,))
     momentum: float = option(0.9, Float(0.0),
         "Momentum (sgd, rmsprop).", commands=(TRAIN,))
     nesterov: bool = option(False, Bool(),
