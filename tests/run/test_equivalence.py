@@ -27,11 +27,14 @@ FIRST = {"dataset": "synthetic", "input_shape": (1, 8, 8), "num_samples": 256,
 RESUME = {**{k: v for k, v in FIRST.items() if k != "checkpoint"}, "resume": "ck.npz",
           "num_epochs": 3, "learning_rate": 0.02, "history_file": "h2.json",
           "save_weights": "w2.npz"}
+PREDICT = {k: FIRST[k] for k in ("dataset", "input_shape", "num_samples", "random_seed")}
+PREDICT.update(weights_and_bias_filename="w2.npz", output="p.npz", split="test")
 SCRIPT = """\
 import sys
 from distnn.run import build_config, build_run
-values = eval(sys.argv[1])
-build_run(build_config("train", values)).fit()
+command, values = sys.argv[1], eval(sys.argv[2])
+run = build_run(build_config(command, values))
+run.fit() if command == "train" else run.predict()
 """
 TIMING = re.compile(r"\d[\d,]*(\.\d+)?k? (s|samples/s|ms)\b")
 
@@ -59,10 +62,10 @@ def _run(folder: Path, argv: list[str], launcher: list[str]) -> list[str]:
     return [TIMING.sub("<t>", line) for line in proc.stdout.splitlines()]
 
 
-def _python(folder: Path, values: dict, launcher: list[str]) -> list[str]:
+def _python(folder: Path, values: dict, launcher: list[str], command="train") -> list[str]:
     folder.mkdir(exist_ok=True)
     (folder / "run.py").write_text(SCRIPT)
-    return _run(folder, [sys.executable, "run.py", repr(values)], launcher)
+    return _run(folder, [sys.executable, "run.py", command, repr(values)], launcher)
 
 
 def _command(folder: Path, values: dict, launcher: list[str]) -> list[str]:
@@ -121,6 +124,14 @@ def _check(tmp_path: Path, launcher: list[str], ranks: int) -> None:
     # the third epoch trained: the comparison above compared weights that moved
     resumed = _arrays(py / "w2.npz")
     assert any(not np.array_equal(first[k], resumed[k]) for k in first)
+
+    # distnn predict with the resumed run's weights: the same predictions file
+    _python(py, PREDICT, launcher, "predict")
+    said = _run(cmd, [*COMMAND, "predict", *_flags(PREDICT)], launcher)
+    assert said[-1].startswith("Predictions of 64 test samples written to p.npz"), said
+    mine, theirs = _arrays(py / "p.npz"), _arrays(cmd / "p.npz")
+    assert sorted(mine) == ["labels", "logits", "predicted"] == sorted(theirs)
+    assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
 
 
 def test_the_python_run_is_the_command_run_with_resume(tmp_path):

@@ -5,9 +5,11 @@ Horovod scripts port by changing the import (docs/horovod.md, "Coming from Horov
 name: collectives with name/op/pre- and postscale, async handles, grouped forms, alltoall,
 reducescatter, process sets, join, Compression, Adasum)::
 
+    import distnn
     import distnn.torch as hvd
     hvd.init()
-    torch.set_num_threads(1)                          # one thread per rank on a shared host
+    # threads per rank as distnn train decides them: this node's cores shared among its ranks
+    torch.set_num_threads(distnn.distributed.threads_per_rank())
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
