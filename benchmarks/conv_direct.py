@@ -18,7 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from distnn import kernels
-from distnn.kernels import direct
+from distnn.kernels import plan
 from distnn.nn.conv import Conv2D
 
 # (label, filters, kernel, padding, per-sample input shape, needs dx[, strides])
@@ -53,19 +53,16 @@ def layer_step(filters, k, pad, shape, need_dx, batch, new, strides=1):
     dy = rng.standard_normal((batch,) + layer.output_shape).astype(np.float32)
 
     def step():
-        direct.use_direct, direct.use_pointwise = CHOICE if new else (never, never)
-        layer.forward(x, training=True)
-        cache = layer._cache
-        layer.backward(dy)
+        with plan.using(**({} if new else IM2COL)):
+            layer.forward(x, training=True)
+            cache = layer._cache
+            layer.backward(dy)
         return "direct" if cache.direct else "1x1" if cache.pointwise else "im2col"
     return step
 
 
-def never(g, f):
-    return False
-
-
-CHOICE = direct.use_direct, direct.use_pointwise
+# the planner's limits that leave im2col + GEMM (no direct, 1x1 or register-tiled kernels)
+IM2COL = dict(direct_max_ckk=0, pointwise_max_fc=0, vector_max_cf=0, vector_max_cf2=0)
 
 
 def main(argv=None) -> None:
@@ -80,7 +77,6 @@ def main(argv=None) -> None:
     kernels.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" and args.threads == 1 else \
         time.process_time if args.clock == "cpu" else time.perf_counter
-    saved = direct.use_direct, direct.use_pointwise
     print(f"batch {args.batch}, {args.threads} thread(s), {args.clock} ms, medians of "
           f"{args.rounds} interleaved rounds\n")
     print("| layer (fwd+bwd) | im2col + GEMM | chosen | speed-up | chosen path |")
@@ -99,7 +95,6 @@ def main(argv=None) -> None:
                     times[name].append(clock() - t0)
             a, b = (float(np.median(times[n])) * 1e3 for n in ("im2col", "direct"))
             print(f"| {label} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {path} |", flush=True)
-    direct.use_direct, direct.use_pointwise = saved
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from distnn import kernels
-from distnn.kernels import conv as conv_kernels
-from distnn.kernels import _vgemm, direct
+from distnn.kernels import plan
 from distnn.nn.activations import ReLU
 from distnn.nn.conv import Conv2D
 from distnn.nn.normalization import BatchNormalization
@@ -134,16 +133,22 @@ def torch_step(layer, x, dy, need_dx):
     return step
 
 
-_DIRECT = direct.use_direct, direct.use_pointwise  # the compiled path's own choices
-_NO_DIRECT = (lambda g, f: False,) * 2
-_VECTOR = direct.use_vector
+# the planner's limits of each variant: "im2col" with no Winograd or direct kernels; "F2"
+# and "F4" force the Winograd tile; "blas" is the default with every GEMM on BLAS and no
+# register tiles (the last engine); the register-tiled direct kernels only in "numba"
+_VARIANT_LIMITS = {
+    "im2col": dict(winograd_min_channels=1 << 30, direct_max_ckk=0, pointwise_max_fc=0,
+                   vector_max_cf=0, vector_max_cf2=0),
+    "F2": dict(winograd4_min_cf=1 << 62, winograd4_min_area=1 << 62, vector_max_cf=0,
+               vector_max_cf2=0),
+    "F4": dict(winograd4_min_cf=0, winograd4_min_area=0, vector_max_cf=0, vector_max_cf2=0),
+    "blas": dict(register_tiles=False),
+}
 
 
 def measure(variants, args, step, tstep):
     """Median ms of each variant, all variants interleaved in every round."""
     times = {v: [] for v in variants}
-    wino = conv_kernels.WINOGRAD_MIN_CHANNELS
-    wino4 = conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     def run(v):
@@ -156,30 +161,18 @@ def measure(variants, args, step, tstep):
             else:
                 kernels.set_backend("numba" if kind in ("im2col", "F2", "F4", "blas") else kind)
                 kernels.set_num_threads(t)
-                conv_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30 if kind == "im2col" else wino
-                direct.use_direct, direct.use_pointwise = _NO_DIRECT if kind == "im2col" \
-                    else _DIRECT
-                # the register-tiled direct kernels only in the default column; "blas" is the
-                # default with every GEMM on BLAS and no register tiles (the last engine)
-                direct.use_vector = _VECTOR if kind == "numba" else (lambda g, f, dt: False)
-                _vgemm.ENABLED = kind != "blas"
-                conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = {
-                    "F2": (1 << 62, 1 << 62), "F4": (0, 0)}.get(kind, wino4)
                 fn = step
-            fn()
-            t0 = clock()
-            fn()
-            return clock() - t0
+            with plan.using(**_VARIANT_LIMITS.get(kind, {})):
+                fn()
+                t0 = clock()
+                fn()
+                return clock() - t0
 
     for v in variants:  # warm-up (and JIT/cache load)
         run(v)
     for _ in range(args.repeat):
         for v in variants:
             times[v].append(run(v))
-    conv_kernels.WINOGRAD_MIN_CHANNELS = wino
-    direct.use_direct, direct.use_pointwise = _DIRECT
-    direct.use_vector, _vgemm.ENABLED = _VECTOR, True
-    conv_kernels.WINOGRAD4_MIN_CF, conv_kernels.WINOGRAD4_MIN_AREA = wino4
     return {v: 1e3 * float(np.median(ts)) for v, ts in times.items()}
 
 

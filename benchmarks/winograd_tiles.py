@@ -1,7 +1,7 @@
 """Winograd F(2x2, 3x3) vs F(4x4, 3x3) vs im2col on the compiled path: forward+backward of
 one 3x3 stride-1 'same' convolution, batch 64, float32. Prints a Markdown table of medians
 (ms) of CPU time (``time.process_time``: all threads of this process), every variant
-interleaved in every round; the measurements behind ``conv.use_winograd4``.
+interleaved in every round; the measurements behind ``plan.winograd_tile``.
 
     python benchmarks/winograd_tiles.py [--batch 64] [--repeat 9] [--threads 1,2]
 """
@@ -16,6 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from distnn import kernels
 from distnn.kernels import conv as K
+from distnn.kernels import plan
 
 SHAPES = [(16, 16, 32), (32, 32, 16), (64, 64, 8), (64, 128, 16), (128, 256, 8),
           (256, 256, 8), (512, 512, 4), (8, 8, 28), (16, 16, 14), (32, 32, 7), (16, 32, 32),
@@ -25,12 +26,9 @@ METHODS = {"im2col": "compiled", "F(2x2)": "winograd", "F(4x4)": "winograd4"}
 
 def step(x, w, b, dy, method):
     if method == "compiled":  # the compiled im2col path, Winograd switched off
-        saved = K.WINOGRAD_MIN_CHANNELS
-        K.WINOGRAD_MIN_CHANNELS = 1 << 30
-        try:
+        with plan.using(winograd_min_channels=1 << 30, direct_max_ckk=0,
+                        register_tiles=False):
             y, cache = K.conv2d_forward(x, w, b, (1, 1), (1, 1, 1, 1))
-        finally:
-            K.WINOGRAD_MIN_CHANNELS = saved
     else:
         y, cache = K.conv2d_forward(x, w, b, (1, 1), (1, 1, 1, 1), method=method)
     K.conv2d_backward(dy, cache, w)

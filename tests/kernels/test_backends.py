@@ -46,12 +46,10 @@ def threads(request):
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
 @pytest.mark.parametrize("chunk", [None, 1])
 @pytest.mark.parametrize("xs,ws,stride,pads,dil", CONV_CASES)
-def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, threads,
-                            monkeypatch):
+def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, threads, limits):
     """With 2 threads each thread takes whole blocks of samples (kept columns included)."""
     if chunk is not None:  # one sample per column block, nothing kept for backward
-        monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
-        monkeypatch.setattr(C, "KEEP_COLUMNS_BYTES", 0)
+        limits(chunk_bytes=chunk, keep_columns_bytes=0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal((ws[0], xs[1]) + ws[1:]).astype(dtype)
@@ -68,10 +66,10 @@ def test_conv_matches_numpy(xs, ws, stride, pads, dil, chunk, dtype, tol, thread
         np.testing.assert_allclose(g, r, rtol=tol, atol=tol * 10)
 
 
-def test_conv_kept_columns_when_the_thread_count_changes_before_backward(monkeypatch):
+def test_conv_kept_columns_when_the_thread_count_changes_before_backward(limits):
     """Columns kept in blocks for 2 threads, backward on 1 (or the reverse): the blocks no
     longer match, so backward builds the columns again and still gives the reference."""
-    monkeypatch.setattr("distnn.kernels.direct.DIRECT_MAX_CKK", 0)  # the im2col path
+    limits(direct_max_ckk=0)  # the im2col path
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 3, 9, 8))
     w = rng.standard_normal((4, 3, 3, 3))
@@ -190,14 +188,13 @@ def test_matmul_small_on_one_blas_thread_same_result(m, k, n, threads):
 
 @pytest.mark.parametrize("parallel_min", ["default", 0], ids=["small-serial", "all-parallel"])
 @pytest.mark.parametrize("shape", [(2, 3, 8, 8), (64, 16, 32, 32)], ids=str)
-def test_relu_and_maxpool_at_two_threads_whatever_the_size(shape, parallel_min, monkeypatch):
-    """At 2 threads ReLU and max-pooling run their serial loops below PARALLEL_MIN elements
-    (a second thread's wake-up costs more than it saves there) and the parallel ones from
-    it; either way, and with every size sent to the parallel loops, they give the NumPy
-    backend's results, through the layers and the pooling kernels."""
-    from distnn.kernels import _numba_runtime
+def test_relu_and_maxpool_at_two_threads_whatever_the_size(shape, parallel_min, limits):
+    """At 2 threads ReLU and max-pooling run their serial loops below the planner's
+    parallel_min elements (a second thread's wake-up costs more than it saves there) and
+    the parallel ones from it; either way, and with every size sent to the parallel loops,
+    they give the NumPy backend's results, through the layers and the pooling kernels."""
     if parallel_min != "default":
-        monkeypatch.setattr(_numba_runtime, "PARALLEL_MIN", parallel_min)
+        limits(parallel_min=parallel_min)
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)

@@ -267,15 +267,15 @@ def test_backward_without_xhat_recomputes_the_forwards_bits(shape, relu, dtype, 
 
 
 @pytest.mark.parametrize("shape", [(6, 5, 3, 4), (4, 16, 8, 8), (3, 1, 2, 2), (2, 7)])
-def test_two_threads_split_channels_and_give_the_one_thread_bits(shape, monkeypatch):
+def test_two_threads_split_channels_and_give_the_one_thread_bits(shape, limits):
     """At 2+ threads the compiled batch norm (plain and fused, forward and backward) and ReLU
     run their serial loops on contiguous pieces of the channels (ReLU: of the elements) on
     the block threads: every channel is computed as at 1 thread, so the results are the
     same to the last bit, for channel counts that split evenly, unevenly, or not at all."""
     if kernels.backend() != "numba":
         pytest.skip("the split is the compiled path's")
-    from distnn.kernels import _numba, _numba_runtime
-    monkeypatch.setattr(_numba_runtime, "PARALLEL_MIN", 0)  # ReLU split at any size
+    from distnn.kernels import _numba
+    limits(parallel_min=0)  # ReLU split at any size
     rng = np.random.default_rng(5)
     x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)

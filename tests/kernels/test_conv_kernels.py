@@ -191,7 +191,7 @@ def test_flat_layout_without_columns_matches_loops(c, pads, dil):
     ws = {}
     for _ in range(2):
         y, cache = conv2d_forward(x, w, b, (1, 1), pads, dil, ws=ws, method="flat")
-        assert cache.col is None and cache.xf is not None
+        assert cache.col is None and cache.x is not None
         dx, dw, db = conv2d_backward(dy, cache, w, ws=ws)
         for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref), (db, db_ref)):
             np.testing.assert_allclose(got, ref, atol=1e-11)
@@ -239,7 +239,7 @@ def test_direct_conv_float32_model_shapes(c, f, k, pad):
     """The model-zoo shapes the compiled path sends to the direct kernels, in float32 (what
     training uses) against the float64 loop reference; dw sums 2*14*14 products."""
     pytest.importorskip("numba")
-    from distnn.kernels.direct import use_direct
+    from distnn.kernels.plan import use_direct
     from distnn.kernels.im2col import conv_geometry
     rng = np.random.default_rng(c * 100 + f)
     x = rng.standard_normal((2, c, 14, 14)).astype(np.float32)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 from distnn import kernels
-from distnn.kernels import _threads
+from distnn.kernels import _threads, plan
 from distnn.kernels.conv import conv2d_backward, conv2d_forward
 
 
@@ -159,11 +159,11 @@ def test_spin_while_sees_a_store_from_another_thread_and_gives_up_after_its_budg
 
 
 @pytest.mark.parametrize("yields", [0, 100, 100_000])
-def test_run_back_to_back_with_and_without_looking_before_sleeping(monkeypatch, yields):
+def test_run_back_to_back_with_and_without_looking_before_sleeping(limits, yields):
     """Hundreds of ``run``s in a row, with helpers that sleep at once, look a little, or
     look long enough to catch every next hand-off: every share once, in order, and a
     helper's error still reaches the caller."""
-    monkeypatch.setattr(_threads, "SPIN_YIELDS", yields)
+    limits(spin_yields=yields)
     for r in range(300):
         workers = 2 + r % 2
         out = _threads.run(5, workers, lambda ix, s, r=r: [r * 10 + i for i in ix])
@@ -271,14 +271,14 @@ def test_pieces_cover_the_range_once_whichever_thread_takes_them(n, threads):
     sizes = [b - a for a, b in seen]
     assert len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]  # equal pieces, the last less
     if kernels.backend() == "numba":  # several a thread, every thread one at least
-        assert min(n, threads) <= len(seen) <= threads * _threads.PIECES_PER_THREAD
+        assert min(n, threads) <= len(seen) <= threads * plan.LIMITS.pieces_per_thread
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("watcher", ["jobs", "watch"])
 @pytest.mark.parametrize("yields", [0, 100, 100_000])
 def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypatch, yields,
-                                                                        watcher):
+                                                                        watcher, limits):
     """Compiled jobs (batch norm's channel-split kernels, float32: ``_team_jobs``) and
     Python ``run`` shares one after the other, with helpers that sleep after every task,
     after a little looking, or look long enough to catch the next: each job is handed to
@@ -290,7 +290,7 @@ def test_compiled_jobs_and_python_shares_in_a_row_with_sleeping_helpers(monkeypa
         pytest.skip("compiled jobs are the compiled path's")
     from distnn.kernels import _team_jobs
     from distnn.kernels import batchnorm as K
-    monkeypatch.setattr(_threads, "SPIN_YIELDS", yields)
+    limits(spin_yields=yields)
     if watcher == "watch":
         monkeypatch.setattr(_threads, "_SERVE", [_threads._watch, _team_jobs._run])
     rng = np.random.default_rng(4)

@@ -1,5 +1,5 @@
 """The register-tiled direct convolution (kernels/_vdirect.py, chosen by
-``direct.use_vector``): float32 against the float64 loop reference for y, dx, dw and db
+``plan.use_vector``): float32 against the float64 loop reference for y, dx, dw and db
 (the reference is the one the layers' gradient checks hold against), padding, dilation,
 kernel sizes, stride 2 (by input phases), odd batches and positions past a tile, 1 and 2
 threads; and the choice."""
@@ -12,11 +12,13 @@ from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
 from distnn import kernels  # noqa: E402
-from distnn.kernels import _vgemm  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
-from distnn.kernels import direct as D  # noqa: E402
+from distnn.kernels import plan  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not _vgemm.AVX512, reason="used on AVX-512 CPUs only")
+pytestmark = pytest.mark.skipif(
+    plan.TARGET.kind != "avx512",
+    reason="needs an AVX-512 CPU (built for AVX-512 only; on AVX2 plan.use_vector never picks "
+           "them, tests/kernels/test_plan.py)")
 
 
 @pytest.fixture(autouse=True)
@@ -26,11 +28,9 @@ def _compiled_only(kernel_backend):
 
 
 @pytest.fixture
-def anywhere(monkeypatch):
+def anywhere(limits):
     """use_vector for every shape it can take (not only where it was measured faster)."""
-    monkeypatch.setattr(D, "VECTOR_MAX_CF", 1 << 30)
-    monkeypatch.setattr(D, "VECTOR_MAX_CF2", 1 << 30)
-    monkeypatch.setattr(D, "VECTOR_MIN_AREA", 1)
+    limits(vector_max_cf=1 << 30, vector_max_cf2=1 << 30, vector_min_area=1)
 
 
 @pytest.fixture(params=[1, 2])
@@ -145,17 +145,17 @@ def test_no_dx_for_first_layers(anywhere):
 def test_choice_follows_the_measurements():
     def geo(c, h):
         return K.conv_geometry((64, c, h, h), (3, 3), padding=(1, 1, 1, 1))
-    assert D.use_vector(geo(16, 32), 16, np.float32)      # resnet20's first stage
-    assert D.use_vector(geo(32, 16), 32, np.float32)      # its second
-    assert not D.use_vector(geo(64, 8), 64, np.float32)   # Winograd F(4x4) is faster
-    assert not D.use_vector(geo(16, 32), 16, np.float64)  # float32 only
-    assert not D.use_vector(geo(12, 32), 16, np.float32)  # channels not a multiple of 8
+    assert plan.use_vector(geo(16, 32), 16, np.float32)      # resnet20's first stage
+    assert plan.use_vector(geo(32, 16), 32, np.float32)      # its second
+    assert not plan.use_vector(geo(64, 8), 64, np.float32)   # Winograd F(4x4) is faster
+    assert not plan.use_vector(geo(16, 32), 16, np.float64)  # float32 only
+    assert not plan.use_vector(geo(12, 32), 16, np.float32)  # channels not a multiple of 8
     strided = K.conv_geometry((64, 16, 32, 32), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
-    assert D.use_vector(strided, 32, np.float32)          # resnet20's downsampling convs
+    assert plan.use_vector(strided, 32, np.float32)          # resnet20's downsampling convs
     deep = K.conv_geometry((64, 64, 8, 8), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
-    assert not D.use_vector(deep, 128, np.float32)        # im2col is faster there
+    assert not plan.use_vector(deep, 128, np.float32)        # im2col is faster there
     pointwise = K.conv_geometry((64, 16, 32, 32), (1, 1), stride=(2, 2))
-    assert not D.use_vector(pointwise, 32, np.float32)    # 1x1: the strided-slice GEMM
+    assert not plan.use_vector(pointwise, 32, np.float32)    # 1x1: the strided-slice GEMM
     _, cache = K.conv2d_forward(np.zeros((2, 16, 32, 32), np.float32),
                                 np.zeros((16, 16, 3, 3), np.float32), None, (1, 1),
                                 (1, 1, 1, 1))

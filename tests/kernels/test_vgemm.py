@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distnn.kernels import _vgemm
+from distnn.kernels import _vgemm, plan
 
-pytestmark = pytest.mark.skipif(not _vgemm.TILES,
-                                reason="the tiles are used on AVX-512 and AVX2 CPUs only")
+pytestmark = pytest.mark.skipif(not plan.TARGET.tiles, reason="needs an AVX-512 or AVX2 CPU "
+                                "(the tiles are built for those kinds only)")
 
 
 def _rel(got, want):
@@ -77,15 +77,23 @@ def test_usable_refuses_what_the_tiles_cannot_take():
     assert not _vgemm.usable(out[:, :, :20], b[:, :, :20], out[:, :, :8], nt=True)  # short
 
 
+@pytest.mark.parametrize("drivers", [True, False], ids=["drivers", "python-loop"])
 @pytest.mark.parametrize("shape,method", [((16, 16, 12), "winograd"), ((16, 16, 16), "winograd4"),
-                                          ((32, 16, 9), "winograd"), ((16, 32, 10), None)])
-def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, kernel_backend, monkeypatch):
+                                          ((32, 16, 9), "winograd"), ((16, 32, 10), None),
+                                          ((12, 32, 10), None)])
+def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, drivers, kernel_backend,
+                                               monkeypatch, limits):
     """A conv whose GEMMs run on the tiles gives BLAS's results to float32 rounding, forward
-    and backward (the stride-2 case runs im2col's GEMMs on them). F(4x4)'s own error is
-    2-5e-6 relative (winograd.py), so two summation orders may differ by twice that."""
+    and backward (the stride-2 case runs im2col's GEMMs on them), and they run where the
+    planner says: inside Winograd's compiled block drivers where ``plan.winograd_drivers``
+    takes the layer, else in the Python loop over blocks, on the tiles where
+    ``plan.tile_products`` says (AVX-512), on BLAS otherwise. F(4x4)'s own error is 2-5e-6
+    relative (winograd.py), so two summation orders may differ by twice that."""
+    from distnn.kernels import _winograd_blocks, plan
     from distnn.kernels import conv as K
     if kernel_backend != "numba":
         pytest.skip("the NumPy reference path does not use the tiles")
+    limits(block_drivers=drivers)
     c, f, h = shape
     rng = np.random.default_rng(c + f + h)
     x = rng.standard_normal((9, c, h, h)).astype(np.float32)  # 32+ columns a block
@@ -96,29 +104,41 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, kernel_backend, mo
     for name in ("matmul", "matmul_nt"):
         real = getattr(_vgemm, name)
         monkeypatch.setattr(_vgemm, name, lambda *a, _f=real, _n=name, **k: (
-            calls.append((_n, _vgemm.ENABLED)), _f(*a, **k))[1])
+            calls.append((_n, plan.LIMITS.register_tiles)), _f(*a, **k))[1])
+    for name in ("forward_blocks", "backward_blocks"):
+        real = getattr(_winograd_blocks, name)
+        monkeypatch.setattr(_winograd_blocks, name, lambda *a, _f=real, _n=name: (
+            calls.append((_n, plan.LIMITS.register_tiles)), _f(*a))[1])
     outs = []
     for enabled in (True, False):
-        _vgemm.ENABLED = enabled
-        try:
+        with plan.using(register_tiles=enabled):
             y, cache = K.conv2d_forward(x, w, None, stride, (1, 1, 1, 1), **kw)
             dy = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
             dx, dw, _ = K.conv2d_backward(dy, cache, w)
-        finally:
-            _vgemm.ENABLED = True
         outs.append((y, dx, dw))
     errors = [_rel(got, want) for got, want in zip(*outs)]
     assert max(errors) < (1e-5 if method == "winograd4" else 2e-6), errors
-    # the Python loops' products ran on the tiles only while enabled, and on AVX-512 the
-    # Winograd ones did (y and dx may agree with BLAS's bit for bit: both add the products
-    # one k after the other). On AVX2 those run on BLAS, and the tiles inside the compiled
-    # drivers (tests/kernels/test_winograd_blocks.py). im2col's products stay on BLAS but
-    # for dw on AVX-512 (its weights are a broadcast view, which ``usable`` refuses).
+    # nothing on the tiles while they are off
     assert all(enabled for _, enabled in calls)
-    if method and _vgemm.PRODUCTS:
-        assert ("matmul", True) in calls
-    if not _vgemm.PRODUCTS:
-        assert not calls
+    g = K.conv_geometry(x.shape, (3, 3), stride, (1, 1, 1, 1))
+    if not method:
+        if plan.plan_conv(g, f, np.float32, threads=K.get_num_threads()).method == "vector":
+            assert not calls  # the register-tiled direct kernels (AVX-512): their own tiles
+        else:  # im2col's products stay on BLAS but for dw where the loops take the tiles
+            assert {n for n, _ in calls} <= {"matmul_nt"}
+            assert bool(calls) == plan.tile_products()
+        return
+    tile = 4 if method == "winograd4" else 2
+    workers = plan.winograd_blocks(g.n, c, f, -(-g.oh // tile), -(-g.ow // tile), 4,
+                                   (tile + 2) ** 2, K.get_num_threads())[2]
+    names = {n for n, _ in calls}
+    if plan.winograd_drivers(np.float32, c, f, workers, K.get_num_threads()):
+        assert drivers and names == {"forward_blocks", "backward_blocks"}
+    elif plan.tile_products():
+        assert not drivers and "matmul" in names and not names & {"forward_blocks",
+                                                                   "backward_blocks"}
+    else:
+        assert not drivers and not calls
 
 
 def test_environment_switch_turns_the_tiles_off():
@@ -127,9 +147,9 @@ def test_environment_switch_turns_the_tiles_off():
     import os
     import subprocess
     import sys
-    code = ("from distnn.kernels import _vgemm, conv, direct; import numpy as np; "
+    code = ("from distnn.kernels import conv, plan; import numpy as np; "
             "g = conv.conv_geometry((64, 16, 32, 32), (3, 3), padding=(1, 1, 1, 1)); "
-            "print(_vgemm.ENABLED, direct.use_vector(g, 16, np.float32))")
+            "print(plan.LIMITS.register_tiles, plan.use_vector(g, 16, np.float32))")
     for value, want in (("0", "False False"), ("1", f"True {_vgemm.AVX512}")):
         env = dict(os.environ, DISTNN_REGISTER_TILES=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -11,6 +11,7 @@ from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
 from distnn.kernels import conv as K  # noqa: E402
+from distnn.kernels import plan  # noqa: E402
 from distnn.kernels import winograd as W  # noqa: E402
 from distnn.nn.conv import Conv2D  # noqa: E402
 
@@ -178,10 +179,9 @@ def test_conv2d_layer_gradcheck_on_winograd():
     check_layer(layer, x, tol=1e-6)
 
 
-def test_conv2d_layer_gradcheck_on_winograd4(monkeypatch):
+def test_conv2d_layer_gradcheck_on_winograd4(limits):
     """The public layer on the F(4x4) path (forced by the threshold), with odd sizes."""
-    monkeypatch.setattr(K, "WINOGRAD4_MIN_CF", 0)
-    monkeypatch.setattr(K, "WINOGRAD_MIN_CHANNELS", 1)
+    limits(winograd4_min_cf=0, winograd_min_channels=1)
     for c, hw, padding in ((16, (8, 8), "same"), (16, (7, 9), "valid"), (2, (28, 26), "valid")):
         layer = Conv2D(4, 3, padding=padding)
         layer.build((c,) + hw, rng=np.random.default_rng(0), dtype=np.float64)
@@ -196,7 +196,7 @@ def test_choice_of_tile_follows_the_measured_rule():
     def tile(c, f, h, stride=1):
         g = K.conv_geometry((64, c, h, h), (3, 3), stride=(stride, stride),
                             padding=(1, 1, 1, 1))
-        return K.winograd_tile(g, f)
+        return plan.winograd_tile(g, f)
     assert tile(16, 16, 32) == 4 and tile(16, 32, 32) == 4  # big planes
     assert tile(32, 32, 16) == 4 and tile(32, 32, 7) == 4 and tile(16, 16, 24) == 4
     assert tile(16, 16, 14) == 2  # few channels, small plane: a tie, the smaller error
@@ -216,15 +216,15 @@ def test_method_winograd4_rejects_what_it_cannot_compute():
 
 def test_choice_keeps_im2col_where_winograd_loses():
     g = K.conv_geometry((64, 3, 32, 32), (3, 3), padding=(1, 1, 1, 1))
-    assert not K.use_winograd(g, 16)
+    assert not plan.winograd_tile(g, 16)
     g = K.conv_geometry((64, 256, 1, 1), (3, 3), padding=(1, 1, 1, 1))
-    assert not K.use_winograd(g, 256)  # a 1x1 output: 3 of F(2x2)'s 4 outputs wasted
+    assert not plan.winograd_tile(g, 256)  # a 1x1 output: 3 of F(2x2)'s 4 outputs wasted
     g = K.conv_geometry((64, 512, 2, 2), (3, 3), padding=(1, 1, 1, 1))
-    assert K.winograd_tile(g, 512) == 2  # one F(2x2) tile a plane, F(4x4) would waste 3/4
+    assert plan.winograd_tile(g, 512) == 2  # one F(2x2) tile a plane, F(4x4) wastes 3/4
     g = K.conv_geometry((64, 32, 16, 16), (3, 3), stride=(2, 2), padding=(1, 1, 1, 1))
-    assert not K.use_winograd(g, 32)
+    assert not plan.winograd_tile(g, 32)
     g = K.conv_geometry((64, 32, 16, 16), (3, 3), padding=(1, 1, 1, 1))
-    assert K.use_winograd(g, 32)
+    assert plan.winograd_tile(g, 32)
 
 
 @pytest.mark.parametrize("method", ["winograd", "winograd4"])
@@ -232,12 +232,12 @@ def test_choice_keeps_im2col_where_winograd_loses():
 @pytest.mark.parametrize("n,c,f,h,w,pads", [(9, 4, 4, 32, 32, (1, 1, 1, 1)),
                                             (3, 16, 8, 15, 13, (0, 1, 1, 0))])
 def test_winograd_threads_split_blocks_or_kernels(threads, split_mnk, n, c, f, h, w, pads,
-                                                  method, monkeypatch):
+                                                  method, limits):
     """Two threads either take whole blocks each (the default) or split every kernel
-    (SPLIT_MNK below the GEMM size); both give the reference result, with and without a
+    (split_mnk below the GEMM size); both give the reference result, with and without a
     layer's work-array dict."""
     from distnn import kernels
-    monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
+    limits(split_mnk=split_mnk)
     rng = np.random.default_rng(n + c)
     x = rng.standard_normal((n, c, h, w))
     wt = rng.standard_normal((f, c, 3, 3))
@@ -273,7 +273,7 @@ def test_winograd_threads_split_kernels_where_u_dominates():
         assert W._plan(64, 512, 512, 1, 1, 4, 36)[2] == 1
     finally:
         kernels.set_num_threads(previous)
-    assert W.split_kernels(512, 512, 32) and not W.split_kernels(256, 256, 128)
+    assert plan.split_kernels(512, 512, 32) and not plan.split_kernels(256, 256, 128)
 
 
 @pytest.mark.parametrize("threads", [2, 3])
@@ -330,12 +330,12 @@ def same_padded_case(seed, n, c, f, h):
 
 
 @pytest.mark.parametrize("method", ["winograd", "winograd4"])
-def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monkeypatch):
+def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monkeypatch,
+                                                                   limits):
     """At 2 threads the backward keeps dU and db per block and sums them in block order,
     so the threads may take blocks as they come free: dw, db and dx have the same bits with
     blocks taken as they come, round-robin, or on a second run, and the reference values."""
     from distnn import kernels
-    from distnn.kernels import _threads
     x, wt, b, pads, dy, ref = same_padded_case(5, 17, 16, 16, 32)
     calls = []
     run_blocks = W.run
@@ -349,7 +349,7 @@ def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monk
     kernels.set_num_threads(2)
     try:
         runs = [run(x, wt, b, pads, dy, method=method) for _ in range(2)]
-        monkeypatch.setattr(_threads, "DYNAMIC", False)
+        limits(dynamic=False)
         runs.append(run(x, wt, b, pads, dy, method=method))
     finally:
         kernels.set_num_threads(previous)
@@ -365,13 +365,12 @@ def test_winograd_backward_same_bits_whichever_thread_takes_a_block(method, monk
 @pytest.mark.parametrize("method", ["winograd", "winograd4"])
 @pytest.mark.parametrize("split_mnk", [0, 1 << 62])
 def test_winograd_two_threads_split_positions_and_filter_pairs(method, split_mnk,
-                                                               monkeypatch):
+                                                               limits):
     """At 2 threads, a layer that splits every kernel runs its GEMMs by positions and
-    (from SPLIT_WEIGHTS filter pairs) the weights' adjoint by pairs among the threads: the
+    (from split_weights filter pairs) the weights' adjoint by pairs among the threads: the
     reference values, and the same bits on a second run."""
     from distnn import kernels
-    monkeypatch.setattr(W, "SPLIT_MNK", split_mnk)
-    monkeypatch.setattr(W, "SPLIT_WEIGHTS", 64 * 64)  # the weights' split at this size
+    limits(split_mnk=split_mnk, split_weights=64 * 64)  # the weights' split at this size
     x, wt, b, pads, dy, ref = same_padded_case(11, 3, 64, 64, 4)
     previous = kernels.get_num_threads()
     kernels.set_num_threads(2)

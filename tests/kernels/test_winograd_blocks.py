@@ -4,6 +4,8 @@ at 1, 2 and 3 threads, ragged blocks, bias + ReLU, no dx; the same bits whicheve
 takes a block; the shared counter hands out each block once."""
 import threading
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -11,13 +13,13 @@ from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
 from distnn import kernels  # noqa: E402
-from distnn.kernels import _threads, _vgemm  # noqa: E402
+from distnn.kernels import _threads, plan  # noqa: E402
 from distnn.kernels import _winograd_blocks as B  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
 from distnn.kernels import winograd as W  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not _vgemm.TILES,
-                                reason="the drivers run on AVX-512 and AVX2 CPUs only")
+pytestmark = pytest.mark.skipif(not plan.TARGET.tiles, reason="needs an AVX-512 or AVX2 CPU "
+                                "(the drivers run on those kinds only)")
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +129,7 @@ def test_drivers_same_bits_whichever_thread_takes_a_block(method, per_block, mon
         team = _threads._team(2)
         finished = team.flags[team.n]  # the helper's finished tasks
         runs = [_conv(x, wt, b, (1, 1, 1, 1), dy, method) for _ in range(2)]
-        monkeypatch.setattr(_threads, "DYNAMIC", False)
+        monkeypatch.setattr(plan, "LIMITS", replace(plan.LIMITS, dynamic=False))
         runs.append(_conv(x, wt, b, (1, 1, 1, 1), dy, method))
     finally:
         kernels.set_num_threads(previous)
@@ -166,10 +168,10 @@ def test_fetch_add_hands_out_each_number_once():
 
 
 def test_applies_only_where_measured():
-    assert B.applies(np.float32, 16, 64)
-    assert not B.applies(np.float64, 16, 16)           # the tiles are float32
-    assert not B.applies(np.float32, 12, 16)           # channels not a multiple of 8
-    assert not B.applies(np.float32, 64, 128)          # over MAX_FC: BLAS's dU wins
-    # and the conv path: a 3-channel first layer keeps im2col, a 64->128 layer the loop
+    assert plan.drivers_apply(np.float32, 16, 64)
+    assert not plan.drivers_apply(np.float64, 16, 16)   # the tiles are float32
+    assert not plan.drivers_apply(np.float32, 12, 16)   # channels not a multiple of 8
+    assert not plan.drivers_apply(np.float32, 64, 128)  # over drivers_max_fc: BLAS's dU
+    # and the conv path: a 64->128 layer keeps the loop
     g = K.conv_geometry((8, 64, 8, 8), (3, 3), padding=(1, 1, 1, 1))
-    assert K.winograd_tile(g, 128) and not W._compiled(np.float32, 64, 128, 1)
+    assert plan.winograd_tile(g, 128) and not W._compiled(np.float32, 64, 128, 1)

@@ -20,6 +20,8 @@ os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import plan  # noqa: E402
+
 _U = np.uintp
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_serial = nb.njit(cache=True, nogil=True)
@@ -63,7 +65,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     LLVM vectorizes and whose serial one it does not: the 2x2 max-pool backward, 64x8x24x24
     float32 on an AVX2 host, 0.18 ms against 0.99 (forward 0.105 against 0.174).
     ``small_serial`` (memory-bound loops): with more threads, a first array of fewer than
-    ``PARALLEL_MIN`` elements (read at each call) runs as at 1 thread.
+    the planner's ``parallel_min`` elements (read at each call) runs as at 1 thread.
     ``split(args)``: for a kernel whose last two arguments are the range (lo, hi) of its
     outer loop, that loop's length. The caller then leaves them out; with more threads the
     serial twin runs on contiguous pieces of the range, several a thread, through ``pieces``
@@ -95,7 +97,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
                 return serial_kernel(*args, 0, n)
             if call.team is not None and call.team(args):
                 return None
-            if small_serial and args[0].size < PARALLEL_MIN:
+            if small_serial and args[0].size < plan.LIMITS.parallel_min:
                 return serial_kernel(*args, 0, n)
             pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
             return None
@@ -107,7 +109,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     def call(*args):
         if _threads[0] == 1 and not (parallel_at_one and nb.get_num_threads() == 1):
             return serial_kernel(*args)
-        if small_serial and args[0].size < PARALLEL_MIN:
+        if small_serial and args[0].size < plan.LIMITS.parallel_min:
             if not parallel_at_one:
                 return serial_kernel(*args)
             with _launch:  # on a team of one, as at 1 thread
@@ -133,19 +135,6 @@ def elements(args) -> int:
     return args[0].size
 
 
-# Elements of a ReLU's or max-pooling's first array up to which it runs on the calling
-# thread alone though more threads are set: waking a sleeping OpenMP thread costs ~90 us on
-# a 2-vCPU KVM guest, and these memory-bound loops gain little from a second thread there
-# (float32, 2 threads against 1, ms: ReLU 64x32x16x16 0.24 against 0.16, 64x64x8x8 0.155
-# against 0.067, 64x16x32x32 0.32 against 0.33). In the model at 2 threads, alternated in
-# one process: simplecnn 1.09x and lenet 1.09x faster a step, resnet20 0.96-1.01x (noise).
-# resnet20's 64x16x32x32 ReLUs (2^20 elements) split among the block threads as Python
-# shares took 0.77 / 1.29 ms forward / backward against 0.44 / 0.68 on one thread; as
-# compiled jobs (``_team_jobs.ELEMENTWISE_MIN``, the ``team`` hook, tried first) they gain.
-# Batch norm keeps its threads (its backward on 128-512 channels gained 1.06-1.22x from
-# the second); the convolution kernels too (vgg11bn's split Winograd transforms on
-# 512K-element inputs ran 13% slower a step on one thread).
-PARALLEL_MIN = (1 << 20) + 1
 
 
 # -- work arrays shared by all layers ---------------------------------------------------

@@ -24,7 +24,8 @@ from numba.extending import intrinsic
 
 from . import _numba, _numba_bnrelu
 from ._numba_runtime import get_num_threads
-from ._threads import (PIECES_PER_THREAD, PYTHON, _store_release, _watch, fetch_add,
+from . import plan
+from ._threads import (PYTHON, _store_release, _watch, fetch_add,
                        run_jobs, use_jobs)
 from ._winograd_blocks import backward_blocks, forward_blocks
 
@@ -202,30 +203,21 @@ def take_elementwise(op, counter, step, a, b, c):
         lo = fetch_add(counter, 0) * step
 
 
-# Elements from which an elementwise kernel runs as jobs of the block threads (below, on
-# the calling thread), and the pieces' size: 16 KiB of float32 a piece at least. Measured
-# float32, 1 thread against 2 as jobs, ms, medians of 30 (AVX2 host): ReLU forward 2^20
-# elements 0.132 against 0.084, backward 0.216 against 0.126, add 0.198 against 0.125;
-# 2^19 0.067 / 0.110 / 0.103 against 0.057 / 0.079 / 0.080; but 2^18 0.034 / 0.049 /
-# 0.048 against 0.046 / 0.052 / 0.054. (As Python shares, 2^20 was slower at 2 threads
-# than at 1: ``_numba_runtime.PARALLEL_MIN``.)
-ELEMENTWISE_MIN = 1 << 19
-ELEMENTWISE_PIECE = 1 << 12
 
 
 def elementwise_job(op: int, args) -> bool:
     """An elementwise kernel (``_dispatch``'s args, without lo and hi; their flat views)
     run by the block threads as compiled jobs; False (nothing run) unless float32 of at
-    least ELEMENTWISE_MIN elements with the team free."""
+    least the planner's elementwise_min elements with the team free."""
     a = args[0]
     n = a.size
-    if a.dtype != np.float32 or n < ELEMENTWISE_MIN:
+    if a.dtype != np.float32 or n < plan.LIMITS.elementwise_min:
         return False
     flat = [x.reshape(-1) for x in args]
     a, b = flat[0], flat[1]
     c = flat[2] if len(flat) > 2 else a
     threads = get_num_threads()
-    step = max(ELEMENTWISE_PIECE, -(-n // (threads * PIECES_PER_THREAD)))
+    step = max(plan.LIMITS.elementwise_piece, -(-n // (threads * plan.LIMITS.pieces_per_thread)))
     counter = np.zeros(1, np.int64)
 
     def job(row, i, team):
@@ -236,14 +228,14 @@ def elementwise_job(op: int, args) -> bool:
 
 def split_job(kind: int, args) -> bool:
     """A split batch-norm kernel (``_dispatch``'s args, without lo and hi) run by the block
-    threads as compiled jobs, pieces of channels (PIECES_PER_THREAD a thread) taken from a
-    shared counter; False (nothing run) unless float32 with the team free."""
+    threads as compiled jobs, pieces of channels (the planner's pieces_per_thread a
+    thread) taken from a shared counter; False (nothing run) unless float32 with the team free."""
     x = args[0]
     if x.dtype != np.float32:
         return False
     threads = get_num_threads()
     c = x.shape[1]
-    step = -(-c // min(c, threads * PIECES_PER_THREAD))
+    step = -(-c // min(c, threads * plan.LIMITS.pieces_per_thread))
     counter = np.zeros(1, np.int64)
     if kind == BN_BACKWARD:
         def job(row, i, team):

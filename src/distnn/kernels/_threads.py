@@ -25,7 +25,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import plan
 from ._numba_runtime import get_num_threads
+from .plan import balanced_block, split_blocks  # noqa: F401  (the blocks' planning)
 
 _pool: list = []  # the ThreadPoolExecutor, made on first use
 _blas: list = []  # the threadpoolctl controller, made on first use
@@ -85,39 +87,6 @@ def block_workers(n: int, k: int) -> tuple[int, int]:
     if threads > 1 and n >= threads:
         return balanced_block(n, k, threads), threads
     return k, 1
-
-
-def balanced_block(n: int, k: int, workers: int) -> int:
-    """Samples per block for n samples in blocks of up to k split among ``workers``: the
-    fewest blocks, a multiple of ``workers``, of equal size but the last. Blocks of k taken
-    round-robin left one thread up to a whole block more (64 samples in blocks of 14: 36
-    against 28); now the shares differ by at most the last block's shortfall, and ``run``
-    gives that lighter share to the calling thread, which also does the serial work."""
-    k = max(1, min(n, k))
-    if workers <= 1 or n < workers:
-        return k
-    per_thread = -(-n // (workers * k))  # blocks each thread takes
-    return -(-n // (workers * per_thread))
-
-
-def split_blocks(n: int, k: int, workers: int) -> list[tuple[int, int]]:
-    """Blocks (n0, n1) of up to k samples covering range(n), ready for ``run``: with 2+
-    workers the fewest blocks that give every worker the same number, sized to differ by
-    at most one sample (the shorter ones last), so the round-robin shares differ by at
-    most one sample where n allows (64 samples in blocks of up to 3: 22 blocks, shares 32
-    and 32, where blocks of 3 and a last one of 1 give 33 and 31)."""
-    k = max(1, min(n, k))
-    if workers <= 1 or n < workers:  # one thread: the plain blocks of k, as before
-        return [(n0, min(n, n0 + k)) for n0 in range(0, n, k)]
-    # every worker the same number of blocks, none empty
-    count = min(n, workers * -(-n // (workers * k)))
-    size, extra = divmod(n, count)  # the first ``extra`` blocks get one more sample
-    bounds, n0 = [], 0
-    for i in range(count):
-        n1 = n0 + size + (i < extra)
-        bounds.append((n0, n1))
-        n0 = n1
-    return bounds
 
 
 @intrinsic
@@ -297,33 +266,13 @@ def _spin_while(flags, i, value, yields):
     return False
 
 
-# How long a team's threads look for their next hand-off before they sleep on its lock, in
-# sched_yield calls (~0.8 us each on a 2-vCPU KVM guest when nothing else wants the core:
-# ~80 ms). Waking a thread asleep on a lock cost 55 us on an idle such guest and 300-450 us
-# on a busy one, twice a ``run`` (the helper's start, the caller's return), and a
-# resnet20 step at 2 threads has 94 ``run``s (52 for its convolutions). Yielding, not
-# spinning on pauses: OpenMP's and BLAS's threads may need that core (with batch norm still
-# on OpenMP, pure spinning for 0.5-3 ms made resnet20 at 2 threads 0-5% slower; yielding
-# 1.08-1.11x faster, vgg11bn 1.06x).
-# DISTNN_SPIN_YIELDS=0 turns the looking off.
-SPIN_YIELDS = int(os.environ.get("DISTNN_SPIN_YIELDS", 100_000))
 
-# ``run``'s ``dynamic`` on (False: the round-robin shares everywhere, for comparison). With
-# static shares the caller of a resnet20 step at 2 threads waited 36-44 ms for the helper
-# (its start 83-90 us after the hand-off, its core slower at times); with blocks taken as
-# threads come free, 11.8 ms. resnet20 1.07x faster a step (10 rounds alternated in one
-# process), vgg11bn 1.065x (12 rounds; its big layers have 2 blocks or split every kernel).
-DYNAMIC = True
-# Pieces a thread of ``pieces`` (batch norm's channels, ReLU's and the optimizer's
-# elements): more let the free thread take the late one's; 4 against 1: resnet20 at 2
-# threads 1.08x a step (14 rounds alternated), 8 1.07x. DISTNN_PIECES sets it.
-PIECES_PER_THREAD = max(1, int(os.environ.get("DISTNN_PIECES", 4)))
 
 
 class _Team:
     """Helper threads, each watching its counters for its share of a ``run`` (a Python
-    body) or a compiled job (``run_jobs``), and asleep on a semaphore after SPIN_YIELDS
-    sched_yield calls without one.
+    body) or a compiled job (``run_jobs``), and asleep on a semaphore after the planner's
+    spin_yields sched_yield calls without one.
 
     The watching is compiled (``_team_jobs.serve``) and runs a compiled job itself: the
     helper never takes the GIL for it, and the caller sees it finish from a release store.
@@ -373,8 +322,8 @@ class _Team:
         seq = 0
         while True:
             serve, run_job = _SERVE
-            seq, python = serve(self.flags, i, self.n, seq, SPIN_YIELDS, self.board)
-            if not python:  # nothing for SPIN_YIELDS looks: sleep until a hand-off
+            seq, python = serve(self.flags, i, self.n, seq, plan.LIMITS.spin_yields, self.board)
+            if not python:  # nothing for spin_yields looks: sleep until a hand-off
                 self.go[i].acquire()
                 continue
             if self.board[i, 0] != PYTHON:  # a job, seen by ``_watch`` before use_jobs
@@ -408,8 +357,9 @@ class _Team:
             outs = []
             try:
                 for i in range(len(parts) - 1):
-                    if SPIN_YIELDS:
-                        _spin_while(self.flags, self.n + i, self.flags[i] - 1, SPIN_YIELDS)
+                    yields = plan.LIMITS.spin_yields
+                    if yields:
+                        _spin_while(self.flags, self.n + i, self.flags[i] - 1, yields)
                     self.done[i].acquire()
                     outs.append(self.result[i])
                     self.result[i] = None
@@ -468,7 +418,7 @@ def run(nblocks: int, workers: int, body, dynamic: bool = False) -> list:
     (a second Python thread's, or one nested in a body), to a ThreadPoolExecutor."""
     if workers == 1:
         return [body(range(nblocks), False)]
-    if dynamic and DYNAMIC:
+    if dynamic and plan.LIMITS.dynamic:
         # range_iterator's next() runs under the GIL: each block is taken exactly once
         parts = [iter(range(nblocks))] * workers
     else:
@@ -522,36 +472,33 @@ def kernel(k, serial: bool):
     return k.whole if serial else k
 
 
-# GEMMs up to this many multiply-adds run on one BLAS thread when 2+ threads are set: a
-# threaded 64x512x512 (vgg11bn's Dense) saves ~0.2 ms on an idle host, but its caller
-# spins until BLAS's second thread gets a core: on a loaded host vgg11bn's two 512x512 Dense
-# layers used 56 ms of CPU per step at 2 threads against 2.5 ms at 1.
-SMALL_GEMM = 1 << 26
 
 
 def matmul(a, b, out=None):
     """np.matmul(a, b, out=out), on one BLAS thread when a and b are 2-D, the product is
-    small (m*n*k <= SMALL_GEMM) and more than one thread is set."""
+    small (m*n*k <= the planner's small_gemm) and more than one thread is set: a threaded
+    BLAS call spins until its second thread gets a core, which on a loaded host costs more
+    than it saves."""
     import numpy as np
     if (get_num_threads() > 1 and a.ndim == 2 and b.ndim == 2
-            and a.shape[0] * a.shape[1] * b.shape[1] <= SMALL_GEMM):
+            and a.shape[0] * a.shape[1] * b.shape[1] <= plan.LIMITS.small_gemm):
         with one_blas_thread():
             return np.matmul(a, b, out=out)
     return np.matmul(a, b, out=out)
 
 
 def pieces(n: int, fn, min_items: int = 1 << 20) -> None:
-    """fn(a, b) over contiguous pieces [a, b) covering range(n), PIECES_PER_THREAD pieces
-    per thread taken in turn by whichever thread is free (``run``'s ``dynamic``) when
-    n >= min_items and more than one thread is set (else fn(0, n) here): for elementwise
-    or per-channel work (an optimizer step over a model's parameter buffer, whose NumPy
-    ufuncs release the GIL; batch norm's channels). Each element is computed as it would
-    be in one piece, whichever thread takes it."""
+    """fn(a, b) over contiguous pieces [a, b) covering range(n), the planner's
+    pieces_per_thread pieces per thread taken in turn by whichever thread is free
+    (``run``'s ``dynamic``) when n >= min_items and more than one thread is set (else
+    fn(0, n) here): for elementwise or per-channel work (an optimizer step over a
+    model's parameter buffer, whose NumPy ufuncs release the GIL; batch norm's channels).
+    Each element is computed as it would be in one piece, whichever thread takes it."""
     threads = get_num_threads()
     if threads <= 1 or n < min_items:
         fn(0, n)
         return
-    step = -(-n // min(n, threads * PIECES_PER_THREAD))
+    step = -(-n // min(n, threads * plan.LIMITS.pieces_per_thread))
 
     def body(indices, serial):
         for i in indices:

@@ -4,36 +4,32 @@ only.
 
 The Winograd GEMMs of few-channel layers are skinny, (F, C) @ (C, T) with F, C = 16..64 at
 each of 16 or 36 transformed positions: BLAS spends them packing and, where OpenBLAS runs
-its AVX2 kernels on an AVX-512 CPU (OPENBLAS_CORETYPE=Haswell on this project's machines),
-at half the vector width. Here a tile of the product (8 rows x 32 columns on AVX-512, 4 x 24
-on AVX2: 16 and 12 vector accumulators) stays in registers across the whole sum, the
-right-hand rows are read as vectors and the left-hand entries broadcast: no packing,
-nothing but the two operands read. Measured, 1 thread, float32, in cache (36 positions):
-AVX-512, 16x16 @ 16x192 233 GFLOP/s vs OpenBLAS-Haswell 88; 32x32 @ 32x1024 180 vs 96;
-64x64 @ 64x256 242 vs 117. AVX2 (AMD Zen 3): 16x16 @ 16x192 52-54 vs 32-36 (see WIDTH).
+its AVX2 kernels on an AVX-512 CPU, at half the vector width. Here a tile of the product
+(``plan.TILES``: 8 rows x 32 columns on AVX-512, 4 x 24 on AVX2) stays in registers
+across the whole sum, the right-hand rows are read as vectors and the left-hand entries
+broadcast: no packing, nothing but the two operands read.
 
 ``matmul(a, b, out)`` is out[p] = a[p] @ b[p] and ``matmul_nt(a, b, out, add)`` is out[p]
 (+)= a[p] @ b[p]^T (a sum over the long axis, NT_ROWS x NT_COLS tiles of vector partial
 sums). Both take views whose last axis is contiguous (the driver's work arrays), any row
 strides. ``usable`` says when they apply (float32, row counts multiples of the tile's, a
-CPU with AVX-512F or AVX2 and FMA — LLVM would split the vectors elsewhere, where BLAS is
-the better bet); otherwise the caller keeps ``np.matmul``. ``product`` and ``product_nt``
-(the Python loops' GEMMs) take them on AVX-512 only (PRODUCTS); compiled callers
-(``_winograd_blocks``) call ``matmul_flat`` and ``matmul_nt_flat`` directly. Sums run in
-a different order than BLAS's, so results agree to float32 rounding, not bit for bit.
+CPU kind with tiles, ``plan.tiles_on``); otherwise the caller keeps ``np.matmul``.
+``product`` and ``product_nt`` (the Python loops' GEMMs) take them where
+``plan.tile_products`` says; compiled callers (``_winograd_blocks``) call ``matmul_flat``
+and ``matmul_nt_flat`` directly. Sums run in a different order than BLAS's, so results
+agree to float32 rounding, not bit for bit. The tiles are built for the CPU numba compiles
+for (``plan.TARGET``).
 """
 from __future__ import annotations
 
-import os
-
 import numba as nb
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import plan
 from ._numba_runtime import _U
 
 _jit = nb.njit(cache=True, nogil=True)
@@ -46,27 +42,13 @@ def _vector(width: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), width)
 
 
-def _features() -> dict:
-    try:
-        return dict(llvm_binding.get_host_cpu_features())
-    except RuntimeError:  # no feature list on this platform
-        return {}
-
-
-_HOST = _features()
-AVX512 = bool(_HOST.get("avx512f", False))
-AVX2 = bool(_HOST.get("avx2", False) and _HOST.get("fma", False))
-
-# The tiles of this CPU. AVX-512 (32 vector registers): 8 rows x 2 vectors of 16 floats (16
-# accumulators) for out = a b, 4 x 4 sums of 16-float partials for a b^T. AVX2 (16
-# registers of 8 floats): 4 rows x 3 vectors (12 accumulators, 3 loads and a broadcast),
-# 4 x 2 sums. Measured on the AVX2 host (AMD EPYC Zen 3, 1 thread, 36 positions, GFLOP/s
-# against OpenBLAS): a b 16x16 @ 16x192 51.8-54.4 vs 32.2-36.1, 32x32 @ 32x112 58.9 vs 43.3,
-# 64x64 @ 64x56 72.8 vs 54.6 (4 x 2 vectors 45-65, 8 x 1 34-38); a b^T 16x16 over 192
-# columns 56-58 vs 29-44, 32x32 over 112 43 vs 41, but 64x64 over 56 39 vs 57 (a short sum
-# over many outputs: BLAS's, see NT_MAX and NT_MIN_COLS).
-WIDTH, ROWS, NV, NT_ROWS, NT_COLS = (16, 8, 2, 4, 4) if AVX512 else (8, 4, 3, 4, 2)
-COLS = WIDTH * NV  # columns of a product tile
+# The tiles of the CPU numba compiles for (``plan.TILES``): AVX-512 8 rows x 2 vectors of
+# 16 floats, 4 x 4 sums for a b^T; AVX2 4 x 3 vectors of 8, 4 x 2 sums.
+AVX512 = plan.TARGET.kind == "avx512"
+_TILE = plan.TILES.get(plan.TARGET.kind, plan.TILES["avx2"])
+WIDTH, ROWS, NV, NT_ROWS, NT_COLS = (_TILE.width, _TILE.rows, _TILE.vectors, _TILE.nt_rows,
+                                     _TILE.nt_cols)
+COLS = _TILE.cols  # columns of a product tile
 
 
 def _fma(builder, width: int = 16):
@@ -256,39 +238,16 @@ def usable(a: np.ndarray, b: np.ndarray, out: np.ndarray, nt: bool = False) -> b
     """Whether ``matmul`` (or ``matmul_nt``) takes these operands: float32, last axes
     contiguous, out's rows (and for nt b's rows) a multiple of the tile, an AVX-512 or
     AVX2 (with FMA) CPU."""
-    if not (ENABLED and TILES and _rows_ok(b) and _rows_ok(out)):
+    if not (plan.tiles_on() and _rows_ok(b) and _rows_ok(out)):
         return False
     if nt:
         return (_rows_ok(a) and a.shape[1] % NT_ROWS == 0 and b.shape[1] % NT_COLS == 0
-                and a.shape[2] >= NT_MIN_COLS)
-    return (out.shape[2] >= MIN_COLS and a.dtype == np.float32 and a.ndim == 3
+                and a.shape[2] >= _TILE.nt_min_cols)
+    return (out.shape[2] >= plan.LIMITS.tile_min_cols and a.dtype == np.float32 and a.ndim == 3
             and min(a.strides) > 0 and all(st % 4 == 0 for st in a.strides)
             and out.shape[1] % ROWS == 0)
 
 
-# DISTNN_REGISTER_TILES=0 turns the register tiles off (every GEMM on BLAS, no
-# register-tiled direct convolutions): the engine as it was before them, for comparison
-ENABLED = os.environ.get("DISTNN_REGISTER_TILES", "1") != "0"
-# A CPU the tiles are made for (elsewhere LLVM would split the vectors: BLAS is the better
-# bet)
-TILES = AVX512 or AVX2
-# Whether ``product`` and ``product_nt`` (the Python loops' GEMMs) take the tiles. Not on
-# AVX2: there, in the Winograd layers, they tied or lost against BLAS (fwd+bwd 0.95-1.04x;
-# resnet20's step at 1 and 2 threads 0.97x and 0.93x, alternated in one process) though 1.3-
-# 1.5x faster on the same shapes in cache; the AVX2 tiles run inside
-# ``_winograd_blocks``' compiled drivers, where they pay.
-PRODUCTS = AVX512
-# Columns (the long axis) from which the tiles run: below, the scalar remainder loops would
-# do most of the work (a batch of 2 on 8x8 Winograd planes: 8 columns, 0.5-1 ms a product
-# against BLAS's 0.02). Not higher: vgg11bn's 4x4 and 2x2 layers at 2 threads have 32
-# columns a block (one tile a sample), and on BLAS its step took 178 ms instead of 160.
-MIN_COLS = 32
-# F * C up to which out = a b^T runs here, and the columns (the sum's length) from which:
-# AVX-512, measured 1.3-1.9x BLAS up to 128x128 outputs, a tie at 256x256, 0.8x at 512x512
-# (a long sum over few outputs is BLAS's ground). AVX2: 1.3-1.9x on 16x16 to 16x32 over 96
-# to 192 columns, a tie on 32x32 over 112, 0.4-0.7x on 64x64 over 32-56 (the 4 x 2 sums
-# halved at the end of every short sum).
-NT_MAX, NT_MIN_COLS = (128 * 128, MIN_COLS) if AVX512 else (32 * 32, 96)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -317,8 +276,8 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) 
 
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[p] = a[p] @ b[p] (3-D): on the tiles where ``usable`` on an AVX-512 CPU
-    (PRODUCTS), else BLAS."""
-    if PRODUCTS and usable(a, b, out):
+    (``plan.tile_products``), else BLAS."""
+    if plan.tile_products() and usable(a, b, out):
         return matmul(a, b, out)
     return np.matmul(a, b, out=out)
 
@@ -326,9 +285,10 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 def product_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool,
                part: np.ndarray | None) -> np.ndarray:
     """out[p] (+)= a[p] @ b[p]^T (3-D): on the tiles where ``usable`` on an AVX-512 CPU
-    (PRODUCTS) and the result is at most NT_MAX values a position, else BLAS (``part``: its
-    scratch for the sum when adding)."""
-    if PRODUCTS and out.shape[1] * out.shape[2] <= NT_MAX and usable(a, b, out, nt=True):
+    (``plan.tile_products``) and the result is at most the tile's nt_max values a
+    position, else BLAS (``part``: its scratch for the sum when adding)."""
+    if (plan.tile_products() and out.shape[1] * out.shape[2] <= _TILE.nt_max
+            and usable(a, b, out, nt=True)):
         return matmul_nt(a, b, out, add)
     if add:
         np.matmul(a, b.transpose(0, 2, 1), out=part)

@@ -8,15 +8,11 @@ back, the products on the register tiles (``_vgemm``; numba code can call them, 
 BLAS), without the GIL. Threads take block numbers from a shared counter
 (``_threads.fetch_add``) or every ``step``-th block. The blocks are ``winograd._plan``'s.
 
-Measured (AMD EPYC Zen 3, AVX2, batch 64, medians of 10 alternated; driver vs the Python
-loop on BLAS, fwd / bwd, 1 | 2 threads): 16->16 32x32 1.24x / 1.24x | 1.17x / 1.15x,
-32->32 16x16 1.15x / 1.13x | 1.28x / 1.08x, 16->16 14x14 (F(2x2)) 1.15x / 1.20x | 1.26x /
-1.30x. The tiles in the Python loop instead tied or lost (``_vgemm.PRODUCTS``).
+Where they run is ``plan.drivers_apply`` / ``plan.winograd_drivers``.
 """
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
 
 from ._numba_runtime import _U
 from ._threads import fetch_add
@@ -112,23 +108,3 @@ def backward_blocks(dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, 
             else:
                 _IADJ2(v2, n0, n1, pt, pl, th, tw, dx, 0, c * (n1 - n0))
         i = _then(counter, i, step)
-
-
-def applies(dtype, c: int, f: int) -> bool:
-    """Whether the drivers take a layer: float32, channels and filters multiples of 8 (the
-    tiles' rows on either CPU), at most MAX_FC filter pairs, register tiles on
-    (``_vgemm``) and ENABLED."""
-    from . import _vgemm
-    return (ENABLED and _vgemm.ENABLED and _vgemm.TILES and np.dtype(dtype) == np.float32
-            and c % 8 == 0 and f % 8 == 0 and c * f <= MAX_FC)
-
-
-# False: the Python loop over blocks (its products on the tiles where ``_vgemm.usable``,
-# else BLAS), as before the drivers: for comparison, and for the tests that check both
-# give the same results
-ENABLED = True
-# Filter pairs up to which the drivers run. Beyond, dU = dM V^T (a short sum a block over
-# many outputs) is BLAS's ground: fwd / bwd, driver vs the loop on BLAS, 1 | 2 threads:
-# 64->64 8x8 1.05x / 1.01x | 1.06x / 0.99x, but 64->128 8x8 1.09x / 0.81x | 0.97x / 0.91x
-# (and 256->256 8x8 bwd 0.91x, 256->512 4x4 0.83x at 1 thread).
-MAX_FC = 64 * 64

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _vgemm, direct
-from .backend import compiled
+from . import _vgemm, direct, plan
+from .backend import compiled, get_num_threads
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
                      _zero_outside, col2im, conv_geometry, conv_output_size, im2col,
@@ -55,87 +55,52 @@ def _numba_module():
 
 
 # -- convolution --------------------------------------------------------------------------
-def winograd_applies(g: ConvGeometry) -> bool:
-    """Whether Winograd F(2x2, 3x3) computes this convolution: 3x3, stride 1, undilated."""
-    return (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1)
-
-
-def use_winograd(g: ConvGeometry, f: int) -> bool:
-    """The compiled path's choice for a 3x3 stride-1 convolution: Winograd or im2col."""
-    return (winograd_applies(g) and g.c >= WINOGRAD_MIN_CHANNELS
-            and min(g.oh, g.ow) >= WINOGRAD_MIN_SIZE)
-
-
-def winograd_tile(g: ConvGeometry, f: int) -> int:
-    """The compiled path's Winograd output tile for this convolution: 4 (F(4x4, 3x3)), 2
-    (F(2x2, 3x3)) or 0 (im2col)."""
-    if not use_winograd(g, f):
-        return 0
-    return 4 if use_winograd4(g, f) else 2
-
-
-def use_winograd4(g: ConvGeometry, f: int) -> bool:
-    """F(4x4, 3x3) rather than F(2x2, 3x3) for a convolution that Winograd computes."""
-    return min(g.oh, g.ow) >= WINOGRAD4_MIN_SIZE and (g.c * f >= WINOGRAD4_MIN_CF
-                                                      or g.oh * g.ow >= WINOGRAD4_MIN_AREA)
-
-
-# Measured fwd+bwd, batch 64, 1 thread (Winograd vs im2col, ms, loaded host, medians of 5
-# alternated): 512->512 4x4 201 vs 394, 256->512 4x4 117 vs 187, 64->64 4x4 3.6 vs 12.4,
-# 256->256 8x8 200 vs 325, 64->128 16x16 112 vs 161, 32->32 16x16 22 vs 29, 16->16 32x32
-# 38 vs 41; but 3->16 32x32 18 vs 15, 8->8 26x26 11.4 vs 9.6 (the transforms cost more
-# than the 2.25x fewer multiplies save with few channels). 512->512 2x2 (one F(2x2) tile
-# a plane) was a tie on BLAS; with the GEMMs on ``_vgemm`` 23.0 vs 34.2 ms at 1 thread,
-# 15.0 vs 18.9 at 2 (idle host, medians of 5), so outputs from 2x2 go to Winograd.
-WINOGRAD_MIN_CHANNELS = 16
-WINOGRAD_MIN_SIZE = 2
-
-# F(4x4) against F(2x2) (python benchmarks/winograd_tiles.py; fwd+bwd, batch 64, ms of
-# process CPU time, medians of 7 interleaved rounds, AVX2 host (AMD EPYC Zen 1), F2 vs F4
-# at 1 thread | 2 threads): F(4x4) wins wherever it runs: 16->16 32x32 40.4 vs 34.0 | 42.5
-# vs 35.9, 32->32 16x16 30.0 vs 24.4 | 29.1 vs 22.8, 32->32 7x7 7.8 vs 6.5 | 9.4 vs 7.5,
-# 16->16 24x24 24.2 vs 20.2 | 27.5 vs 21.4, 64->64 8x8 21.0 vs 16.8 | 23.1 vs 18.0, 256->256
-# 8x8 222 vs 144 | 224 vs 153, 512->512 4x4 223 vs 173 | 244 vs 215; a tie on 16->16 14x14
-# (9.1 vs 9.3 | 10.8 vs 10.2), which keeps F(2x2), whose rounding error is ~8x smaller.
-# (Before its transforms ran in float32 -- numba had typed ``4 * d`` float64 -- F(4x4) lost
-# on the small planes with few channels and tied on 32->32 16x16: then the rule was
-# C*F >= 4096 or outputs >= 30x30.)
-WINOGRAD4_MIN_SIZE = 4
-WINOGRAD4_MIN_CF = 32 * 32
-WINOGRAD4_MIN_AREA = 16 * 16
 
 
 class ConvCache(NamedTuple):
-    """What ``conv2d_backward`` needs from the forward pass: the column matrix, or (flat
-    layout without kept columns) the padded channel-major input it was made from."""
+    """What ``conv2d_backward`` needs from the forward pass, tagged by the method that ran.
+
+    method: "winograd" (``tile`` 2 or 4; ``x`` is the input), "vector" (the register-tiled
+    direct kernels; ``x`` is the input), "direct" (``x`` is the padded input), "pointwise"
+    (``x`` is the strided input), "im2col" (compiled; ``x`` is the input, ``col`` the kept
+    columns or None, ``chunks`` the blocks of samples they were built in), or the NumPy
+    reference's "flat" (``x`` the padded channel-major input, ``col`` the kept columns or
+    None) and "compact" (``col`` the column matrix).
+    """
     geometry: ConvGeometry
-    col: np.ndarray | None
-    flat: bool
-    xf: np.ndarray | None = None
-    compiled: bool = False
-    winograd: bool = False
-    chunks: tuple | None = None  # the compiled path's blocks of samples (kept columns)
-    direct: bool = False  # the direct kernels (``direct``); xf is then the padded input
-    pointwise: bool = False  # the 1x1 kernels (``direct``); xf is then the strided input
-    tile: int = 2  # the Winograd output tile (F(2x2) or F(4x4))
-    vector: bool = False  # the register-tiled direct kernels; xf is then x itself
+    method: str
+    x: np.ndarray | None = None
+    col: np.ndarray | None = None
+    tile: int = 0
+    chunks: tuple | None = None
+
+    @property
+    def winograd(self) -> bool:
+        return self.method == "winograd"
+
+    @property
+    def direct(self) -> bool:  # the direct kernels, register-tiled or not
+        return self.method in ("direct", "vector")
+
+    @property
+    def vector(self) -> bool:
+        return self.method == "vector"
+
+    @property
+    def pointwise(self) -> bool:
+        return self.method == "pointwise"
 
 
-# Compiled path. Columns are built for a block of samples at a time (about CHUNK_BYTES of
-# them) so that they are used by the GEMM while still in cache; when the whole batch's
-# columns fit in KEEP_COLUMNS_BYTES they are built once and kept with the layer for
-# backward, otherwise backward rebuilds each block from x (resnet20 would otherwise keep
-# ~270 MB of columns alive).
-CHUNK_BYTES = 2 << 20
-KEEP_COLUMNS_BYTES = 8 << 20
 
 
 def _chunks(n: int, per_sample: int, keep: bool):
-    """(samples per block, blocks (n0, n1), workers) of the compiled path: blocks of about
-    CHUNK_BYTES of columns, or the whole batch when its columns are kept; with 2+ threads
-    each thread takes whole blocks (``_threads``)."""
+    """(samples per block, blocks (n0, n1), workers) of the compiled path: columns are
+    built for a block of samples at a time (about the planner's chunk_bytes of them) so
+    that the GEMM uses them while still in cache, or for the whole batch when they are
+    kept for backward (up to keep_columns_bytes: resnet20 would otherwise keep ~270 MB of
+    columns alive); with 2+ threads each thread takes whole blocks (``_threads``)."""
     from ._threads import block_workers, split_blocks
-    k, workers = block_workers(n, n if keep else CHUNK_BYTES // max(per_sample, 1))
+    k, workers = block_workers(n, n if keep else plan.LIMITS.chunk_bytes // max(per_sample, 1))
     blocks = split_blocks(n, k, workers)  # the first block is the largest
     return (blocks[0][1] - blocks[0][0] if blocks else k), blocks, workers
 
@@ -146,7 +111,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     x = np.ascontiguousarray(x)
     w2 = w.reshape(f, ckk)
-    keep = ckk * g.n * p * x.itemsize <= KEEP_COLUMNS_BYTES
+    keep = ckk * g.n * p * x.itemsize <= plan.LIMITS.keep_columns_bytes
     k, chunks, workers = _chunks(g.n, ckk * p * x.itemsize, keep)
     # kept columns: block (n0, n1) is colbuf[ckk*n0*p : ckk*n1*p] as (ckk, (n1-n0)*p)
     colbuf = _buffer(ws, "col", (ckk * g.n * p,), x.dtype) if keep else None
@@ -166,12 +131,12 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
             kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
 
     run(len(chunks), workers, body, dynamic=True)  # each block writes its own samples
-    return y, ConvCache(g, colbuf if keep else None, False, x, True, False, tuple(chunks))
+    return y, ConvCache(g, "im2col", x, colbuf if keep else None, chunks=tuple(chunks))
 
 
 def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
     from ._threads import kernel, run
-    g, kept, _, x = cache[:4]
+    g, kept, x = cache.geometry, cache.col, cache.x
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     dy = np.ascontiguousarray(dy)
@@ -224,6 +189,12 @@ def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, n
     return dx, dw_out, db
 
 
+# The methods a caller may name (``method=``); None: the planner's choice (``plan.plan_conv``)
+# on the compiled backend, the NumPy reference's layout choice otherwise.
+METHODS = {"winograd": plan.ConvPlan("winograd", 2), "winograd4": plan.ConvPlan("winograd", 4),
+           "direct": plan.ConvPlan("direct"), "pointwise": plan.ConvPlan("pointwise")}
+
+
 def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                    stride: Pair = (1, 1), padding: Pads = (0, 0, 0, 0),
                    dilation: Pair = (1, 1), *, ws: dict | None = None,
@@ -234,8 +205,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
     "flat" (stride 1 only) or "compact"; or "direct" (stride 1, compiled: no columns,
     ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs),
-    "winograd" or "winograd4" (Winograd F(2x2, 3x3) or F(4x4, 3x3); ``winograd_tile`` is
-    the default choice); by default it is chosen from measured costs.
+    "winograd" or "winograd4" (Winograd F(2x2, 3x3) or F(4x4, 3x3); ``plan.plan_conv``
+    is the default choice); by default it is chosen from measured costs.
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the
@@ -247,33 +218,34 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
-    fast = compiled() if method in (None, "winograd", "winograd4") else None
-    tile = {"winograd": 2, "winograd4": 4}.get(method or "")
-    vector = (method in (None, "direct") and compiled() is not None
-              and direct.use_vector(g, f, x.dtype))
-    if tile is None and fast is not None and not vector:
-        tile = winograd_tile(g, f) or None
-    if tile is not None:
-        if not winograd_applies(g):
+    fast = compiled() if method in (None, "winograd", "winograd4", "direct") else None
+    chosen = METHODS.get(method or "")
+    if chosen is None and fast is not None:
+        chosen = plan.plan_conv(g, f, x.dtype, threads=get_num_threads())
+    if chosen is not None and chosen.method == "winograd":
+        if not plan.winograd_applies(g):
             raise ValueError(f"method={method!r} needs a 3x3 kernel, stride 1 and dilation 1, "
                              f"got {g.kh}x{g.kw}, stride {(g.sh, g.sw)}, dilation "
                              f"{(g.dh, g.dw)}; use method='compact' or leave method unset")
         from . import winograd
         x = np.ascontiguousarray(x)
-        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=tile)
-        return y, ConvCache(g, None, False, x, True, True, tile=tile)
-    if method == "direct" or vector or (fast is not None and direct.use_direct(g, f)):
-        if not (vector or direct.direct_applies(g)):
+        y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=chosen.tile)
+        return y, ConvCache(g, "winograd", x, tile=chosen.tile)
+    if method == "direct" and fast is not None and plan.use_vector(g, f, x.dtype):
+        chosen = plan.ConvPlan("vector")  # the register-tiled kernels where they apply
+    if chosen is not None and chosen.method in ("direct", "vector"):
+        vector = chosen.method == "vector"
+        if not (vector or plan.direct_applies(g)):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
         y, xp = direct.forward(x, w, b, g, ws, vector)
-        return y, ConvCache(g, None, False, xp, True, direct=True, vector=vector)
-    if method == "pointwise" or (fast is not None and direct.use_pointwise(g, f)):
-        if not direct.pointwise_applies(g):
+        return y, ConvCache(g, chosen.method, xp)
+    if chosen is not None and chosen.method == "pointwise":
+        if not plan.pointwise_applies(g):
             raise ValueError(f"method='pointwise' needs a 1x1 kernel and no padding, got "
                              f"{g.kh}x{g.kw}, padding {(g.pt, g.pb, g.pl, g.pr)}")
         y, xs = direct.pointwise_forward(x, w, b, g, ws)
-        return y, ConvCache(g, None, False, xs, True, pointwise=True)
-    if fast is not None:
+        return y, ConvCache(g, "pointwise", xs)
+    if chosen is not None:  # im2col + GEMM, compiled
         return _forward_compiled(fast, x, w, b, g, ws)
     if method is None:
         # The flat layout saves im2col work that grows with C but computes every padded
@@ -308,7 +280,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
             yw += b[:, None]
         y[...] = yw.reshape(f, g.n, g.hp, g.wp)[:, :, :g.oh, :g.ow].transpose(1, 0, 2, 3)
         if not keep_columns:
-            return y, ConvCache(g, None, True, xf)
+            return y, ConvCache(g, "flat", xf)
     else:
         col = _im2col_compact(x, g, _buffer(ws, "col", (ckk, g.n * g.oh * g.ow), x.dtype))
         yw = _buffer(ws, "yw", (f, g.n * g.oh * g.ow), x.dtype)
@@ -316,7 +288,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         if b is not None:
             yw += b[:, None]
         y[...] = yw.reshape(f, g.n, g.oh, g.ow).transpose(1, 0, 2, 3)
-    return y, ConvCache(g, col, flat)
+    return y, ConvCache(g, "flat" if flat else "compact", None, col)
 
 
 def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
@@ -335,7 +307,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
             dw_out = np.empty(w.shape, dy.dtype)
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
-        return winograd.backward(dy, cache.xf, w, cache.geometry.pt, cache.geometry.pl,
+        return winograd.backward(dy, cache.x, w, cache.geometry.pt, cache.geometry.pl,
                                  dw_out, db_out if need_db else None, need_dx,
                                  tile=cache.tile)
     if cache.direct:
@@ -343,19 +315,20 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
             dw_out = np.empty(w.shape, dy.dtype)
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
-        return direct.backward(dy, cache.xf, w, cache.geometry, dw_out,
+        return direct.backward(dy, cache.x, w, cache.geometry, dw_out,
                                db_out if need_db else None, need_dx, ws, cache.vector)
     if cache.pointwise:
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
-        return direct.pointwise_backward(dy, cache.xf, w, cache.geometry, dw_out,
+        return direct.pointwise_backward(dy, cache.x, w, cache.geometry, dw_out,
                                          db_out if need_db else None, need_dx)
-    if cache.compiled:
+    if cache.method == "im2col":
         return _backward_compiled(compiled() or _numba_module(), dy, cache, w, dw_out, db_out,
                                   need_dx, need_db)
-    g, col, flat, xf = cache[:4]
+    g, col, xf = cache.geometry, cache.col, cache.x
+    flat = cache.method == "flat"
     f = w.shape[0]
     ckk = g.c * g.kh * g.kw
     if flat:

@@ -4,8 +4,8 @@ channels, and 1x1 kernels as a strided slice + GEMMs.
 im2col + GEMM writes and reads C*KH*KW copies of the input and hands BLAS a skinny GEMM
 (F of 4 to 16 rows) that runs far below its peak. For small C*KH*KW the direct loops in
 ``_direct`` (one long vectorized multiply-add per filter, channel and kernel offset over
-a sample's padded plane) do the same multiplies with the data in L1. ``use_direct`` says
-where that was measured faster; ``conv.conv2d_forward`` calls ``forward`` there (or
+a sample's padded plane) do the same multiplies with the data in L1. ``plan.use_direct``
+says where that was measured faster; ``conv.conv2d_forward`` calls ``forward`` there (or
 always with ``method="direct"``).
 
 Threads: with 2+ threads the batch is split into blocks of samples, one share per thread
@@ -16,52 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from .im2col import ConvGeometry, _buffer
+from .plan import (direct_applies, pointwise_applies, use_direct,  # noqa: F401
+                   use_pointwise, use_vector, vector_applies)
 
-# Measured fwd+bwd, batch 64, 1 thread, thread CPU ms (direct vs compiled im2col + GEMM,
-# loaded host, medians of 9 interleaved rounds, benchmarks/conv_direct.py): 1->4 28x28
-# pad 1 (no dx) 0.20 vs 0.41, 4->8 28x28 pad 1 1.04 vs 2.09, 1->6 5x5 pad 2 (no dx) 0.73
-# vs 1.57, 3->16 32x32 pad 1 (no dx) 1.81 vs 3.03, 3->64 32x32 pad 1 (no dx) 6.6 vs 8.5,
-# 8->16 32x32 pad 1 5.3 vs 8.0, 12->12 16x16 pad 1 1.47 vs 2.42; but 6->16 5x5 14x14
-# (C*KH*KW = 150, rows of 10) 2.05 vs 1.70, and every 1x1 kernel (one tap: nothing to
-# block) 0.4-0.6x. 3x3 stride-1 layers with C >= 16 go to Winograd before this is asked.
-DIRECT_MAX_CKK = 108
-
-
-def direct_applies(g: ConvGeometry) -> bool:
-    """Whether the direct kernels compute this convolution: stride 1 (any padding,
-    dilation and kernel size)."""
-    return (g.sh, g.sw) == (1, 1)
-
-
-def use_direct(g: ConvGeometry, f: int) -> bool:
-    """The compiled path's choice of the direct kernels over im2col + GEMM."""
-    return direct_applies(g) and g.kw >= 2 and g.c * g.kh * g.kw <= DIRECT_MAX_CKK
-
-
-def vector_applies(g: ConvGeometry) -> bool:
-    """Whether the register-tiled kernels compute this convolution: stride 1 (any
-    dilation), or stride 2 undilated with kernels of 2x2 and up (by input phases)."""
-    return (g.sh, g.sw) == (1, 1) or ((g.sh, g.sw) == (2, 2) and (g.dh, g.dw) == (1, 1)
-                                       and min(g.kh, g.kw) >= 2)
-
-
-def use_vector(g: ConvGeometry, f: int, dtype) -> bool:
-    """The compiled path's choice of the register-tiled direct kernels (``_vdirect``):
-    float32 on an AVX-512 CPU, filters and channels multiples of 8, and the layer shapes
-    where they were measured faster than Winograd and im2col (few channels on big planes:
-    VECTOR_MAX_CF and VECTOR_MIN_AREA at stride 1, VECTOR_MAX_CF2 at stride 2)."""
-    from . import _vgemm
-    if not (_vgemm.ENABLED and _vgemm.AVX512 and np.dtype(dtype) == np.float32
-            and vector_applies(g) and f % 8 == 0 and g.c % 8 == 0):
-        return False
-    if (g.sh, g.sw) == (2, 2):
-        return g.c * f <= VECTOR_MAX_CF2
-    return g.c * f <= VECTOR_MAX_CF and g.oh * g.ow >= VECTOR_MIN_AREA
-
-
-VECTOR_MAX_CF = 32 * 32
-VECTOR_MIN_AREA = 16 * 16
-VECTOR_MAX_CF2 = 32 * 64
 
 
 def _module():
@@ -81,7 +38,7 @@ def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
             ws: dict | None, vector: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(y, what backward needs) for a stride-1 convolution of NCHW x: the padded input;
-    or, on the register-tiled kernels (``vector``, where ``use_vector`` says so; stride 2
+    or, on the register-tiled kernels (``vector``, where ``plan.use_vector`` says so; stride 2
     too), x itself."""
     from ._numba import scratch
     from ._threads import block_workers, run
@@ -310,25 +267,6 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
 
 
 # -- 1x1 kernels --------------------------------------------------------------------------
-# A 1x1 convolution is y[n] = W (F, C) @ x[n, :, ::sh, ::sw] (C, P): no columns, no (F, N*P)
-# transposes; the strided slice is one copy (none at stride 1). Measured fwd+bwd, batch
-# 64, 1 thread, thread CPU ms (against compiled im2col + GEMM, loaded host, medians of 11
-# interleaved rounds): stride 2 16->32 32x32 0.90 vs 1.06, 32->64 16x16 0.69 vs 0.71;
-# stride 1 16->32 16x16 0.64 vs 0.76, 64->64 8x8 1.00 vs 1.16, 8->32 32x32 2.19 vs 2.89,
-# 64->256 8x8 4.15 vs 4.27; 128->32 7x7 1.02 vs 1.39, 64->256 56x56 (batch 8) 26.4 vs 31.1,
-# 512->128 7x7 14.2 vs 14.8; but 256->512 stride 2 14x14 (batch 32) 14.6 vs 13.6: with
-# many channels on small planes the per-sample GEMMs lose to im2col's single one.
-POINTWISE_MAX_FC = 1 << 16
-def pointwise_applies(g: ConvGeometry) -> bool:
-    """Whether ``pointwise_forward`` computes this convolution: 1x1, no padding."""
-    return (g.kh, g.kw) == (1, 1) and not any((g.pt, g.pb, g.pl, g.pr))
-
-
-def use_pointwise(g: ConvGeometry, f: int) -> bool:
-    """The compiled path's choice of the 1x1 kernels over im2col + GEMM."""
-    return pointwise_applies(g) and f * g.c <= POINTWISE_MAX_FC
-
-
 def pointwise_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
                       ws: dict | None) -> tuple[np.ndarray, np.ndarray]:
     """(y, the strided input (N, C, P) backward needs) of a 1x1 convolution."""

@@ -7,7 +7,7 @@ positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F
 (P, C, T) in BLAS: F(2x2) does 16 multiplies per 4 outputs instead of 36 (2.25x fewer),
 F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
 Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
-the transform and the GEMM. ``conv.winograd_tile`` picks the tile per layer shape from
+the transform and the GEMM. ``plan.winograd_tile`` picks the tile per layer shape from
 measurements: F(4x4) from 32x32 channel pairs (C*F >= 1024) or 16x16 outputs, F(2x2) for
 small planes with few channels (a tie there, and F(2x2) rounds less). F(4x4)'s
 transforms run vectorized over tiles on big planes (``_winograd4w``), tile by tile on
@@ -56,10 +56,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ._numba import get_num_threads, scratch
-from . import _threads, _vgemm, _winograd, _winograd4
+from . import _vgemm, _winograd, _winograd4, plan
 from . import _team_jobs as _jobs
 from . import _winograd_blocks as _blocks
-from ._threads import blas_for, kernel, pieces, run, run_jobs, split_blocks
+from ._threads import blas_for, kernel, pieces, run, run_jobs
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -104,13 +104,14 @@ def tiles(oh: int, ow: int, m: int = 2) -> tuple[int, int]:
 def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> np.ndarray:
     """U (P, F, C) = G w G^T for w (F, C, 3, 3), row (a, b) of the transform: one GEMM
     (an einsum measured 100 ms for 512x512 filters), its columns split among ``workers``
-    threads from SPLIT_WEIGHTS filter pairs. U is the calling thread's scratch (16 MB for
-    512x512 filters at F(2x2): a new array per call is kept by the allocator)."""
+    threads from the planner's split_weights filter pairs. U is the calling thread's
+    scratch (16 MB for 512x512 filters at F(2x2): a new array per call is kept by the
+    allocator)."""
     f, c = w.shape[:2]
     p = tiling.p
     u = scratch("wino_u", (p, f, c), w.dtype)
     kg, w2, u2 = tiling.kg.astype(w.dtype), w.reshape(f * c, 9), u.reshape(p, f * c)
-    if workers <= 1 or f * c < SPLIT_WEIGHTS:
+    if workers <= 1 or f * c < plan.LIMITS.split_weights:
         np.matmul(kg, w2.T, out=u2)
         return u
     step = -(-f * c // workers)
@@ -124,26 +125,18 @@ def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> n
     return u
 
 
-# Filter pairs (F * C) from which the weight transform is split among the threads: at 2
-# threads vgg11bn's 512x512 transforms (36 x 9 by 9 x 262144, 38 MB written) and their
-# adjoints were ~30 ms a step on the calling thread while the other waited. Below 256x128
-# the split loses (F(4x4), one BLAS thread, ms, 1 thread vs split in 2, medians of 27
-# alternated, transform | adjoint: 64x64 0.13 vs 0.19 | 0.12 vs 0.22, 128x128 0.49 vs
-# 0.45 | 0.46 vs 0.49, 256x128 0.97 vs 0.75 | 1.11 vs 0.82, 512x512 9.7 vs 5.8 | 12.2 vs
-# 7.8); resnet20's 64->64 layer at 2 threads, fwd/bwd 1.98/3.98 ms against 2.33/4.45.
-SPLIT_WEIGHTS = 256 * 128
 
 
 def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = F2,
                               split: bool = False) -> np.ndarray:
     """dw (F, C, 3, 3) = G^T dU G for dU (P, F, C), written into ``out``. ``split`` (a
-    caller outside ``run``'s bodies): with 2+ threads and SPLIT_WEIGHTS filter pairs, the
+    caller outside ``run``'s bodies): with 2+ threads and split_weights filter pairs, the
     pairs split among the threads (``pieces``), each on one BLAS thread: a threaded GEMM
     with 9 columns was slower at 2 threads than at 1 (512x512 filters: 9.3 ms against 8.2;
     split 8.1; 256x256 1.7 against 1.1 split)."""
     p, f, c = du.shape
     kg = tiling.kg.astype(du.dtype)
-    if (split and out.flags.c_contiguous and f * c >= SPLIT_WEIGHTS
+    if (split and out.flags.c_contiguous and f * c >= plan.LIMITS.split_weights
             and get_num_threads() > 1):
         du2, dw2 = du.reshape(p, f * c), out.reshape(f * c, 9)
         pieces(f * c, lambda a, b: np.matmul(du2[:, a:b].T, kg, out=dw2[a:b]), 2)
@@ -154,12 +147,6 @@ def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = 
     return out
 
 
-# Samples per block: V and M of a block about this size, so they are still in cache when
-# the GEMM reads them.
-BLOCK_BYTES = 1 << 20
-
-
-MIN_TILES = 256
 
 # Elements added to the row stride of the (16, rows * tiles) work arrays: with a stride of
 # a power of two the 16 rows that every tile reads or writes land in the same cache sets
@@ -202,61 +189,14 @@ def _product_nt(a, b, out, add: bool, part, serial: bool) -> None:
 
 
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16):
-    """(k, blocks, workers): samples per block, the blocks (n0, n1), and how many threads
-    take whole blocks side by side.
-
-    With more than one thread, each thread takes every other block (``_threads``; blocks
-    of at most k samples, as many a thread, ``split_blocks``), unless
-    U outweighs a thread's V and M (``split_kernels``): then the blocks run one after the
-    other with every kernel and GEMM split among the threads.
-    """
-    threads = get_num_threads()
-    per_sample = p * (c + f) * th * tw * itemsize
-    k = BLOCK_BYTES // per_sample
-    if p * f * c * itemsize > BLOCK_BYTES // 4:
-        # big U: at least MIN_TILES tiles a GEMM, or re-reading U for every block costs
-        # more than V and M leaving the cache (256->256 at 8x8: 32 tiles a block otherwise)
-        k = max(k, -(-MIN_TILES // (th * tw)))
-    k = max(1, min(n, k))
-    workers = 1
-    if (threads > 1 and n >= threads
-            and not split_kernels(f, c, min(k, -(-n // threads)) * th * tw)):
-        k, workers = min(k, -(-n // threads)), threads
-    elif threads > 1:
-        k = max(1, min(n, k * threads))
-    if workers > 1:
-        # as many blocks a thread, shares within a sample of each other: blocks of k in
-        # turn gave one thread 35 samples of 64 and the caller 29 (32->32 16x16, k = 7),
-        # and the caller waited for it (resnet20 at 2 threads 1.06x, vgg11bn 1.035x a step)
-        blocks = split_blocks(n, k, workers)
-        return max(n1 - n0 for n0, n1 in blocks), blocks, workers
-    return k, [(n0, min(n, n0 + k)) for n0 in range(0, n, k)], workers
-
-
-def split_kernels(f: int, c: int, t: int) -> bool:
-    """Whether 2+ threads split every kernel and GEMM of a block (rather than take whole
-    blocks each) for F filters, C channels and t tiles a thread's block: when U (F*C values
-    a position, read whole by each thread that takes blocks) is more than U_OVER_VM times
-    that block's V and M ((C + F) * t), or the GEMM exceeds SPLIT_MNK multiply-adds."""
-    return f * c > U_OVER_VM * (c + f) * t or f * c * t > SPLIT_MNK
-
-
-# Measured fwd+bwd, batch 64, 2 threads, wall ms, medians of 5 alternated (AVX2 host, AMD
-# EPYC Zen 1; whole blocks vs split kernels): 512->512 4x4 (F(4x4), 32 tiles a thread,
-# U/(V+M) = 8) 128.7 vs 106.9, 256->512 4x4 68.5 vs 55.5, 512->512 2x2 (F(2x2)) 61.4 vs
-# 46.1; 256->256 8x8 (ratio 0.5) 82.5 vs 79.7, 128->256 8x8 44.6 vs 45.0, 64->128 16x16
-# 51.3 vs 53.0. Every thread streaming all of U (17-38 MB) is what the blocks lose; splitting
-# every kernel costs a barrier per kernel and GEMM, and on a loaded host far more (all
-# layers split: vgg11bn 3.8 s a step against 2.0 s with blocks, an earlier loaded host).
-U_OVER_VM = 2
-SPLIT_MNK = 1 << 62
+    """(k, blocks, workers) of this layer at the threads set (``plan.winograd_blocks``)."""
+    return plan.winograd_blocks(n, c, f, th, tw, itemsize, p, get_num_threads())
 
 
 def _compiled(dtype, c: int, f: int, workers: int) -> bool:
-    """Whether the blocks run in ``_winograd_blocks``' compiled drivers: where they apply,
-    at one thread or with whole blocks a thread (layers that split every kernel among the
-    threads keep the Python loop, their products split by positions)."""
-    return _blocks.applies(dtype, c, f) and (workers > 1 or get_num_threads() == 1)
+    """Whether the blocks run in ``_winograd_blocks``' compiled drivers
+    (``plan.winograd_drivers``)."""
+    return plan.winograd_drivers(dtype, c, f, workers, get_num_threads())
 
 
 def _team_work(team, i: int, name: str, rows: int, t: int, dtype, p: int) -> np.ndarray:
@@ -275,9 +215,9 @@ def _run_shares(workers: int, share, job) -> None:
 
 def _taking(blocks, workers: int, free: bool):
     """(blocks as an (n, 2) int64 array, the shared counter, step) for the drivers: step 0
-    (each thread takes the counter's next block) when ``free`` and ``_threads.DYNAMIC``,
+    (each thread takes the counter's next block) when ``free`` and the planner's ``dynamic``,
     else every ``workers``-th block from the thread's first (``run``'s round-robin)."""
-    step = 0 if free and workers > 1 and _threads.DYNAMIC else workers
+    step = 0 if free and workers > 1 and plan.LIMITS.dynamic else workers
     return np.asarray(blocks, np.int64).reshape(-1, 2), np.zeros(1, np.int64), step
 
 

@@ -1,0 +1,173 @@
+"""The planner (kernels/plan.py) as data: its decisions for each CPU kind, passed in rather
+than read from the host, and the CPU kind numba compiles for; and the code of the other
+kind run for real where the host can (the AVX2 code on an AVX-512 host, compiled for an
+older CPU through numba's NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distnn.kernels import plan
+from distnn.kernels.im2col import conv_geometry
+
+AVX512, AVX2, GENERIC = plan.CPU("avx512"), plan.CPU("avx2"), plan.CPU("generic")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def geo(n, c, h, k=3, stride=1, pad=1):
+    return conv_geometry((n, c, h, h), (k, k), (stride, stride), (pad,) * 4)
+
+
+# (geometry, filters, dtype) -> the method on AVX-512 | AVX2 | neither, at 1 thread:
+# resnet20's, vgg11bn's and the small CNNs' layers, batch 64
+CASES = [
+    ("resnet20 3->16 32x32", geo(64, 3, 32), 16, np.float32, "direct", "direct", "direct"),
+    ("resnet20 16->16 32x32", geo(64, 16, 32), 16, np.float32,
+     "vector", ("winograd", 4, True), ("winograd", 4, False)),
+    ("resnet20 16->32 s2", geo(64, 16, 32, stride=2), 32, np.float32,
+     "vector", "im2col", "im2col"),
+    ("resnet20 16->32 1x1 s2", geo(64, 16, 32, k=1, stride=2, pad=0), 32, np.float32,
+     "pointwise", "pointwise", "pointwise"),
+    ("resnet20 32->32 16x16", geo(64, 32, 16), 32, np.float32,
+     "vector", ("winograd", 4, True), ("winograd", 4, False)),
+    ("resnet20 64->64 8x8", geo(64, 64, 8), 64, np.float32,
+     ("winograd", 4, True), ("winograd", 4, True), ("winograd", 4, False)),
+    ("resnet20 64->64 8x8 float64", geo(64, 64, 8), 64, np.float64,
+     ("winograd", 4, False), ("winograd", 4, False), ("winograd", 4, False)),
+    ("vgg11bn 64->128 16x16", geo(64, 64, 16), 128, np.float32,
+     ("winograd", 4, False), ("winograd", 4, False), ("winograd", 4, False)),
+    ("vgg11bn 512->512 2x2", geo(64, 512, 2), 512, np.float32,
+     ("winograd", 2, False), ("winograd", 2, False), ("winograd", 2, False)),
+    ("16->16 14x14", geo(64, 16, 14), 16, np.float32,
+     ("winograd", 2, True), ("winograd", 2, True), ("winograd", 2, False)),
+    ("lenet 1->6 5x5", geo(64, 1, 28, k=5, pad=2), 6, np.float32, "direct", "direct", "direct"),
+    ("6->16 5x5 14x14", geo(64, 6, 14, k=5, pad=0), 16, np.float32,
+     "im2col", "im2col", "im2col"),
+]
+
+
+def _expect(want):
+    return plan.ConvPlan(want) if isinstance(want, str) else plan.ConvPlan(*want)
+
+
+@pytest.mark.parametrize("name,g,f,dtype,on512,on2,generic", CASES, ids=[c[0] for c in CASES])
+def test_conv_plans_for_every_cpu_kind(name, g, f, dtype, on512, on2, generic):
+    for cpu, want in ((AVX512, on512), (AVX2, on2), (GENERIC, generic)):
+        assert plan.plan_conv(g, f, dtype, cpu=cpu) == _expect(want), cpu
+
+
+def test_the_tiles_switch_sends_every_kind_to_blas_and_the_loops():
+    off = replace(plan.LIMITS, register_tiles=False)
+    for cpu in (AVX512, AVX2):
+        assert plan.plan_conv(geo(64, 16, 32), 16, np.float32, cpu=cpu, limits=off) == \
+            plan.ConvPlan("winograd", 4, False)
+        assert not plan.tile_products(cpu, off) and not plan.tiles_on(cpu, off)
+
+
+def test_products_on_the_tiles_on_avx512_only():
+    assert plan.tile_products(AVX512) and not plan.tile_products(AVX2)
+    assert not plan.tile_products(GENERIC)
+    forced = replace(plan.LIMITS, tile_products=True)
+    assert plan.tile_products(AVX2, forced) and not plan.tile_products(GENERIC, forced)
+
+
+def test_two_threads_keep_the_drivers_for_whole_blocks_only():
+    """At 2 threads vgg11bn's 512-filter layers split every kernel (the Python loop); the
+    small layers take whole blocks a thread, in the drivers."""
+    small = plan.plan_conv(geo(64, 16, 32), 16, np.float32, threads=2, cpu=AVX2)
+    assert small == plan.ConvPlan("winograd", 4, True)
+    assert plan.winograd_blocks(64, 512, 512, 1, 1, 4, 36, 2)[2] == 1
+    assert not plan.winograd_drivers(np.float32, 64, 64, 1, 2, cpu=AVX2)
+    assert plan.winograd_drivers(np.float32, 64, 64, 2, 2, cpu=AVX2)
+
+
+def test_tile_shapes_per_kind():
+    t512, t2 = plan.TILES["avx512"], plan.TILES["avx2"]
+    assert (t512.width, t512.rows, t512.cols) == (16, 8, 32)
+    assert (t2.width, t2.rows, t2.cols) == (8, 4, 24)
+    # accumulators fit the register files (32 and 16 vector registers), with room to load
+    assert t512.rows * t512.vectors <= 32 - t512.vectors - 1
+    assert t2.rows * t2.vectors <= 16 - t2.vectors - 1
+
+
+@pytest.mark.parametrize("name,features,host,want", [
+    (None, None, {"avx512f": True, "avx2": True, "fma": True}, "avx512"),
+    (None, None, {"avx2": True, "fma": True}, "avx2"),
+    (None, None, {"avx2": True, "fma": False}, "generic"),
+    ("haswell", "", {"avx512f": True}, "avx2"),
+    ("skylake-avx512", "", {"avx2": True, "fma": True}, "avx512"),
+    ("generic", "", {"avx512f": True}, "generic"),
+    ("haswell", None, {"avx512f": True}, "avx512"),  # numba keeps the host's features then
+    ("haswell", "+avx2,+fma,-avx512f", {"avx512f": True}, "avx2"),
+    (None, "+avx512f,+avx2,+fma", {}, "avx512"),
+])
+def test_target_cpu_follows_numbas_switches(name, features, host, want):
+    assert plan.target_cpu(name, features, host) == plan.CPU(want)
+
+
+def test_bad_limits_and_kinds_are_named():
+    with pytest.raises(ValueError, match="CPU kind must be one of"):
+        plan.CPU("sse2")
+    with pytest.raises(ValueError, match="Limits.winograd_min_channels must be a non-negative"):
+        plan.Limits(winograd_min_channels=-1)
+    with pytest.raises(ValueError, match="Limits.register_tiles must be a bool"):
+        plan.Limits(register_tiles=1)
+    with pytest.raises(ValueError, match="DISTNN_PIECES must be an integer, got 'many'"):
+        plan._from_env({"DISTNN_PIECES": "many"})
+    env = plan._from_env({"DISTNN_REGISTER_TILES": "0", "DISTNN_SPIN_YIELDS": "0"})
+    assert not env.register_tiles and env.spin_yields == 0 and env.pieces_per_thread == 4
+
+
+def test_using_restores_the_limits():
+    before = plan.LIMITS
+    with plan.using(winograd_min_channels=1) as changed:
+        assert plan.LIMITS is changed and changed.winograd_min_channels == 1
+    assert plan.LIMITS is before
+
+
+def test_host_plan_is_what_the_kernels_run(kernel_backend):
+    """On this host the compiled conv takes the planner's method (its cache says which)."""
+    if kernel_backend != "numba":
+        pytest.skip("the NumPy reference path has no planner")
+    from distnn.kernels import conv as K
+    from distnn.kernels import get_num_threads
+    rng = np.random.default_rng(0)
+    for c, f, h, stride in ((16, 16, 32, 1), (64, 64, 8, 1), (3, 16, 32, 1), (16, 32, 32, 2)):
+        x = rng.standard_normal((4, c, h, h)).astype(np.float32)
+        w = rng.standard_normal((f, c, 3, 3)).astype(np.float32)
+        g = conv_geometry(x.shape, (3, 3), (stride, stride), (1, 1, 1, 1))
+        want = plan.plan_conv(g, f, np.float32, threads=get_num_threads())
+        cache = K.conv2d_forward(x, w, None, (stride, stride), (1, 1, 1, 1))[1]
+        got = ("winograd" if cache.winograd else "vector" if cache.vector else
+               "direct" if cache.direct else "pointwise" if cache.pointwise else "im2col")
+        assert got == want.method and (not cache.winograd or cache.tile == want.tile)
+
+
+@pytest.mark.timeout(900)
+def test_the_avx2_code_runs_on_this_host(kernel_backend):
+    """The AVX2 tiles and drivers, compiled for an older CPU (NUMBA_CPU_NAME=haswell), run
+    the register-tile and driver tests on an AVX-512 host. On an AVX2 host the suite runs
+    that code itself; the AVX-512 code cannot run there."""
+    if kernel_backend != "numba":
+        pytest.skip("runs once, with the compiled backend (its subprocess runs both)")
+    if plan.target_cpu(None, None) != AVX512:
+        pytest.skip("needs an AVX-512 host (an AVX2 host runs the AVX2 code in the suite "
+                    "itself; the AVX-512 code needs AVX-512)")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
+    code = ("from distnn.kernels import plan, _vgemm; "
+            "print(plan.TARGET.kind, _vgemm.WIDTH, plan.tile_products())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout.split()
+    assert out == ["avx2", "8", "False"]
+    tests = ["tests/kernels/test_vgemm.py", "tests/kernels/test_winograd_blocks.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-x", *tests], env=env, capture_output=True, text=True, cwd=ROOT)
+    tail = run.stdout[-3000:]
+    assert run.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
