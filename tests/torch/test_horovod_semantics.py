@@ -127,6 +127,21 @@ def test_horovod_signatures_and_forms(job):
         assert f["comm_set"] == members and f["comm_set_sum"] == sum(members)
 
 
+@needs_mpi
+def test_sparse_gradients_step_sparse_adam_like_one_process(job):
+    n, results = job
+    for res in results:
+        assert res["sparse_adam"] < 1e-6
+
+
+@needs_mpi
+def test_argument_errors(job):
+    n, results = job
+    for res in results:
+        assert res["errors"]["alltoall_float_splits"] == "ValueError"
+        assert res["errors"]["adasum_is"] == (True, True)  # Horovod's type and distnn's
+
+
 def test_scale_rule_on_one_process():
     from distnn.torch.collectives import scale_
     a = torch.tensor([10, -10, 3], dtype=torch.int32)

@@ -22,6 +22,11 @@ from .collectives import (Handle, _flat_scaled, _int_mean, _op, _prepare, allred
 from .compression import Compression
 
 
+class UnsupportedOp(ValueError, RuntimeError):
+    """An op a collective does not support (a ValueError, and the RuntimeError Horovod
+    raises)."""
+
+
 def _guard(c, what: str) -> None:
     """After ``agree`` (a joined rank serves that check as an all-reduce): raise on every
     rank if some rank has joined."""
@@ -194,6 +199,10 @@ def _alltoall(tensor, splits, process_set, comm, name=None):
     rows = len(a)
     given = splits is not None
     if given:
+        if isinstance(splits, torch.Tensor) and (splits.is_floating_point()
+                                                 or splits.is_complex()):
+            raise ValueError(f"alltoall: splits must hold integers (row counts), got a "
+                             f"{splits.dtype} tensor")
         send = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
                                  else splits)]
         if len(send) != c.size or sum(send) != rows or min(send) < 0:
@@ -222,7 +231,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     (dim 0 split as evenly as possible, the first ranks one row more, as Horovod)."""
     mode = _op(op, None)
     if mode not in ("mean", "sum"):
-        raise ValueError(f"reducescatter supports op Average or Sum, got {op!r}")
+        raise UnsupportedOp(f"reducescatter supports op Average or Sum, got {op!r}")
     sent, ctx = compression.compress(tensor)
     if sent.requires_grad and torch.is_grad_enabled():
         out = _Reducescatter.apply(sent, mode, process_set, comm, prescale_factor,

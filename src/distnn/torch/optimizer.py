@@ -101,7 +101,9 @@ class DistributedOptimizer:
             after it.
         num_groups, groups: accepted for Horovod's signature; distnn fuses gradients into
             buckets of ``bucket_size_mb`` instead of explicit groups.
-        sparse_as_dense: accepted; gradients are always reduced densely here.
+        sparse_as_dense: accepted; gradients are always reduced densely here, and sparse
+            ones (``nn.Embedding(sparse=True)``) go back to the step as sparse tensors
+            (``SparseAdam`` works).
         process_set: reduce over this ``hvd.ProcessSet`` only (a rank outside it steps on
             its own gradients).
         bucket_size_mb: target bucket size in MiB (0: one bucket per parameter).
@@ -202,6 +204,9 @@ class _Mixin:
                     f"({layouts[bad][0]}), rank 0 has {len(layouts[0][1])} "
                     f"({layouts[0][0]}); build the same model on every rank")
         self._should_synchronize = True
+        # parameters whose step wants sparse gradients (accumulated densely in the buffer)
+        self._sparse: set = (set(range(len(self._params)))
+                             if isinstance(optimizer, torch.optim.SparseAdam) else set())
         self._hooks = []
         if self._active and self.non_blocking and op != "adasum":
             for i, p in enumerate(self._params):
@@ -231,6 +236,10 @@ class _Mixin:
         g = p.grad
         if g is None:
             view.zero_()
+        elif g.is_sparse:  # reduced densely; handed back sparse to the step (SparseAdam)
+            with torch.no_grad():
+                view.copy_(g.to_dense())
+            self._sparse.add(i)
         elif g.data_ptr() != view.data_ptr():
             with torch.no_grad():
                 view.copy_(g)
@@ -278,7 +287,13 @@ class _Mixin:
                               "after optimizer.synchronize(); wrap step() in "
                               "`with optimizer.skip_synchronize():`", stacklevel=2)
             self.synchronize()
-        out = base_step(self, closure)
+        for i in self._sparse:
+            self._params[i].grad = self._views[i].to_sparse(min(1, self._views[i].dim()))
+        try:
+            out = base_step(self, closure)
+        finally:
+            for i in self._sparse:
+                self._params[i].grad = self._views[i]
         self._reducer.reset()
         return out
 

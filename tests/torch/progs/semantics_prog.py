@@ -148,6 +148,35 @@ out["forms"] = {
     "comm_set": ps.ranks,
     "comm_set_sum": hvd.allreduce(torch.tensor([rank]), op=hvd.Sum, process_set=ps).item(),
 }
+
+# -- sparse gradients (nn.Embedding(sparse=True)) with SparseAdam, against one process -------
+inputs = [torch.tensor([[1, 2, 4, 5]]), torch.tensor([[1, 3, 4, 7]]), torch.tensor([[0, 9, 9, 2]])]
+torch.manual_seed(3)
+emb = torch.nn.Embedding(10, 3, sparse=True)
+ref = torch.nn.Embedding(10, 3, sparse=True)
+ref.load_state_dict(emb.state_dict())
+sopt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1))
+ref_opt = torch.optim.SparseAdam(list(ref.parameters()), lr=0.1)
+for step in range(2):
+    sopt.zero_grad()
+    emb(inputs[rank % 3]).sum().backward()
+    sopt.step()
+    grads = []
+    for r in range(size):
+        ref.zero_grad()
+        ref(inputs[r % 3]).sum().backward()
+        grads.append(ref.weight.grad.to_dense())
+    ref.weight.grad = (sum(grads) / size).to_sparse(1)
+    ref_opt.step()
+out["sparse_adam"] = float((emb.weight - ref.weight).abs().max())
+out["errors"] = {
+    "alltoall_float_splits": outcome(
+        lambda: hvd.alltoall(torch.ones(size), torch.ones(size)))[0],
+}
+try:
+    hvd.reducescatter(torch.ones(size), op=hvd.Adasum)
+except Exception as e:
+    out["errors"]["adasum_is"] = (isinstance(e, RuntimeError), isinstance(e, ValueError))
 hvd.barrier()
 with open(f"{sys.argv[1]}/rank{rank}.pkl", "wb") as f:
     pickle.dump(out, f)
