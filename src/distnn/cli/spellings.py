@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..run.kinds import Bool, Float, Int, Kind, Maybe, Str
-from ..run.options import OPTION_BY_NAME, TRAIN, ModelSpec, Option, canonical
+from ..run.kinds import Bool, Float, Int, Kind, Maybe, ModelSpec, Str
+from ..run.options import OPTION_BY_NAME, TRAIN, Option, canonical
 
 # -- their names of distnn's options --------------------------------------------------------
 ALIASES = {

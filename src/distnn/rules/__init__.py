@@ -1,16 +1,17 @@
 """Training rules: how the model replicas on the ranks cooperate.
 
-``RULES`` maps the word of ``--parallel`` to the class (``ALIASES``: other spellings, e.g.
+``RULES`` maps a rule's name to its class (``ALIASES``: other spellings, e.g.
 Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **kwargs)`` builds one, and
-``build_rule(name, options)`` builds one from a run's option values, reading its
-constructor's signature. See ``base.Rule`` for the interface the ``Trainer`` calls.
+``build_rule(name, arguments)`` builds one from typed arguments by name, taking those its
+constructor has. See ``base.Rule`` for the interface the ``Trainer`` calls. Rules know
+nothing of command-line options: ``distnn.run`` maps its options to these arguments.
 """
 from __future__ import annotations
 
 import inspect
 from typing import Any, Mapping
 
-from .base import Rule
+from .base import Rule, RuleArgumentError
 from .data import DataParallel
 from .downpour import Downpour
 from .easgd import EASGD
@@ -26,8 +27,9 @@ RULES: dict[str, type[Rule]] = {
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial"}
 
-__all__ = ["Rule", "DataParallel", "LocalSGD", "Downpour", "EASGD", "Gossip", "GEM", "RULES",
-           "ALIASES", "rule_name", "get_rule", "build_rule", "PartialUpdate"]
+__all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
+           "Gossip", "GEM", "PartialUpdate", "RULES", "ALIASES", "rule_name", "get_rule",
+           "build_rule"]
 
 
 def rule_name(name: str) -> str:
@@ -40,20 +42,15 @@ def rule_name(name: str) -> str:
     return key
 
 
-def get_rule(name: str, **options: Any) -> Rule:
-    """The rule called ``name`` (``--parallel``), built with ``options``."""
-    return RULES[rule_name(name)](**options)
+def get_rule(name: str, **arguments: Any) -> Rule:
+    """The rule called ``name``, built with ``arguments``."""
+    return RULES[rule_name(name)](**arguments)
 
 
-def build_rule(name: str, options: Mapping[str, Any]) -> Rule:
-    """The rule called ``name`` with each constructor argument taken from ``options`` (a
-    run's option values by name): the option the rule names for it in ``Rule.options``,
-    else the option of the argument's own name; arguments with no option keep their
-    default."""
+def build_rule(name: str, arguments: Mapping[str, Any]) -> Rule:
+    """The rule called ``name``, each constructor argument taken from ``arguments`` by its
+    name (others there are ignored: they belong to other rules); arguments not there keep
+    their default."""
     cls = RULES[rule_name(name)]
-    kwargs = {}
-    for arg in inspect.signature(cls).parameters:
-        option = cls.options.get(arg, arg)
-        if option in options:
-            kwargs[arg] = options[option]
-    return cls(**kwargs)
+    return cls(**{arg: arguments[arg] for arg in inspect.signature(cls).parameters
+                  if arg in arguments})

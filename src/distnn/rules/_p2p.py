@@ -51,7 +51,7 @@ class Traffic:
 
 def need_ranks(rule: str, comm, least: int) -> None:
     if comm.size < least:
-        raise ValueError(f"--parallel {rule} needs at least {least} ranks (rank 0 is the "
+        raise ValueError(f"{rule} needs at least {least} ranks (rank 0 is the "
                          f"master, the others are workers), got {comm.size}; run it under "
                          f"mpiexec -n {max(least, 3)}")
 
@@ -208,7 +208,7 @@ class MasterWorker(Rule):
                 waiting[source] = (inbox[:-1], samples)
             else:
                 raise RuntimeError(f"{self.name} master: unexpected message tag {tag} from "
-                                   f"rank {source}; every rank must run the same --parallel")
+                                   f"rank {source}; every rank must run the same rule")
             # Asynchronous: answer every message at once. Synchronous: answer when every
             # worker still training has sent its message of this round.
             if waiting and (not self.synchronous or set(waiting) >= active):

@@ -29,19 +29,25 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 
+class RuleArgumentError(ValueError):
+    """A constructor argument of a rule that does not fit (``argument`` names it), e.g.
+    more chunks than the model has weights. Rules know nothing of command lines: whoever
+    set the argument (``distnn.run``: an option) says where it came from."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(message)
+        self.argument = argument
+
+
 class Rule:
     """Base class of training rules. Subclasses override the hooks they need.
 
     Attributes:
-        name: the word that picks the rule (``--parallel NAME``).
-        options: constructor argument -> the run option that sets it, for the arguments
-            whose option has another name (``rules.build_rule`` reads the rest by their
-            own names from the constructor's signature).
+        name: the word that picks the rule (``RULES[name]``).
         min_ranks: the fewest ranks the rule runs on (2 with a master).
     """
 
     name = ""
-    options: dict[str, str] = {}
     min_ranks = 1
     # True when all ranks take every step together (a collective in each step), so the
     # trainer may add a small per-step collective of its own (the NaN check).

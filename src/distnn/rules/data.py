@@ -35,7 +35,6 @@ class DataParallel(Rule):
 
     name = "data"
     lockstep = True
-    options = {"non_blocking": "non_blocking_mpi", "compression": "gradient_compression"}
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression: Any = None, error_feedback: bool = True,

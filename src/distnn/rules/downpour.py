@@ -1,7 +1,7 @@
 """``downpour``: asynchronous parameter server (Downpour SGD, Dean et al. 2012; NNLO's
 default mode).
 
-Rank 0, the master, holds the weights and the optimizer (``--optimizer``). The workers
+Rank 0, the master, holds the weights and the optimizer (the trainer's). The workers
 (ranks 1..N-1) share each global batch among themselves; every ``sync_every`` batches a
 worker sends the sum of its gradients since its last message and receives the master's
 weights back. The master applies each message as it arrives (one optimizer step per

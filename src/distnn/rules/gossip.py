@@ -25,7 +25,7 @@ from .. import distributed as dist
 from ..distributed.coordination import Backoff
 from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
                    restore_local_state)
-from .base import Rule
+from .base import Rule, RuleArgumentError
 
 
 class Gossip(Rule):
@@ -42,14 +42,14 @@ class Gossip(Rule):
 
     name = "gossip"
 
-    options = {"probability": "gossip_probability", "alpha": "gossip_alpha"}
-
     def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
                  synchronous: bool = False):
         if not 0 < probability <= 1:
-            raise ValueError(f"gossip: probability must be in (0, 1], got {probability!r}")
+            raise RuleArgumentError("probability", f"gossip: probability must be in (0, 1], "
+                                    f"got {probability!r}")
         if alpha is not None and not 0 < alpha <= 1:
-            raise ValueError(f"gossip: alpha must be in (0, 1] (None: 1 / ranks), got {alpha!r}")
+            raise RuleArgumentError("alpha", f"gossip: alpha must be in (0, 1] (None: 1 / "
+                                    f"ranks), got {alpha!r}")
         self.probability = float(probability)
         self.alpha0 = None if alpha is None else float(alpha)
         self.synchronous = bool(synchronous)

@@ -12,7 +12,7 @@ and the final model use the average. With ``chunks=1`` it makes exactly the upda
 ``localsgd`` with ``sync_every=1``.
 
 The turn runs on across epochs: the checkpoint keeps the position, with every rank's
-optimizer state, so ``--resume`` on the same number of ranks continues exactly. On another
+optimizer state, so a resume on the same number of ranks continues exactly. On another
 number of ranks the weights (averaged at the checkpoint) and the position carry over and
 every rank starts from rank 0's optimizer state (momentum), said on rank 0. A resume with
 another ``chunks`` starts the turns at chunk 0.
@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ._p2p import Traffic, gather_states, local_state, restore_local_state
-from .base import Rule
+from .base import Rule, RuleArgumentError
 
 
 def chunk_edges(n: int, chunks: int) -> np.ndarray:
@@ -46,15 +46,14 @@ class PartialUpdate(Rule):
     """
 
     name = "partial"
-    options = {"chunks": "partial_chunks"}
     # Not lockstep: mid-epoch the replicas differ, so a step checkpoint of rank 0's weights
     # could not resume them (checkpoints are taken at epoch ends, after the full average).
     lockstep = False
 
     def __init__(self, *, chunks: int = 4):
         if isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1:
-            raise ValueError(f"partial: chunks (--partial_chunks) must be an integer >= 1, got "
-                             f"{chunks!r}")
+            raise RuleArgumentError("chunks", f"partial: chunks must be an integer >= 1, got "
+                                    f"{chunks!r}")
         self.chunks = int(chunks)
         self.position = 0   # the chunk averaged after the next step
         self.traffic = Traffic()
@@ -66,8 +65,9 @@ class PartialUpdate(Rule):
     def bind(self, trainer, optimizer):
         n = trainer.model.parameters_flat().size
         if self.chunks > n:
-            raise ValueError(f"partial: chunks (--partial_chunks) must be at most the number of "
-                             f"weights of the model ({n}), got {self.chunks}; use fewer chunks")
+            raise RuleArgumentError("chunks", f"partial: chunks must be at most the number of "
+                                    f"weights of the model ({n}), got {self.chunks}; use fewer "
+                                    "chunks")
         self._edges = chunk_edges(n, self.chunks)
         self._buf = np.zeros(int(np.diff(self._edges).max()) + 1, trainer.model.dtype)
         self._samples = np.zeros(self.chunks, np.int64)  # this rank's, since each average

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import preflight
 from .callbacks import build_callbacks, build_optimizer
-from .config import EVAL, PRED, TRAIN, ConfigError, RunConfig, build_config
+from .config import EVAL, PRED, TRAIN, ConfigError, RunConfig, build_config, rule_error
 from .data import READER_OPTIONS, build_augment, load_data, load_splits
 from .errors import RunError, TrainingDiverged, agreed, rank_path
 from .rule import build_rule
@@ -320,7 +320,7 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
                           seed=cfg.model.random_seed, profiler=profiler, rule=rule,
                           ignore_nan=t.ignore_nan)
     except ValueError as exc:  # the rule does not fit the model (same on every rank)
-        raise ConfigError(f"--parallel {cfg.parallel.parallel}: {exc}") from None
+        raise rule_error(cfg.parallel, exc) from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
     run = Run(cfg, comm, splits, model, trainer, train, val, profiler, configured, threads,
               effective=cfg, lr=trainer.lr)

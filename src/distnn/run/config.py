@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from .options import Option
 
 __all__ = [
-    "ConfigError", "TRAIN", "EVAL", "PRED", "ALL", "option", "ModelConfig", "DataConfig",
-    "TrainConfig", "OptimizerConfig", "ScheduleConfig", "ParallelConfig", "OutputConfig",
-    "PredictConfig", "RunConfig", "SECTIONS", "load_toml", "option_values", "build_config",
+    "ConfigError", "TRAIN", "EVAL", "PRED", "ALL", "option", "Section", "ModelConfig",
+    "DataConfig", "TrainConfig", "OptimizerConfig", "ScheduleConfig", "ParallelConfig",
+    "OutputConfig", "PredictConfig", "RunConfig", "SECTIONS", "load_toml", "option_values",
+    "build_config", "rule_error",
 ]
 
 TRAIN, EVAL, PRED = "train", "evaluate", "predict"

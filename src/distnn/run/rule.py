@@ -1,17 +1,17 @@
 """The training rule a ``RunConfig`` asks for (``--parallel`` and the rule's options)."""
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, rule_error
 
 __all__ = ["build_rule"]
 
 
 def build_rule(cfg: RunConfig, comm):
     """The training rule of ``cfg.parallel.parallel`` (auto and sequential: data), its
-    constructor's arguments read from ``cfg.parallel`` (``rules.build_rule``)."""
+    constructor's arguments the fields of ``cfg.parallel`` that set them
+    (``ParallelConfig.rule_arguments``); a rule's refusal names the option."""
     from ..rules import RULES, rule_name
     from ..rules import build_rule as rule_from_options
     p = cfg.parallel
@@ -23,9 +23,9 @@ def build_rule(cfg: RunConfig, comm):
                           "exchanges no gradients that way: drop --gradient_compression or "
                           "use --parallel data")
     try:
-        rule = rule_from_options(name, dataclasses.asdict(p))
+        rule = rule_from_options(name, p.rule_arguments())
     except ValueError as exc:
-        raise ConfigError(f"--parallel {p.parallel}: {exc}") from None
+        raise rule_error(p, exc) from None
     if comm.size < rule.min_ranks:
         raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
                           f"workers, so it needs at least {rule.min_ranks} ranks, got "
