@@ -125,6 +125,27 @@ def test_horovod_signatures_and_forms(job):
         assert f["grouped_avg_grad_fn"]
         members = [r for r in range(n) if r % 2 == rank % 2]
         assert f["comm_set"] == members and f["comm_set_sum"] == sum(members)
+        assert f["parameter_names"] == [f"param.{i}" for i in range(4)]
+
+
+@needs_mpi
+def test_barrier_returns_after_the_queued_collectives(job):
+    n, results = job
+    for res in results:
+        assert res["barrier_polls"] == [True, True]
+
+
+@needs_mpi
+def test_join_serves_queued_allreduces(job):
+    n, results = job
+    total = sum(r + 1 for r in range(1, n))  # rank 0 joined: it sends zeros
+    for rank, res in enumerate(results):
+        j = res["join"]
+        assert j["rets"] == [n - 1] * n  # the last rank to join, on every rank
+        if rank:
+            assert j["avg"] == [6.0 * total / n, 3.0 * total / n]  # divided by the full size
+            assert j["grouped"] == [[6.0 * total, 3.0 * total], [12.0 * total, 6.0 * total]]
+            assert j["allgather"] == "RuntimeError"  # cannot run while a rank is joined
 
 
 @needs_mpi

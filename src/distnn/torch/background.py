@@ -1,8 +1,8 @@
 """The background queue of ``distnn.torch``'s asynchronous collectives (Horovod's background
 thread), and the names of the operations in flight.
 
-``allgather_async``, ``broadcast_async(_)``, ``alltoall_async``, ``reducescatter_async``
-and their grouped forms return at once: a worker thread runs them, in the order they were
+Every ``*_async`` collective (all-reduces, allgather, broadcast, alltoall, reducescatter
+and their grouped forms) returns at once: a worker thread runs them, in the order they were
 called, on a duplicate of the process set's communicator made by ``hvd.init()`` (or
 ``add_process_set``), so they never interleave with the collectives the main thread calls
 meanwhile (MPI matches collectives per communicator, in posting order). ``poll(handle)`` is
@@ -10,8 +10,9 @@ True once the worker has finished it; ``synchronize(handle)`` waits and returns 
 (or raises its error). The worker needs MPI_THREAD_MULTIPLE (mpi4py asks for it); without
 it, or with an explicit ``comm=``, these calls complete when called.
 
-All-reduces run on the main thread's channel instead (non-blocking MPI all-reduces after a
-blocking cross-rank check), so that ``join()`` can serve them.
+``allreduce_async(_)``, ``grouped_allreduce_async(_)`` and ``sparse_allreduce_async`` are
+queued too. The worker's communicator is join-safe (``JoinableComm``): ``hvd.join()`` serves
+the queued all-reduces of the ranks still training as well as the main thread's.
 
 Names: a name given to an ``*_async`` call stays taken until its handle is synchronized (a
 handle dropped unsynchronized frees it once its collective has run); a second call with a
@@ -23,6 +24,8 @@ import queue
 import threading
 
 import torch
+
+from ..distributed.join import JoinableComm
 
 _in_flight: set = set()
 _lock = threading.Lock()
@@ -66,13 +69,17 @@ class Worker:
         self.comm = comm
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.submitted = 0
+        self.completed = 0
+        self._progress = threading.Condition()
 
-    def submit(self, fn, output_hint=None) -> "Future":
+    def submit(self, fn) -> "Future":
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True,
                                             name="distnn-torch-collectives")
             self._thread.start()
         future = Future()
+        self.submitted += 1
         self._queue.put((fn, future))
         return future
 
@@ -84,9 +91,18 @@ class Worker:
             fn, future = item
             try:
                 with torch.no_grad():
-                    future.set(fn(self.comm), None)
+                    out, err = fn(self.comm), None
             except BaseException as exc:  # delivered to the caller by synchronize()
-                future.set(None, exc)
+                out, err = None, exc
+            future.set(out, err)
+            with self._progress:
+                self.completed += 1
+                self._progress.notify_all()
+
+    def wait_completed(self, count: int) -> None:
+        """Wait until the first ``count`` queued collectives have run."""
+        with self._progress:
+            self._progress.wait_for(lambda: self.completed >= count)
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -138,7 +154,7 @@ def make_worker(comm):
         return None
     dup = comm.split(0, comm.rank)
     dup.stall = None  # the stall inspector counts the main thread's collectives only
-    return Worker(dup)
+    return Worker(JoinableComm(dup))  # hvd.join() serves the queued all-reduces too
 
 
 def release_after(future: Future, name) -> None:

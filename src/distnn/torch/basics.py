@@ -8,7 +8,10 @@ the group of ranks with its local rank (one per host), as Horovod's cross commun
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable
+
+import numpy as np
 
 from .. import distributed as dist
 from ..distributed import Communicator
@@ -304,9 +307,27 @@ def join(device: int = -1) -> int:
     joined; returns the rank that joined last, on every rank. ``device`` is accepted for
     Horovod's signature (CPU only)."""
     c = channel()
-    return c.join() if isinstance(c, JoinableComm) else c.rank
+    if not isinstance(c, JoinableComm):
+        return c.rank
+    entered = time.time()
+    w = worker()
+    queued = w.submit(lambda wc: wc.join()) if w is not None else None  # the async ones
+    last = c.join()
+    if queued is None:
+        return last
+    queued.wait()
+    # two channels joined: the last rank is the one that entered join() last
+    times = c.comm.allgather_obj(entered)
+    return max(range(len(times)), key=lambda r: (times[r], r))
 
 
 def barrier(process_set: ProcessSet | None = None) -> None:
+    """Wait for every rank of the set; the ``*_async`` collectives every rank had queued
+    before it have then run too (as in Horovod, whose barrier is queued after them)."""
     c = channel(process_set=process_set)
     c.barrier()
+    w = worker(process_set)
+    if w is not None:
+        low = np.array([-w.submitted], dtype=np.int64)
+        c.allreduce_(low, "max")  # join-safe: joined ranks count as no bound
+        w.wait_completed(min(-int(low[0]), w.submitted))

@@ -208,47 +208,43 @@ def _prepare(tensor: torch.Tensor, mode: str) -> torch.Tensor:
     return tensor.detach().clone().contiguous()
 
 
+def _reduce_inplace(tensor, mode, prescale_factor, postscale_factor, c, name) -> Handle:
+    """Reduce ``tensor`` in place over c (through a copy when it is not contiguous)."""
+    if tensor.is_contiguous():
+        return _start_reduce(tensor, mode, prescale_factor, postscale_factor, c, name=name)
+    tmp = tensor.detach().contiguous().clone()
+    inner = _start_reduce(tmp, mode, prescale_factor, postscale_factor, c, name=name)
+    return Handle(tensor, inner, lambda: tensor.data.copy_(inner.wait()))
+
+
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
-    """Start an in-place reduction of ``tensor``; ``synchronize(handle)`` returns it. The
-    ranks first agree on the call (blocking, small); the reduction itself is in flight."""
+    """Queue an in-place reduction of ``tensor`` on the background worker;
+    ``synchronize(handle)`` returns it."""
     mode = _op(op, average)
-    c = channel(comm, process_set)
-    reserve(name, "allreduce_async_")
-    try:
-        if tensor.is_contiguous():
-            return _start_reduce(tensor, mode, prescale_factor, postscale_factor, c,
-                                 name=name).take(name)
-        tmp = tensor.detach().contiguous().clone()
-        inner = _start_reduce(tmp, mode, prescale_factor, postscale_factor, c, name=name)
-    except BaseException:
-        release(name)
-        raise
-    return Handle(tensor, inner, lambda: tensor.data.copy_(inner.wait()), name=name)
+    return queued("allreduce_async_", name, process_set, comm, lambda c: _reduce_inplace(
+        tensor, mode, prescale_factor, postscale_factor, c or channel(comm, process_set),
+        name).wait())
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None, *, comm=None) -> torch.Tensor:
     """Reduce ``tensor`` over ranks in place (Average, Sum, Adasum, Min, Max, Product);
     returns it."""
+    mode = _op(op, average)
     with torch.no_grad():
-        return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                process_set, comm=comm).wait()
+        return _reduce_inplace(tensor, mode, prescale_factor, postscale_factor,
+                               channel(comm, process_set), name).wait()
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
-    """Start a reduction of a copy of ``tensor``; ``synchronize(handle)`` returns it."""
+    """Queue a reduction of ``tensor`` on the background worker; ``synchronize(handle)``
+    returns the result (a new tensor)."""
     mode = _op(op, average)
-    c = channel(comm, process_set)
-    reserve(name, "allreduce_async")
-    try:
-        h = _start_reduce(_prepare(tensor, mode), mode, prescale_factor, postscale_factor, c,
-                          name=name)
-    except BaseException:
-        release(name)
-        raise
-    return h.take(name)
+    return queued("allreduce_async", name, process_set, comm, lambda c: _start_reduce(
+        _prepare(tensor, mode), mode, prescale_factor, postscale_factor,
+        c or channel(comm, process_set), name=name).wait())
 
 
 class _Allreduce(torch.autograd.Function):
@@ -282,12 +278,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(out, ctx)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
-    """Start reducing a list of tensors in place as one fused buffer per dtype (Adasum:
-    tensor by tensor inside the buffer); ``synchronize`` returns the list."""
-    mode = _op(op, average)
-    c = channel(comm, process_set)
+def _grouped_inplace(tensors, mode, prescale_factor, postscale_factor, c, name) -> Handle:
+    """Reduce a list of tensors in place over c as one fused buffer per dtype (Adasum:
+    tensor by tensor inside the buffer)."""
     tensors = list(tensors)
     agree(c, "grouped_allreduce", tensors, name=name, op=mode)
     pending = []
@@ -308,6 +301,17 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return Handle(tensors, _Group([h for h, _, _ in pending]), finish)
 
 
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
+    """Queue an in-place grouped reduction on the background worker; ``synchronize``
+    returns the list."""
+    mode = _op(op, average)
+    tensors = list(tensors)
+    return queued("grouped_allreduce_async_", name, process_set, comm,
+                  lambda c: _grouped_inplace(tensors, mode, prescale_factor, postscale_factor,
+                                             c or channel(comm, process_set), name).wait())
+
+
 class _Group:
     def __init__(self, handles):
         self.handles = handles
@@ -322,15 +326,18 @@ class _Group:
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=None, *, comm=None):
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                    postscale_factor, process_set, comm=comm).wait()
+    return _grouped_inplace(tensors, _op(op, average), prescale_factor, postscale_factor,
+                            channel(comm, process_set), name).wait()
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, *, comm=None) -> Handle:
     mode = _op(op, average)
-    return grouped_allreduce_async_([_prepare(t, mode) for t in tensors], average, name, op,
-                                    prescale_factor, postscale_factor, process_set, comm=comm)
+    tensors = list(tensors)
+    return queued("grouped_allreduce_async", name, process_set, comm,
+                  lambda c: _grouped_inplace([_prepare(t, mode) for t in tensors], mode,
+                                             prescale_factor, postscale_factor,
+                                             c or channel(comm, process_set), name).wait())
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
@@ -345,9 +352,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
         out = _GroupedAllreduce.apply((mode, prescale_factor, postscale_factor, process_set,
                                        comm, name), *[s for s, _ in sent])
     else:
-        out = grouped_allreduce_async([s for s, _ in sent], average, name, op,
-                                      prescale_factor, postscale_factor, process_set,
-                                      comm=comm).wait()
+        out = _grouped_inplace([_prepare(s, mode) for s, _ in sent], mode, prescale_factor,
+                               postscale_factor, channel(comm, process_set), name).wait()
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, sent)]
 
 
@@ -359,9 +365,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, args, *tensors):
         ctx.args = args
         mode, prescale, postscale, process_set, comm, name = args
-        return tuple(grouped_allreduce_async([t.detach() for t in tensors], None, name, mode,
-                                             prescale, postscale, process_set,
-                                             comm=comm).wait())
+        return tuple(_grouped_inplace([_prepare(t, mode) for t in tensors], mode, prescale,
+                                      postscale, channel(comm, process_set), name).wait())
 
     @staticmethod
     def backward(ctx, *grads):
@@ -371,7 +376,14 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None, *, comm=None):
-    """Sparse tensors are reduced densely here (Horovod's ``sparse_as_dense``)."""
-    dense = tensor.to_dense() if tensor.is_sparse else tensor
-    out = allreduce(dense, name=name, op=op, process_set=process_set, comm=comm)
-    return Handle(out.to_sparse() if tensor.is_sparse else out)
+    """Queue the reduction of a sparse tensor (reduced densely, returned sparse); returns a
+    handle that is also a function, as Horovod's: ``handle()`` waits and returns it."""
+    sparse = tensor.is_sparse
+    dense = tensor.to_dense() if sparse else tensor
+
+    def run(c):
+        out = allreduce(dense, name=name, op=op, process_set=process_set,
+                        comm=c if c is not None else comm)
+        return out.to_sparse() if sparse else out
+
+    return queued("sparse_allreduce_async", name, process_set, comm, run)

@@ -11,7 +11,8 @@ import torch
 
 from ..distributed import Communicator
 from .basics import channel
-from .exchange import broadcast_
+from .collectives import as_numpy
+from .exchange import _bcast, broadcast_
 
 
 def _comm(comm: Communicator | None, process_set=None) -> Communicator:
@@ -92,11 +93,17 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable | torch.n
     if c.size == 1:
         return
     items = _named_tensors(params)
-    _check_same(c, "broadcast_parameters",
-                [(n, tuple(t.shape), str(t.dtype)) for n, t in items], "tensors")
+    # one check for all tensors (and the root), then the broadcasts alone
+    _check_same(c, "broadcast_parameters", [("root_rank", root_rank)] + [
+        (n, tuple(t.shape), str(t.dtype)) for n, t in items], "tensors (or root_rank)")
+    root = root_rank
+    if process_set is not None and getattr(process_set, "ranks", None) is not None:
+        root = process_set.ranks.index(root_rank)
+    if hasattr(c, "check_none_joined"):
+        c.check_none_joined("broadcast_parameters")
     with torch.no_grad():
         for _, t in items:
-            broadcast_(t, root_rank, process_set=process_set, comm=c)
+            _bcast(t, as_numpy(t, "broadcast_parameters"), root, c)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,

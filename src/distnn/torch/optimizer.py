@@ -213,6 +213,11 @@ class _Mixin:
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     lambda param, i=i: self._on_grad(i, param)))
 
+    @property
+    def _parameter_names(self) -> dict:
+        """Horovod's map of parameter -> name (``param.<i>`` without named_parameters)."""
+        return {p: n for n, p in zip(self._names, self._params)}
+
     # -- counters live in the reducer ---------------------------------------------------
     allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
     bytes_reduced = property(lambda self: self._reducer.bytes_reduced)

@@ -147,7 +147,32 @@ out["forms"] = {
     "grouped_avg_grad_fn": all(y.grad_fn is not None for y in ys),
     "comm_set": ps.ranks,
     "comm_set_sum": hvd.allreduce(torch.tensor([rank]), op=hvd.Sum, process_set=ps).item(),
+    "parameter_names": sorted(hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": model.parameters()}, {"params": torch.nn.Linear(2, 1).parameters()}],
+        lr=0.1))._parameter_names.values()),
 }
+
+# -- a barrier returns after the async collectives every rank queued before it -------------
+hs = [hvd.allgather_async(torch.ones(50000) * rank), hvd.allreduce_async(torch.ones(50000))]
+hvd.barrier()
+out["barrier_polls"] = [hvd.poll(h) for h in hs]
+for h in hs:
+    hvd.synchronize(h)
+
+# -- join serves the queued all-reduces of the ranks still training -------------------------
+a_ = torch.tensor([6.0, 3.0]) * (rank + 1)
+if rank == 0:
+    joined = {"ret": hvd.join()}
+else:
+    h = hvd.allreduce_async(a_, name="joined_avg")
+    g = hvd.grouped_allreduce_async([a_, a_ * 2], op=hvd.Sum)
+    joined = {"avg": hvd.synchronize(h).tolist(), "grouped": [t.tolist() for t in hvd.synchronize(g)]}
+    joined["allgather"] = outcome(lambda: hvd.synchronize(hvd.allgather_async(a_)))[0]
+    if rank == size - 1:
+        time.sleep(0.3)  # the last rank to join
+    joined["ret"] = hvd.join()
+joined["rets"] = hvd.allgather_object(joined["ret"])
+out["join"] = joined
 
 # -- sparse gradients (nn.Embedding(sparse=True)) with SparseAdam, against one process -------
 inputs = [torch.tensor([[1, 2, 4, 5]]), torch.tensor([[1, 3, 4, 7]]), torch.tensor([[0, 9, 9, 2]])]
