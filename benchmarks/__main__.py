@@ -4,6 +4,7 @@
     python -m benchmarks --models simplecnn,lenet --configs 1p1t,2r1t --reps 5
     python -m benchmarks --quick                 # tiny smoke run (not a measurement)
     python -m benchmarks --write-results         # also append to benchmarks/RESULTS.md
+    python -m benchmarks --task infer            # forward only (distnn predict's), batch 256
 
 Each measurement is a fresh subprocess (a worker in benchmarks/workers/) with its thread
 count fixed before numpy/torch load. It trains ``warmup`` untimed steps, then ``windows``
@@ -11,7 +12,10 @@ timed windows of ``steps`` steps, and reports per-window samples/s, time per ste
 into compute and communication wait, and each rank's peak RSS (``ru_maxrss``). The
 harness runs the systems one after another on the same (model, config), repeats the whole
 sweep ``--reps`` times (A B A B ...), pools the windows and reports medians and ratios
-distnn / peer. It also measures how much CPU *other* processes used during each run (from
+distnn / peer. PyTorch runs in each of ``--torch-modes`` (eager, channels_last,
+torch.compile; DDP too): the ratio that counts is distnn ÷ the fastest of them per model
+and config, and torch.compile's compile time (its first warm-up step) is reported apart,
+not counted in samples/s. It also measures how much CPU *other* processes used during each run (from
 /proc/stat minus its own children) and re-runs a measurement they disturbed.
 """
 from __future__ import annotations
@@ -45,6 +49,10 @@ PYDTNN_SETUP = "/work/shared/peers/pydtnn/setup.sh"
 MODELS = ("simplecnn", "lenet", "vgg11bn", "resnet20", "simplecnn_pydtnn")
 CONFIGS = ("1p1t", "1p2t", "2r1t")
 PEERS = ("torch", "ddp", "pydtnn")
+TORCH_MODES = ("eager", "channels_last", "compile")
+MODE_SUFFIX = {"eager": "", "channels_last": "-cl", "compile": "-compile"}
+TORCH_SYSTEMS = tuple("torch" + s for s in MODE_SUFFIX.values())
+DDP_SYSTEMS = tuple("torch-ddp" + s for s in MODE_SUFFIX.values())
 # (warmup steps, timed windows, steps per window) per model: windows of >= ~0.5 s each.
 WINDOWS = {"simplecnn": (20, 7, 30), "simplecnn_pydtnn": (20, 7, 30), "lenet": (20, 7, 30),
            "resnet20": (4, 5, 4), "vgg11bn": (2, 5, 2)}
@@ -67,6 +75,7 @@ DDP_TARGET = {"simplecnn": 1.3, "lenet": 1.3, "vgg11bn": 1.3, "resnet20": 1.3,
 SCALING_TARGET = 0.9
 SCALING_MODELS = ("vgg11bn", "resnet20")
 THREADS_TARGET = 1.6  # distnn 1p2t ÷ 1p1t
+BEST_TARGET = 1.0  # distnn ÷ the fastest PyTorch mode (issue 39), every model and config
 THREADS_MODELS = ("resnet20", "vgg11bn")
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -204,8 +213,9 @@ def quantile(xs, q):
 class Systems:
     """Which systems exist here and how to launch their workers."""
 
-    def __init__(self, peers):
+    def __init__(self, peers, torch_modes=TORCH_MODES, task="train"):
         self.py = sys.executable
+        self.torch_modes, self.task = tuple(torch_modes), task
         self.mpiexec = shutil.which("mpiexec", path=str(Path(self.py).parent)) or \
             shutil.which("mpiexec")
         # DDP is launched the way PyTorch users launch it: torchrun picks its own free port
@@ -282,10 +292,11 @@ class Systems:
         out, notes = [], []
         if self.available.get("distnn"):
             out.append("distnn")
+        suffixes = [MODE_SUFFIX[m] for m in self.torch_modes]
         if ranks == 1 and "torch" in peers and self.available.get("torch"):
-            out.append("torch")
+            out += ["torch" + s for s in suffixes]
         if ranks > 1 and "ddp" in peers and self.available.get("torch-ddp"):
-            out.append("torch-ddp")
+            out += ["torch-ddp" + s for s in suffixes]
         if "pydtnn" in peers and self.available.get("pydtnn"):
             if model in PYDTNN_MODELS:
                 out.append("pydtnn")
@@ -298,7 +309,13 @@ class Systems:
     def command(self, system, model, ranks, threads, batch, win):
         warmup, windows, steps = win
         common = ["--model", model, "--threads", str(threads), "--batch", str(batch),
-                  "--warmup", str(warmup), "--windows", str(windows), "--steps", str(steps)]
+                  "--warmup", str(warmup), "--windows", str(windows), "--steps", str(steps),
+                  "--task", self.task]
+        mode = next((m for m, s in MODE_SUFFIX.items() if s and system.endswith(s)), "eager")
+        if system.startswith("torch"):
+            system = system[:len(system) - len(MODE_SUFFIX[mode])] if MODE_SUFFIX[mode] \
+                else system
+            common += ["--mode", mode]
         if system == "distnn":
             cmd = [self.py, str(WORKERS / "distnn_worker.py")] + common
             launcher = self.mpiexec
@@ -439,7 +456,7 @@ def build_tables(args, results, errors):
     rows = ["| model | config | system | samples/s | IQR | distnn ÷ system | step ms | "
             "compute ms | comm wait ms | peak RSS/rank MiB | windows | others' load |",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    order = ["distnn", "torch", "torch-ddp", "pydtnn"]
+    order = ["distnn", *TORCH_SYSTEMS, *DDP_SYSTEMS, "pydtnn"]
     for model in args.models:
         for config in args.configs:
             base = summ.get((model, config, "distnn"))
@@ -457,7 +474,33 @@ def build_tables(args, results, errors):
                     f"| {fmt_ratio(ratio)} | {s['step_ms']:.2f} | {s['compute_ms']:.2f} | "
                     f"{s['comm_ms']:.2f} | {' / '.join(f'{m:.0f}' for m in s['rss'])} | "
                     f"{s['windows']} | {s['others']:.2f} |")
+    best = []
+    for model in args.models:
+        for config in args.configs:
+            base = summ.get((model, config, "distnn"))
+            peer = best_torch(summ, model, config)
+            if base and peer:
+                best.append(f"| {model} | {config} | {peer[0]} | {peer[1]['sps']:.0f} | "
+                            f"{base['sps']:.0f} | {base['sps'] / peer[1]['sps']:.2f}x |")
+    if best:
+        rows += ["", "Against the fastest PyTorch mode of each model and config:", "",
+                 "| model | config | fastest PyTorch | its samples/s | distnn samples/s | "
+                 "distnn ÷ it |", "|---|---|---|---:|---:|---:|"] + best
+    compile_s = [(k, median([r["first_step_s"] for r in v])) for k, v in results.items()
+                 if k[2].endswith("-compile") and all("first_step_s" in r for r in v)]
+    if compile_s:
+        rows += ["", "torch.compile's compile time (the first warm-up step, median over "
+                 "repetitions; not in samples/s): " + ", ".join(
+                     f"{m} {c} {s:.1f} s" for (m, c, _), s in compile_s)]
     return summ, "\n".join(rows)
+
+
+def best_torch(summ, model, config):
+    """(system, summary) of the fastest PyTorch mode measured on (model, config)."""
+    ranks, _ = parse_config(config)
+    found = [(s, summ[(model, config, s)]) for s in
+             (TORCH_SYSTEMS if ranks == 1 else DDP_SYSTEMS) if (model, config, s) in summ]
+    return max(found, key=lambda item: item[1]["sps"]) if found else None
 
 
 def target_rows(args, summ):
@@ -478,6 +521,12 @@ def target_rows(args, summ):
                       f"({100 * (1 - value / target):.0f}% short)")
         out.append((name, f"{value:.2f}{unit} (target ≥ {target:g}{unit})", status))
 
+    def judge_best(model, config):
+        peer, a = best_torch(summ, model, config), summ.get((model, config, "distnn"))
+        if peer and a:
+            judge(f"engine {config} {model}: distnn ÷ fastest PyTorch ({peer[0]})",
+                  a["sps"] / peer[1]["sps"], BEST_TARGET)
+
     for config in args.configs:
         ranks, threads = parse_config(config)
         if ranks != 1:
@@ -487,6 +536,7 @@ def target_rows(args, summ):
                 tgt = ENGINE_TARGET_1T.get(model, tgt)
             judge(f"engine {config} {model}: distnn ÷ torch eager",
                   ratio(model, config, "torch"), tgt)
+            judge_best(model, config)
         if config == "1p1t":
             judge(f"engine {config} simplecnn (PyDTNN's): distnn ÷ PyDTNN",
                   ratio("simplecnn_pydtnn", config, "pydtnn"), PYDTNN_TARGET)
@@ -503,6 +553,7 @@ def target_rows(args, summ):
         for model, tgt in DDP_TARGET.items():
             judge(f"{config} {model}: distnn ÷ torch DDP (gloo)",
                   ratio(model, config, "torch-ddp"), tgt)
+            judge_best(model, config)
         if threads == 1 and "1p1t" in args.configs:
             for model in SCALING_MODELS:
                 a, b = summ.get((model, config, "distnn")), summ.get((model, "1p1t", "distnn"))
@@ -600,7 +651,8 @@ def render(args, results, errors, notes, skips, load_before, load_after, idle_be
         f"- load average before / after: {load_before} / {load_after}; other processes used "
         f"{idle_before:.2f} cores just before the run; the last column is the most any "
         "measurement saw (cores, averaged over that run)",
-        f"- batch {args.batch} per rank, float32; {args.reps} repetition(s), systems "
+        f"- task {args.task}; batch {args.batch} per rank, float32; {args.reps} "
+        f"repetition(s), systems "
         f"alternated; wall time {elapsed / 60:.1f} min",
     ]
     if capacity:
@@ -623,7 +675,7 @@ def render(args, results, errors, notes, skips, load_before, load_after, idle_be
     if sc:
         lines += ["Scaling:", "", sc, ""]
     if targets:
-        lines += ["Targets (issue 13):", "", "| target | value | status |", "|---|---|---|"]
+        lines += ["Targets (issues 13 and 39):", "", "| target | value | status |", "|---|---|---|"]
         lines += [f"| {n} | {v} | {s} |" for n, v, s in targets]
         lines.append("")
     extra = skips + notes + [f"ERROR {s} {m} {c}: {e.splitlines()[-1] if e else '?'}"
@@ -650,7 +702,14 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", type=csv_list(PEERS, "peer"), default=list(PEERS),
                     help=f"comma list (default: {','.join(PEERS)}); '' for distnn alone")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 3; 1 quick)")
-    ap.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="samples per rank per step (default 64; 256 with --task infer)")
+    ap.add_argument("--task", choices=("train", "infer"), default="train",
+                    help="train: training steps; infer: forward only (distnn predict's path, "
+                         "PyTorch under inference_mode)")
+    ap.add_argument("--torch-modes", type=csv_list(TORCH_MODES, "torch mode"),
+                    default=list(TORCH_MODES),
+                    help=f"PyTorch's modes to run (default: {','.join(TORCH_MODES)})")
     ap.add_argument("--windows", type=int, default=None, help="override timed windows")
     ap.add_argument("--steps", type=int, default=None, help="override steps per window")
     ap.add_argument("--quick", action="store_true", help="tiny smoke run (not a measurement)")
@@ -672,6 +731,8 @@ def main(argv=None) -> int:
         args.reps = 1 if args.quick else 3
     if args.retries is None:
         args.retries = 0 if args.quick else 1
+    if args.batch is None:
+        args.batch = 256 if args.task == "infer" else 64
     if args.reps < 1 or args.batch < 1:
         ap.error("--reps and --batch must be >= 1")
 
@@ -679,7 +740,7 @@ def main(argv=None) -> int:
     load_before = loadavg()
     idle_before = (wait_idle(args.wait_idle, 0.15) if args.wait_idle > 0 else foreign_load(1.0))
     log(f"[bench] load average {load_before}; others use {idle_before:.2f} cores now")
-    systems = Systems(args.peers)
+    systems = Systems(args.peers, args.torch_modes, args.task)
     t0 = time.time()
     capacity = [] if args.quick else [capacities()]
     if capacity:

@@ -1,8 +1,12 @@
 """Per-layer time of one training step of a model-zoo model, and % of peak per conv layer.
 
 Every leaf layer's forward and backward are timed (medians over ``--steps`` steps after
-``--warmup``); conv layers also get their GFLOP/s and the share of the measured single-core
-sgemm peak (a 1024^3 float32 matmul at the same thread count). Prints a Markdown table.
+``--warmup``); conv layers also get the method the planner chose, their rate in direct
+convolution FLOPs (2*N*F*C*KH*KW*OH*OW a product; 3 products with dx, 2 without) ÷ time,
+and the rate of the arithmetic actually executed (Winograd: its GEMMs, 2*N*tiles*P*F*C a
+product, P = 16 for F(2x2), 36 for F(4x4); transforms not counted; the other methods:
+the direct FLOPs) ÷ time, with that rate's share of the sgemm rate measured in the same
+run (a 1024^3 float32 matmul at the same thread count). Prints a Markdown table.
 
 CPU time is measured next to wall time, because on a shared host wall time counts the
 minutes other processes held the core: "CPU ms" is the process's CPU time (all threads)
@@ -97,7 +101,7 @@ def main() -> None:
     times = defaultdict(lambda: [[], []])
     cpu = defaultdict(lambda: [0.0, 0.0])  # per layer: process CPU, main-thread CPU
     order = []
-    conv_shapes = {}
+    conv_shapes, conv_methods = {}, {}
     for i, layer in enumerate(leaves(model)):
         key = f"{i:02d} {type(layer).__name__}"
         order.append((key, layer))
@@ -111,6 +115,7 @@ def main() -> None:
             cpu[_k][1] += time.thread_time() - m0
             if isinstance(_l, Conv2D):
                 conv_shapes[_k] = (xx.shape, out.shape)
+                conv_methods[_k] = getattr(_l, "_cache", None)
             return out
 
         def tb(dy, _b=bwd, _k=key):
@@ -142,28 +147,39 @@ def main() -> None:
         fm, bm = 1e3 * float(np.median(f)), 1e3 * float(np.median(b))
         desc = layer.describe() if hasattr(layer, "describe") else ""
         gf = pct = ""
+        method = executed = ""
         if key in conv_shapes:
             (n, c, h, w), (_, fo, oh, ow) = conv_shapes[key]
             kh, kw = layer.kernel_size
-            flop = 2.0 * n * fo * c * kh * kw * oh * ow * (3 if layer.need_dx else 2)
-            rate = flop / ((fm + bm) * 1e-3) / 1e9
-            gf, pct = f"{rate:.1f}", f"{100 * rate / peak:.0f}%"
+            products = 3 if layer.need_dx else 2
+            flop = 2.0 * n * fo * c * kh * kw * oh * ow * products
+            cache = conv_methods.get(key)
+            method, done = (cache.method, flop) if cache else ("?", flop)
+            if cache is not None and cache.method == "winograd":
+                m = cache.tile
+                method = f"winograd F({m}x{m})"
+                done = 2.0 * n * -(-oh // m) * -(-ow // m) * (m + 2) ** 2 * fo * c * products
+            seconds = (fm + bm) * 1e-3
+            rate, executed = flop / seconds / 1e9, done / seconds / 1e9
+            gf, pct = f"{rate:.1f}", f"{100 * executed / peak:.0f}%"
+            executed = f"{executed:.1f}"
             desc = f"{c}->{fo} {kh}x{kw} {h}x{w}" + ("" if layer.need_dx else " (no dx)")
         pc, mc = cpu[key]
         share = f"{100 * mc / pc:.0f}%" if pc > 0 else ""
-        rows.append((fm + bm, key, desc, fm, bm, gf, pct, 1e3 * pc / args.steps, share))
+        rows.append((fm + bm, key, desc, fm, bm, method, gf, executed, pct,
+                     1e3 * pc / args.steps, share))
     total = sum(r[0] for r in rows)
     print(f"model {args.model}, batch {args.batch}, {args.threads} thread(s), kernels "
           f"{kernels.backend()}, step {step_ms:.1f} ms (sum of layers {total:.1f} ms), "
-          f"process CPU {1e3 * proc_cpu:.1f} ms per step, sgemm 1024^3 peak {peak:.0f} GFLOP/s")
+          f"process CPU {1e3 * proc_cpu:.1f} ms per step, sgemm 1024^3 {peak:.0f} GFLOP/s")
     print()
-    print("| layer | config | fwd ms | bwd ms | share | conv GFLOP/s | % of peak | CPU ms "
-          "| main % |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| layer | config | fwd ms | bwd ms | share | method | direct GFLOP/s | executed "
+          "GFLOP/s | executed ÷ sgemm | CPU ms | main % |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     shown = sorted(rows, reverse=True)[:args.top] if args.top else rows
-    for tot, key, desc, fm, bm, gf, pct, pc, share in shown:
-        print(f"| {key} | {desc} | {fm:.2f} | {bm:.2f} | {100 * tot / total:.0f}% | {gf} | "
-              f"{pct} | {pc:.2f} | {share} |")
+    for tot, key, desc, fm, bm, method, gf, executed, pct, pc, share in shown:
+        print(f"| {key} | {desc} | {fm:.2f} | {bm:.2f} | {100 * tot / total:.0f}% | {method} "
+              f"| {gf} | {executed} | {pct} | {pc:.2f} | {share} |")
     by_kind = defaultdict(float)
     for tot, key, *_ in rows:
         by_kind[key.split()[1]] += tot

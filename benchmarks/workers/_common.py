@@ -38,6 +38,8 @@ def parse_args(extra=None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int, default=7, help="timed windows")
     ap.add_argument("--steps", type=int, default=30, help="steps per timed window")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", choices=("train", "infer"), default="train",
+                    help="train: a training step; infer: forward only, inference mode")
     if extra:
         extra(ap)
     a = ap.parse_args()
@@ -123,13 +125,18 @@ def timed_windows(step, data, *, warmup: int, windows: int, steps: int,
                   comm_time=lambda: 0.0, barrier=lambda: None):
     """Run ``warmup`` steps, then ``windows`` windows of ``steps`` steps.
 
-    ``step(x, y)`` does one full training step. ``comm_time()`` returns the seconds this
-    rank has spent blocked on gradient communication so far (cumulative). Ranks meet at a
-    barrier (not timed) before each window. Returns this rank's per-window wall seconds and
-    per-window communication-wait seconds.
+    ``step(x, y)`` does one full training step (or, for ``--task infer``, one forward).
+    ``comm_time()`` returns the seconds this rank has spent blocked on gradient
+    communication so far (cumulative). Ranks meet at a barrier (not timed) before each
+    window. Returns this rank's per-window wall seconds and per-window communication-wait
+    seconds.
     """
-    for _ in range(warmup):
+    global FIRST_STEP_S
+    for i in range(warmup):
+        t0 = time.perf_counter()
         step(*next(data))
+        if i == 0:
+            FIRST_STEP_S = time.perf_counter() - t0
     wall, comm = [], []
     for _ in range(windows):
         barrier()
@@ -142,9 +149,13 @@ def timed_windows(step, data, *, warmup: int, windows: int, steps: int,
     return wall, comm
 
 
+# the first warm-up step's seconds: for torch.compile, its compile time (not in samples/s)
+FIRST_STEP_S = 0.0
+
+
 def rank_record(wall, comm) -> dict:
     """What each rank contributes: its windows and its peak RSS (KiB on Linux)."""
-    return {"wall_s": wall, "comm_s": comm,
+    return {"wall_s": wall, "comm_s": comm, "first_step_s": FIRST_STEP_S,
             "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "pid": os.getpid()}
 
@@ -166,6 +177,8 @@ def report(args, system: str, per_rank: list[dict], **meta) -> None:
         "step_s": [t / args.steps for t in win],
         "comm_wait_s": [c / args.steps for c in comm],
         "peak_rss_mib": [r["maxrss_kib"] / 1024.0 for r in per_rank],
+        "first_step_s": max(r.get("first_step_s", 0.0) for r in per_rank),
+        "task": args.task,
         "python": platform.python_version(),
     }
     out.update(meta)

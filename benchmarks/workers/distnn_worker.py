@@ -6,6 +6,8 @@ mpiexec -n 2 python benchmarks/workers/distnn_worker.py --model lenet
 The step is the one a user writes: forward, CategoricalCrossEntropy (denominator = global
 batch), backward, DistributedOptimizer(SGD(lr 0.01, momentum 0.9), op="sum",
 non_blocking=True).step(); communication wait = the optimizer's ``comm_wait_time``.
+``--task infer``: the forward ``distnn predict`` runs (``model.forward(x, training=False)``
+on each rank's share of the batches).
 """
 import os
 import sys
@@ -42,6 +44,11 @@ def step(x, y):
     _, dy = lossfn(logits, y, denom=denom)
     model.backward(dy)
     opt.step()
+
+
+if args.task == "infer":
+    def step(x, y):  # noqa: F811  (distnn predict's forward)
+        model.forward(x, training=False)
 
 
 wall, comm_s = C.timed_windows(step, C.batches(x_all, y_all, args.batch), warmup=args.warmup,

@@ -11,6 +11,11 @@ momentum 0.9). DDP keeps its defaults (25 MiB buckets, buffers broadcast each fo
 Under DDP the communication wait is the time from the last gradient being accumulated to
 ``backward()`` returning: DDP's reducer waits there for the outstanding bucket
 all-reduces (gloo runs them on its own threads, overlapped with the rest of backward).
+
+``--mode``: eager; channels_last (model and inputs in NHWC memory format, the layout
+PyTorch's CPU convolutions (oneDNN) run fastest in); compile (``torch.compile``, inductor,
+default mode: its compile time is the first warm-up step's, reported apart and not in
+samples/s). ``--task infer``: ``net.eval()`` and forward under ``torch.inference_mode()``.
 """
 import os
 import sys
@@ -23,6 +28,7 @@ import _common as C  # noqa: E402
 def _extra(ap):
     ap.add_argument("--ddp", action="store_true", help="DDP over gloo; rank/size from mpiexec")
     ap.add_argument("--port", type=int, default=29500, help="rendezvous port (DDP)")
+    ap.add_argument("--mode", choices=("eager", "channels_last", "compile"), default="eager")
 
 
 args = C.parse_args(_extra)
@@ -124,11 +130,18 @@ x_all, y_all = torch.from_numpy(x_np), torch.from_numpy(y_np)
 torch.manual_seed(args.seed)
 net = build(args.model)
 params = list(net.parameters())
+channels_last = args.mode == "channels_last"
+if channels_last:
+    net = net.to(memory_format=torch.channels_last)
 if args.ddp:
     net = nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 lossf = nn.CrossEntropyLoss()
-net.train()
+net.train() if args.task == "train" else net.eval()
+if args.mode == "compile":
+    net = torch.compile(net)
+if channels_last:
+    x_all = x_all.contiguous(memory_format=torch.channels_last)
 
 wait = {"total": 0.0, "last_grad": 0.0}
 if args.ddp:
@@ -147,6 +160,12 @@ def step(x, y):
     opt.step()
 
 
+if args.task == "infer":
+    def step(x, y):  # noqa: F811
+        with torch.inference_mode():
+            net(x)
+
+
 barrier = tdist.barrier if args.ddp else (lambda: None)
 wall, comm_s = C.timed_windows(step, C.batches(x_all, y_all, args.batch), warmup=args.warmup,
                                windows=args.windows, steps=args.steps,
@@ -159,5 +178,7 @@ if args.ddp:
 else:
     records = [rec]
 if rank == 0:
-    C.report(args, "torch-ddp" if args.ddp else "torch", records, torch=torch.__version__,
+    name = ("torch-ddp" if args.ddp else "torch") + {"eager": "", "channels_last": "-cl",
+                                                     "compile": "-compile"}[args.mode]
+    C.report(args, name, records, torch=torch.__version__, mode=args.mode,
              numpy=np.__version__, params=int(sum(p.numel() for p in params)))

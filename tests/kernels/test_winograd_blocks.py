@@ -79,13 +79,13 @@ def _threads_set(n):
     (2, 64, 8, 6, 6, (1, 1, 1, 1)),      # fewer filters than channels, 1 block a thread
 ])
 def test_drivers_match_the_loop_and_the_reference(n, c, f, h, w, pads, threads, method,
-                                                  driver_calls, monkeypatch):
+                                                  driver_calls, limits):
     x, wt, b, dy = _case(n * c + h, n, c, f, h, w, pads)
     previous = _threads_set(threads)
     try:
         got = _conv(x, wt, b, pads, dy, method)
         assert {name for name, _ in driver_calls} == {"forward_blocks", "backward_blocks"}
-        monkeypatch.setattr(B, "ENABLED", False)
+        limits(block_drivers=False)
         driver_calls.clear()
         loop = _conv(x, wt, b, pads, dy, method)
         assert not driver_calls

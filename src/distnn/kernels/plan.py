@@ -10,8 +10,8 @@ some of them for a block (tests and benchmarks compare methods that way).
 The CPU the compiled code is built for is numba's target: the host's, or the one named by
 numba's own switches ``NUMBA_CPU_NAME`` and ``NUMBA_CPU_FEATURES`` (``NUMBA_CPU_NAME=haswell
 NUMBA_CPU_FEATURES=""`` runs the AVX2 code on an AVX-512 host; tests/kernels does that).
-The measurements behind each value are in benchmarks/RESULTS.md (section "Kernel
-planner") and in the history under benchmarks/history/.
+The measurements behind each value are in benchmarks/history/kernel-planner-measurements.md
+(moved from the kernels' comments) and the per-layer rates in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
