@@ -32,8 +32,16 @@ def train(n: int, tmp_path, name: str, *args: str) -> tuple[dict, str]:
         return {k: z[k] for k in z.files}, out
 
 
+@pytest.fixture(scope="module")
+def four_chunks_profiled(tmp_path_factory) -> tuple[dict, str]:
+    """2 ranks, 4 chunks, --profile: one run for the profile test and the 4-chunk model."""
+    return train(2, tmp_path_factory.mktemp("four"), "four", "--parallel", "partial",
+                 "--partial_chunks", "4", "--profile", "--quiet")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3])
-def test_one_chunk_equals_localsgd_averaging_every_step(tmp_path, n):
+def test_one_chunk_equals_localsgd_averaging_every_step(tmp_path, n, request):
     partial, out = train(n, tmp_path, "partial", "--parallel", "partial",
                          "--partial_chunks", "1", "--quiet")
     local, _ = train(n, tmp_path, "localsgd", "--parallel", "localsgd", "--sync_every", "1",
@@ -43,15 +51,15 @@ def test_one_chunk_equals_localsgd_averaging_every_step(tmp_path, n):
         np.testing.assert_allclose(partial[key], local[key], rtol=0, atol=1e-10, err_msg=key)
     accuracy = float(re.search(r"Test: .*accuracy=([0-9.]+)", out).group(1))
     assert accuracy > 0.4, out  # it learned (chance: 0.1)
-    # and four chunks train another model
-    four, _ = train(n, tmp_path, "four", "--parallel", "partial", "--partial_chunks", "4",
-                    "--quiet")
+    # and four chunks train another model (on 2 ranks, the profile test's run)
+    four, _ = (request.getfixturevalue("four_chunks_profiled") if n == 2 else
+               train(n, tmp_path, "four", "--parallel", "partial", "--partial_chunks", "4",
+                     "--quiet"))
     assert max(np.abs(four[k] - partial[k]).max() for k in four) > 1e-4
 
 
-def test_the_profile_counts_one_chunk_a_step(tmp_path):
-    _, out = train(2, tmp_path, "profiled", "--parallel", "partial", "--partial_chunks", "4",
-                   "--profile", "--quiet")
+def test_the_profile_counts_one_chunk_a_step(four_chunks_profiled):
+    _, out = four_chunks_profiled
     sizes = np.diff(chunk_edges(N_WEIGHTS, 4))
     steps = -(-1150 // GBS[2])
     found = re.findall(r"partial rank (\d): (\d+) messages sent, ([0-9.]+) MB", out)

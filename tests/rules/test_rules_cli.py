@@ -6,20 +6,12 @@ import re
 import pytest
 
 from rulejobs import run_cli
-from helpers import needs_mpi
-
-
-def _fashion_mnist_available() -> bool:
-    from distnn.data import load_dataset
-    try:
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
+from helpers import have_fashion_mnist, needs_mpi
 
 
 @needs_mpi
-@pytest.mark.skipif(not _fashion_mnist_available(), reason="needs Fashion-MNIST on disk")
+@pytest.mark.slow
+@pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST on disk")
 def test_downpour_on_fashion_mnist_with_profile_checkpoint_and_resume(tmp_path):
     ckpt = str(tmp_path / "ck.npz")
     common = ["--mode", "downpour", "--sync-every", "2", "--dataset", "fashion_mnist",
