@@ -72,7 +72,7 @@ class FP16Compressor(_Spec):
 
     @staticmethod
     def compress(x):
-        if isinstance(x, np.ndarray):
+        if isinstance(x, (np.ndarray, np.generic)):
             if np.issubdtype(x.dtype, np.floating) and x.dtype != np.float16:
                 return x.astype(np.float16), x.dtype
             return x, None
@@ -84,7 +84,7 @@ class FP16Compressor(_Spec):
     def decompress(x, ctx):
         if ctx is None:
             return x
-        return x.astype(ctx) if isinstance(x, np.ndarray) else x.to(ctx)
+        return x.astype(ctx) if isinstance(x, (np.ndarray, np.generic)) else x.to(ctx)
 
     def __repr__(self):
         return "Compression.fp16"
