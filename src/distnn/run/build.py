@@ -284,11 +284,12 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     if cfg.command == PRED and getattr(splits, cfg.predict.split) is None:
         raise RunError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
                        "split (a val split needs --validation_split)")
+    inspector = None
     if training and comm.size > 1:
         from ..distributed.stall import watch_stalls
         ck = t.checkpoint or t.resume
-        watch_stalls(comm, cfg.parallel.stall_warning, cfg.parallel.stall_timeout,
-                     hint=f"the last checkpoint: --resume {ck}" if ck else "")
+        inspector = watch_stalls(comm, cfg.parallel.stall_warning, cfg.parallel.stall_timeout,
+                                 hint=f"the last checkpoint: --resume {ck}" if ck else "")
     train = splits.train if train is None else train
     val = splits.val if val is None else val
     what = "model" if training else "--weights_and_bias_filename"
@@ -318,7 +319,7 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
                           callbacks=[*validate, *configured, *callbacks],
                           progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
                           seed=cfg.model.random_seed, profiler=profiler, rule=rule,
-                          ignore_nan=t.ignore_nan)
+                          ignore_nan=t.ignore_nan, stall=inspector)
     except ValueError as exc:  # the rule does not fit the model (same on every rank)
         raise rule_error(cfg.parallel, exc) from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
