@@ -182,3 +182,29 @@ def test_names_are_taken_and_freed():
     background.reserve("x", "test")
     background.release("x")
     assert hvd.Handle(torch.ones(1))() is not None
+
+
+def _sum_of_ranks(scale):
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
+    return hvd.rank(), total * scale
+
+
+def _fails_on_rank_one():
+    hvd.init()
+    if hvd.rank() == 1:
+        raise KeyError("rank one fails")
+    return 0
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_run_api_returns_results_in_rank_order(n):
+    assert hvd.run(_sum_of_ranks, args=(2.0,), np=n, timeout=120) == [
+        (r, 2.0 * sum(range(n))) for r in range(n)]
+
+
+@needs_mpi
+def test_run_api_raises_with_the_failing_ranks_traceback():
+    with pytest.raises(RuntimeError, match="rank 1 raised:(.|\n)*KeyError: 'rank one fails'"):
+        hvd.run(_fails_on_rank_one, np=2, timeout=120)

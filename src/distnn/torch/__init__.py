@@ -54,6 +54,7 @@ from .exchange import (allgather, allgather_async, alltoall, alltoall_async, bro
                        grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters, metric_average)
+from .launch import run
 from .model import TorchModel, TorchUnit
 from .optimizer import DistributedOptimizer
 from . import ddp, opt
@@ -82,5 +83,5 @@ __all__ = [
     "broadcast_optimizer_state", "metric_average", "Compression", "DistributedOptimizer",
     "HorovodInternalError", "SyncBatchNorm", "convert_sync_batchnorm", "partition_dataset",
     "shard_indices", "DistributedSampler", "Shard", "TorchModel", "TorchUnit",
-    "DistOpt", "ddp", "opt",
+    "DistOpt", "ddp", "opt", "run",
 ]
