@@ -169,7 +169,7 @@ class Run:
             raise RunError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
         except NonFiniteLossError as exc:
             raise TrainingDiverged(f"training diverged: {exc.where}; lower --learning_rate, "
-                                   "or pass --ignore_nan to keep training") from None
+                                   "or pass --ignore_nan to keep training", exc) from None
         comm = self.comm
         if t.every_rank_writes and history_file:  # rank 0 wrote it in fit
             agreed(comm, "--history_file",

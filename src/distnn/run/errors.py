@@ -18,9 +18,14 @@ class RunError(ValueError):
 
 
 class TrainingDiverged(RunError):
-    """The loss became NaN/inf (exit status 3 in the command, one line)."""
+    """The loss became NaN/inf (exit status 3 in the command, one line). ``error``: the
+    Trainer's ``NonFiniteLossError`` (where and at which learning rate)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, error: BaseException | None = None):
+        super().__init__(message)
+        self.error = error
 
 
 def agreed(comm, what: str | None, fn: Callable[[], Any], *, root: int | None = None,

@@ -131,6 +131,9 @@ class TrialWatch(Callback):
 
 
 def _describe(exc: BaseException) -> str:
+    from ..run.errors import TrainingDiverged
+    if isinstance(exc, TrainingDiverged) and exc.error is not None:
+        exc = exc.error  # the run's one-line message names the command's options
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     if isinstance(exc, FloatingPointError):  # the Trainer's NonFiniteLossError
