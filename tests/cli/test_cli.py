@@ -12,8 +12,9 @@ from helpers import needs_mpiexec as needs_mpi
 
 from distnn.cli.main import build_parser, config_from_args, main
 from distnn.cli.options import resolve_values
-from distnn.run.config import (OPTIONS, ConfigError, DataConfig, OptimizerConfig, RunConfig,
+from distnn.run.config import (ConfigError, DataConfig, OptimizerConfig, RunConfig,
                                build_config, load_toml)
+from distnn.run.options import OPTIONS
 
 # Small, learnable, fast: simplecnn on 8x8 Gaussian classes.
 DATA = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "600",

@@ -14,20 +14,17 @@ from __future__ import annotations
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .kinds import (Bool, CompressionSpec, FileList, Float, Int, KeyValues, Kind, List, Maybe,
                     ModelSpec, Shape, Str, datasets, losses, models, optimizers,
                     parallel_modes, schedulers)
 
-if TYPE_CHECKING:
-    from .options import Option
-
 __all__ = [
     "ConfigError", "TRAIN", "EVAL", "PRED", "ALL", "option", "Section", "ModelConfig",
     "DataConfig", "TrainConfig", "OptimizerConfig", "ScheduleConfig", "ParallelConfig",
     "OutputConfig", "PredictConfig", "RunConfig", "SECTIONS", "load_toml", "option_values",
-    "build_config", "rule_error",
+    "build_config", "rule_error", "Option", "canonical",
 ]
 
 TRAIN, EVAL, PRED = "train", "evaluate", "predict"
@@ -561,17 +558,55 @@ def rule_error(parallel: ParallelConfig, exc: ValueError) -> ConfigError:
     return ConfigError(f"--parallel {parallel.parallel}: {exc}")
 
 
-def __getattr__(name: str):
-    """The option table made from these fields, also under ``run.config``'s name."""
-    if name in ("OPTIONS", "OPTION_BY_NAME", "GROUPS", "Option"):
-        from . import options
-        return getattr(options, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+@dataclass(frozen=True)
+class Option:
+    """One option: ``--name`` (also ``--name-with-dashes`` and ``aliases``) and config key.
+    distnn's own are made from the fields above (``of``; their table is
+    ``run.options.OPTIONS``); the command declares the other systems' options with no
+    counterpart here alike (``cli.spellings.FOREIGN_OPTIONS``)."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    group: str
+    section: str
+    commands: tuple[str, ...] = ALL
+    aliases: tuple[str, ...] = ()
+    short: tuple[str, ...] = ()  # single-dash flags (-r=)
+
+    @classmethod
+    def of(cls, f, section: str) -> Option:
+        """The option of config field ``f`` of ``section``."""
+        m = f.metadata
+        return cls(f.name, m["kind"], f.default, m["help"], section, section, m["commands"],
+                   m["aliases"])
+
+    def flags(self, aliases: tuple[str, ...] = ()) -> list[str]:
+        """``--name``, ``--name-with-dashes``, the aliases (and ``aliases``) alike, ``-short``."""
+        out = []
+        for n in (self.name, *self.aliases, *aliases):
+            for spelling in (n, n.replace("_", "-")):
+                if f"--{spelling}" not in out:
+                    out.append(f"--{spelling}")
+        return out + [f"-{s}" for s in self.short]
+
+
+_ALIAS = {a: f.name for _, f in _option_fields() for a in f.metadata["aliases"]}
+
+
+def canonical(key: str) -> str:
+    """Option name of a command-line or TOML key (dashes, aliases accepted)."""
+    k = key.strip().lstrip("-").replace("-", "_")
+    return _ALIAS.get(k, k)
 
 
 def _option(key: str) -> Option | None:
-    from .options import OPTION_BY_NAME, canonical
-    return OPTION_BY_NAME.get(canonical(key))
+    name = canonical(key)
+    for section, f in _option_fields():
+        if f.name == name:
+            return Option.of(f, section)
+    return None
 
 
 def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=(),
@@ -612,7 +647,6 @@ def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=
 
 def option_values(given: dict[str, Any]) -> dict[str, Any]:
     """Every option's default, replaced by ``given`` (option names or aliases)."""
-    from .options import canonical
     values = {f.name: f.default for _, f in _option_fields()}
     values.update({canonical(k): v for k, v in given.items()})
     return values
