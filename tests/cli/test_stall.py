@@ -41,6 +41,7 @@ def rank_pid(cwd: Path, rank: int) -> int | None:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # the warning and the timeout are waited for, by design
 @needs_mpi
 @pytest.mark.parametrize("ranks,rule,victim", [(2, "data", 1), (3, "data", 2),
                                                (3, "downpour", 0)])

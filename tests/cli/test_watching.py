@@ -26,7 +26,7 @@ RUN = ["--model", "simplemlp", "--dataset", "fashion_mnist", "--steps_per_epoch"
        "--tensorboard_every", EVERY, "--history_file", "h.json"]
 
 
-pytestmark = [pytest.mark.mpi, needs_mpiexec, needs_fashion_mnist]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, needs_mpiexec, needs_fashion_mnist]
 
 
 def distnn(*args, cwd, ranks=2, env=None, timeout=240):
