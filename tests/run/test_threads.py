@@ -87,3 +87,27 @@ def test_threads_are_handed_to_torch(clean_env):
         run = build_run(build_config("train", {**OPTIONS, "threads": 1}), LocalComm())
         assert run.threads == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
+
+
+def test_a_script_under_mpiexec_shares_the_node_from_init(tmp_path):
+    """A script that calls ``distnn.distributed.init()`` and never builds a run: its ranks
+    share the node's cores from the start (cores // ranks on this node), not all of them
+    each; one process alone keeps them all."""
+    import subprocess
+    import sys
+
+    from helpers import MPIEXEC
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+    script = tmp_path / "script.py"
+    script.write_text("from distnn import distributed as dist, kernels\n"
+                      "comm = dist.init()\n"
+                      "print(comm.rank, kernels.get_num_threads())\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "DISTNN_NUM_THREADS")}
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert sorted(out.split()) == sorted(["0", "1"] + [str(max(1, CORES // 2))] * 2), out
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.split() == ["0", str(CORES)], out

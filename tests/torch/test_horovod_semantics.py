@@ -98,7 +98,7 @@ def test_async_collectives_are_in_flight_while_a_peer_is_late(job, what):
 @needs_mpi
 def test_async_collectives_complete_across_a_barrier(job):
     n, results = job
-    for rank, res in enumerate(results):
+    for res in results:
         reduced, gathered, rows, bcast = res["with_barrier"]
         assert reduced == [[n, 0.0], [0.0, n]]
         assert gathered == [[float(r)] * 2 for r in range(n)] and rows == 2 * n

@@ -50,7 +50,18 @@ def init(comm: "Communicator | None" = None) -> "Communicator":
         _default = comm
     elif _default is None:
         _default = world()
+        _share_the_node(_default)
     return _default
+
+
+def _share_the_node(comm: "Communicator") -> None:
+    """The ranks of a node share its cores from the start, in a script that never builds a
+    run too (as torchrun sets OMP_NUM_THREADS=1 for its workers): the compiled kernels get
+    ``threads_per_rank(comm)``; the run builder applies ``--threads`` over it."""
+    if comm.size > 1:
+        from .. import kernels
+        from .threads import threads_per_rank
+        kernels.set_num_threads(threads_per_rank(comm))
 
 
 def get_comm() -> "Communicator":

@@ -223,7 +223,7 @@ def _members(mpi_comm) -> list[int]:
     """The global ranks of an mpi4py communicator's members (collective over all ranks, so
     that ranks outside it, holding COMM_NULL, learn them too)."""
     world = dist.get_comm()
-    inside = mpi_comm != getattr(world, "MPI").COMM_NULL
+    inside = mpi_comm != world.MPI.COMM_NULL
     key = None
     if inside:
         key = tuple(dist.MPIComm(mpi_comm).allgather_obj(world.rank))

@@ -5,7 +5,7 @@ pickled (cloudpickle when installed, so lambdas and local functions work too), w
 process's ``sys.path`` so that ``fn``'s module is found; a rank that
 raises makes ``run`` raise a RuntimeError with that rank's traceback.
 
-Run as ``python -m distnn.torch.launch JOB_DIR`` it is one rank of such a job.
+Each rank is ``python -m distnn.torch._rank JOB_DIR`` (``_rank``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,7 +65,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 1,
         child_env = dict(os.environ, **{k: str(v) for k, v in (env or {}).items()})
         out = None if verbose else subprocess.DEVNULL
         proc = subprocess.run([_mpiexec(), "-n", str(int(np)), sys.executable, "-m",
-                               "distnn.torch.launch", str(job)], env=child_env,
+                               "distnn.torch._rank", str(job)], env=child_env,
                               stdout=out, stderr=out, timeout=timeout)
         results = []
         for r in range(int(np)):
@@ -79,23 +78,3 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 1,
                 raise RuntimeError(f"run: rank {r} raised:\n{value}")
             results.append(value)
         return results
-
-
-def _rank_main(job: Path) -> None:
-    import distnn.torch as hvd
-    hvd.init()
-    rank = hvd.rank()
-    try:
-        with open(job / "path.pkl", "rb") as f:
-            sys.path[:] = pickle.load(f)
-        with open(job / "fn.pkl", "rb") as f:
-            fn, args, kwargs = pickle.load(f)
-        result = (True, fn(*args, **kwargs))
-    except BaseException:
-        result = (False, traceback.format_exc())
-    with open(job / f"rank{rank}.pkl", "wb") as f:
-        _pickler().dump(result, f)
-
-
-if __name__ == "__main__":
-    _rank_main(Path(sys.argv[1]))

@@ -166,7 +166,8 @@ if rank == 0:
 else:
     h = hvd.allreduce_async(a_, name="joined_avg")
     g = hvd.grouped_allreduce_async([a_, a_ * 2], op=hvd.Sum)
-    joined = {"avg": hvd.synchronize(h).tolist(), "grouped": [t.tolist() for t in hvd.synchronize(g)]}
+    joined = {"avg": hvd.synchronize(h).tolist(),
+              "grouped": [t.tolist() for t in hvd.synchronize(g)]}
     joined["allgather"] = outcome(lambda: hvd.synchronize(hvd.allgather_async(a_)))[0]
     if rank == size - 1:
         time.sleep(0.3)  # the last rank to join
@@ -182,7 +183,7 @@ ref = torch.nn.Embedding(10, 3, sparse=True)
 ref.load_state_dict(emb.state_dict())
 sopt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(emb.parameters()), lr=0.1))
 ref_opt = torch.optim.SparseAdam(list(ref.parameters()), lr=0.1)
-for step in range(2):
+for _ in range(2):
     sopt.zero_grad()
     emb(inputs[rank % 3]).sum().backward()
     sopt.step()
