@@ -373,7 +373,7 @@ def test_sync_batchnorm_with_empty_shards_does_not_hang(tmp_path):
 
 
 def test_threads_option_sets_blas_and_compiled_kernel_threads_for_the_command_only():
-    # The run builder applies --threads (tests/run/test_threads.py); the command puts back
+    # The run builder applies --threads (tests/run/test_run_threads.py); the command puts back
     # what was there before once it ends (callers in the same process).
     from threadpoolctl import threadpool_info
 

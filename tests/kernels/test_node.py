@@ -1,7 +1,7 @@
 """The compiled loops' threads before a run sets them: what OpenMP would use
 (OMP_NUM_THREADS, else this process's cores by affinity), never the MPI launcher's or
 Slurm's variables (threads per rank are decided from the communicator:
-tests/run/test_threads.py)."""
+tests/run/test_run_threads.py)."""
 import os
 
 import pytest
