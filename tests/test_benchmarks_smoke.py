@@ -22,8 +22,8 @@ def test_quick_run_prints_table_rows():
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]): line
-            for line in r.stdout.splitlines() if line.startswith("| simplecnn ")}
-    rows = {key: line for key, line in rows.items() if line.count("|") > 8}  # the main table
+            for line in r.stdout.splitlines()
+            if line.startswith("| simplecnn ") and line.count("|") > 8}  # the main table
     expected = [("1p1t", "distnn"), ("1p1t", "torch"), ("1p1t", "torch-cl")]
     if mpi:
         expected += [("2r1t", "distnn"), ("2r1t", "torch-ddp"), ("2r1t", "torch-ddp-cl")]

@@ -26,7 +26,7 @@ from .reducer import Compression, Reducer
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)
 from .runtime import abort_on_error, describe, install_abort_handler
-from .threads import default_threads, node_cores, threads_per_rank
+from .comm import default_threads, node_cores, threads_per_rank
 
 __all__ = [
     "Communicator", "Handle", "MPIComm", "LocalComm", "init", "get_comm", "world",

@@ -10,15 +10,24 @@ Array collectives are in place on contiguous NumPy arrays (uppercase mpi4py meth
 Every rank must call the same collectives in the same order.
 
 The protocol and ``LocalComm`` are in ``comm_base``, ``MPIComm`` in ``mpi_comm``; this
-module gathers them and holds the default communicator (``init``, ``get_comm``).
+module gathers them and holds the default communicator (``init``, ``get_comm``) and what
+a rank learns of its node through it: threads per rank, decided in one place
+(``threads_per_rank``). A rank knows its node through its communicator (the ranks of its
+node whose cores overlap its own, ``core_sharers``, else ``local_size``) and its cores
+through its CPU affinity (``os.sched_getaffinity``: what Slurm's cpusets, ``taskset`` and
+the emulated cluster's hosts set), never through ``os.cpu_count()`` or the world size. The
+run builder (``distnn.run``) applies the number to the kernels, BLAS and torch; ``init``
+hands it to the kernels of a script's ranks; ``distnn info`` reports it.
 """
 from __future__ import annotations
+
+import os
 
 from .comm_base import OPS, Communicator, Handle, LocalComm
 from .mpi_comm import MPIComm, _mpi
 
 __all__ = ["OPS", "Communicator", "Handle", "LocalComm", "MPIComm", "mpi_available", "world",
-           "init", "get_comm"]
+           "init", "get_comm", "node_cores", "threads_per_rank", "default_threads"]
 
 
 def mpi_available() -> bool:
@@ -60,10 +69,45 @@ def _share_the_node(comm: "Communicator") -> None:
     ``threads_per_rank(comm)``; the run builder applies ``--threads`` over it."""
     if comm.size > 1:
         from .. import kernels
-        from .threads import threads_per_rank
         kernels.set_num_threads(threads_per_rank(comm))
 
 
 def get_comm() -> "Communicator":
     """The default communicator (``init()`` is called when none is set yet)."""
     return _default if _default is not None else init()
+
+
+# The user's choice when no --threads is given (OpenMP's own variable, or distnn's).
+THREADS_VARIABLES = ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def node_cores() -> int:
+    """Cores this process may run on: its CPU affinity, not ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_per_rank(comm: Communicator | None = None, asked: int = 0) -> int:
+    """The threads a rank of ``comm`` (default: ``get_comm()``) runs: ``asked`` when > 0
+    (``--threads``), else ``DISTNN_NUM_THREADS`` or ``OMP_NUM_THREADS`` when set, else its
+    cores shared among the ranks of its node that share them (all of its node's ranks,
+    unless the launcher pinned each rank to cores of its own). Never 0.
+
+    Example:
+        threads_per_rank(comm)  # 2 hosts x 1 rank on 8-core nodes -> 8 on each rank
+    """
+    if asked and int(asked) > 0:
+        return int(asked)
+    for var in THREADS_VARIABLES:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    comm = comm if comm is not None else get_comm()
+    sharers = max(1, int(getattr(comm, "core_sharers", 0) or comm.local_size or 1))
+    return max(1, node_cores() // sharers)
+
+
+# The name it had before it took ``asked`` (``--threads``) too.
+default_threads = threads_per_rank

@@ -10,7 +10,7 @@ import traceback
 from typing import Iterator
 
 from .comm import Communicator, get_comm
-from .threads import node_cores, threads_per_rank
+from .comm import node_cores, threads_per_rank
 
 
 def _report(comm: Communicator, exc: BaseException) -> None:

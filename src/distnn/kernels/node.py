@@ -1,6 +1,6 @@
 """The compiled loops' thread count until a run sets it (``set_num_threads``).
 
-Threads per rank are decided by ``distnn.distributed.threads.threads_per_rank`` (from the
+Threads per rank are decided by ``distnn.distributed.threads_per_rank`` (from the
 communicator: the ranks of this node) and handed here by the run builder; the kernels know
 nothing of MPI or the launcher. Before that, the loops use what OpenMP itself would:
 ``OMP_NUM_THREADS`` (or ``DISTNN_NUM_THREADS``) when set, else this process's cores.
