@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from helpers import COMMAND, needs_fashion_mnist
+from helpers import COMMAND, MPIEXEC, needs_fashion_mnist
 
 
 
@@ -75,10 +73,9 @@ def test_predict_writes_the_test_predictions(trained):
 def test_readme_main_job_on_two_ranks_matches_one_rank(tmp_path):
     """`mpiexec -n 2 distnn train` (the README main job: defaults, batch 64 per rank, so a
     global batch of 128) reaches the test accuracy of 1 rank with the same global batch."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        pytest.skip("needs the mpiexec of the mpi extra")
-    two = subprocess.run([str(mpiexec), "-n", "2", *COMMAND, "train"], capture_output=True,
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+    two = subprocess.run([MPIEXEC, "-n", "2", *COMMAND, "train"], capture_output=True,
                          text=True, cwd=tmp_path, timeout=400)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 ranks" in two.stdout

@@ -1,19 +1,18 @@
 """Helpers of the emulated-cluster tests (a module of its own: pytest swaps `conftest`
 between folders)."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import MPIEXEC
 
 from distnn.cluster import EmulatedCluster, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DISTNN = str(BIN / "distnn")
-MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else shutil.which("mpiexec")
 # Tests use their own names and /24 so they never meet a cluster a person has up;
 # DISTNN_TEST_CLUSTER="prefix,net" moves them (two checkouts testing at once).
 PREFIX, NET = os.environ.get("DISTNN_TEST_CLUSTER", "dnt,77").split(",")

@@ -3,11 +3,8 @@ options, without the command; rules are built from their constructors' signature
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +12,7 @@ import pytest
 from distnn.distributed import LocalComm
 from distnn.run import ConfigError, RunError, build_config, build_rule, build_run
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
+from helpers import COMMAND, MPIEXEC, child_env
 OPTIONS = {"dataset": "synthetic", "input_shape": (1, 8, 8), "num_samples": 300,
            "batch_size": 16, "num_epochs": 2, "learning_rate": 0.01, "random_seed": 3,
            "optimizer": "adam", "evaluate": False, "quiet": True}
@@ -28,9 +22,7 @@ FLAGS = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "3
 
 
 def _env():
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
+    return child_env()
 
 
 def _command(tmp_path, *launcher):

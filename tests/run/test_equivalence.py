@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-MPIEXEC = (str(Path(sys.executable).parent / "mpiexec")
-           if (Path(sys.executable).parent / "mpiexec").exists() else shutil.which("mpiexec"))
+from helpers import COMMAND, MPIEXEC
 
 # Options of the first run, then of its resume (by option name and as flags).
 FIRST = {"dataset": "synthetic", "input_shape": (1, 8, 8), "num_samples": 256,

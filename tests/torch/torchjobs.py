@@ -1,38 +1,14 @@
 """Launching real MPI jobs and the distnn command from the tests of distnn.torch."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-
+from helpers import COMMAND, MPIEXEC, child_env, needs_mpi  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGS = Path(__file__).parent / "progs"
 EXAMPLES = ROOT / "examples"
-BIN = Path(sys.executable).parent / "distnn"
-COMMAND = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "distnn.cli.main"]
-
-
-def _mpiexec() -> str | None:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
-needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
-                               reason="needs mpiexec and mpi4py")
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return env
 
 
 def mpirun(n: int, *argv: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -56,7 +56,7 @@ class DataParallel(Rule):
                 bucket_size_mb=self.bucket_size_mb, non_blocking=self.non_blocking,
                 compression=self.compression, error_feedback=self.error_feedback,
                 compression_warmup_steps=self.compression_warmup_steps,
-                stall=getattr(trainer, "stall", None))
+                stall=trainer.stall)
         self._optimizer = optimizer
         return optimizer
 

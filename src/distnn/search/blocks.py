@@ -125,6 +125,7 @@ class BlockLayout:
         self.sequential = world.size == 1
         self.channel: Channel | None = None
         self.channels: list[Channel] = []
+        self.inspector = None  # the stall inspector watching ``comm`` (see watch)
         self._left: list = []  # block communicators given up (see renew)
         self._renewals = 0
         if self.sequential:
@@ -155,14 +156,14 @@ class BlockLayout:
         inspector = watch_stalls(self.comm)  # build_run sets --stall_warning/_timeout
         if inspector is not None:
             inspector.interruptible = True
+        self.inspector = inspector
 
     def renew(self):
         """A new block communicator for the next trial, after one failed on some of the
         block's ranks: the old one may hold collectives that will never complete, so it is
         left (with its requests) and the block's ranks make a new one by themselves
         (``MPI_Comm_create_group``: the coordinator and the other blocks take no part)."""
-        old = self.comm
-        inspector = getattr(old, "stall", None)
+        old, inspector = self.comm, self.inspector
         self._left.append((old, inspector))
         self._renewals += 1
         first = 1 + self.block * self.block_size
@@ -171,6 +172,7 @@ class BlockLayout:
             inspector.close()  # collective on its own duplicate communicator, still sound
             new = watch_stalls_like(self.comm, inspector)
             new.interruptible = True
+            self.inspector = new
         return self.comm
 
     @property

@@ -143,17 +143,17 @@ def _describe(exc: BaseException) -> str:
 
 def execute_trial(assignment: dict[str, Any], comm, settings: SearchSettings,
                   train_fn: TrainFn, decide: Callable[[int, float], bool],
-                  renew: Callable[[], Any] | None = None) -> dict[str, Any]:
+                  renew: Callable[[], Any] | None = None,
+                  inspector=None) -> dict[str, Any]:
     """Train one candidate on ``comm`` (all folds); every rank returns the same result:
     number, state ("complete", "pruned" or "fail"), value, folds, message, start, end.
 
     A rank whose trial raises while the others may be waiting for it in a collective tells
-    them so (``StallInspector.fail``, when ``comm``'s inspector is interruptible and
-    ``renew`` is given): their waits end with ``PeerFailed`` and every rank agrees on the
-    result over ``renew()``, a new communicator of the block."""
+    them so (``StallInspector.fail``, when ``inspector``, the one watching ``comm``, is
+    interruptible and ``renew`` is given): their waits end with ``PeerFailed`` and every
+    rank agrees on the result over ``renew()``, a new communicator of the block."""
     start = time.time()
     state, message, folds = "complete", None, []
-    inspector = getattr(comm, "stall", None)
     splittable = (renew is not None and inspector is not None
                   and getattr(inspector, "interruptible", False))
     broken = False
@@ -311,7 +311,7 @@ def _serve_block(layout: BlockLayout, settings: SearchSettings, train_fn: TrainF
             return bool(comm.bcast_obj(answer, 0))
 
         message = ("done", execute_trial(assignment, comm, settings, train_fn, decide,
-                                         layout.renew))
+                                         layout.renew, layout.inspector))
 
 
 def _coordinate(layout: BlockLayout, coordinator: Coordinator) -> None:

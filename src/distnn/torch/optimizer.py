@@ -110,6 +110,9 @@ class DistributedOptimizer:
         non_blocking: start each bucket's all-reduce during backward; False does one
             blocking all-reduce per bucket in ``synchronize()``.
         comm: communicator (default: the process set's).
+        stall: a ``distnn.distributed.stall.StallInspector`` watching that communicator
+            (``watch_stalls(comm)``); the reducer tells it which bucket it waits for, so a
+            stalled rank is named with the bucket (default: none).
 
     Example:
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -123,7 +126,7 @@ class DistributedOptimizer:
                 groups=None, sparse_as_dense: bool = False, process_set=global_process_set, *,
                 bucket_size_mb: float = 4.0, non_blocking: bool = True,
                 comm: Communicator | None = None, error_feedback: bool = True,
-                compression_warmup_steps: int = 0):
+                compression_warmup_steps: int = 0, stall=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}; for distnn optimizers use "
@@ -143,7 +146,8 @@ class DistributedOptimizer:
             comm = channel(comm)  # the default communicator: join-safe
         obj._distnn_setup(optimizer, named_parameters, _OPS[key], bucket_size_mb,
                           non_blocking, backward_passes_per_step, comm, compression,
-                          gradient_predivide_factor, error_feedback, compression_warmup_steps)
+                          gradient_predivide_factor, error_feedback, compression_warmup_steps,
+                          stall)
         return obj
 
 
@@ -152,7 +156,7 @@ class _Mixin:
 
     def _distnn_setup(self, optimizer, named_parameters, op, bucket_size_mb, non_blocking,
                       passes, comm, compression, predivide, error_feedback=True,
-                      warmup_steps=0) -> None:
+                      warmup_steps=0, stall=None) -> None:
         self._distnn_base = optimizer
         self.comm = comm
         self.op = op
@@ -189,7 +193,7 @@ class _Mixin:
                                 compression=compression, backward_passes_per_step=passes,
                                 gradient_predivide_factor=predivide, blocking_last=True,
                                 what="parameter", error_feedback=error_feedback,
-                                compression_warmup_steps=warmup_steps,
+                                compression_warmup_steps=warmup_steps, stall=stall,
                                 tensors=[(n, int(offsets[i]), int(offsets[i + 1]),
                                           tuple(p.shape)) for i, (n, p) in enumerate(named)])
         self.buckets = self._reducer.buckets

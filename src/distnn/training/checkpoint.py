@@ -119,7 +119,7 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     """
     comm = trainer.comm
     path = os.fspath(path)
-    if getattr(trainer, "stall", None) is not None:
+    if trainer.stall is not None:
         trainer.stall.phase("checkpoint write")
     prepare = getattr(trainer.rule, "prepare_checkpoint", None)
     if prepare is not None:
