@@ -275,6 +275,18 @@ class Sequential(ModelMethods, _Chain):
                     hook(layer)
         return dy
 
+    # -- interchange --------------------------------------------------------------------
+    def to_onnx(self, path) -> str:
+        """Write the model's inference as ONNX (opset 17) to ``path`` (nn/onnx_export.py)."""
+        from .onnx_export import to_onnx
+        return to_onnx(self, path)
+
+    def to_torch(self):
+        """The model as a ``torch.nn.Module`` in eval mode, weights copied
+        (nn/torch_export.py)."""
+        from .torch_export import to_torch
+        return to_torch(self)
+
     # -- state --------------------------------------------------------------------------
     def summary(self) -> str:
         from .serialization import summary
