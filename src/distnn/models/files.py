@@ -20,6 +20,7 @@ expected. torch is imported only when the file itself imports it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -40,7 +41,7 @@ class ModelFileError(ValueError):
 def is_model_spec(name: str) -> bool:
     """True when ``--model`` names a file or module rather than a zoo model."""
     target = name.rsplit(":", 1)[0] if ":" in name else name
-    return (":" in name or target.endswith(".py") or os.sep in target
+    return (":" in name or target.endswith((".py", ".json")) or os.sep in target
             or (os.altsep is not None and os.altsep in target))
 
 
@@ -90,7 +91,7 @@ def _import(spec: str, target: str):
         except Exception as exc:
             sys.modules.pop(mod_name, None)
             raise ModelFileError(f"--model {spec!r}: importing {target!r} failed: "
-                                 f"{type(exc).__name__}: {exc}") from None
+                                 f"{_why(exc)}") from None
         finally:
             if added and folder in sys.path:
                 sys.path.remove(folder)
@@ -108,7 +109,7 @@ def _import_module(spec: str, target: str, root: str):
         return importlib.import_module(target)
     except Exception as exc:
         raise ModelFileError(f"--model {spec!r}: importing module {target!r} from {root!r} "
-                             f"failed: {type(exc).__name__}: {exc}; give a zoo name, "
+                             f"failed: {_why(exc)}; give a zoo name, "
                              "FILE.py[:NAME] or an importable MODULE:NAME") from None
     finally:
         if added and root in sys.path:
@@ -119,7 +120,8 @@ def load_module(spec: str):
     """The module a ``--model`` file or module spec names, imported (``ModelFileError`` when
     it cannot be): for what a file defines besides its model (NNLO's ``get_train()``)."""
     target, _ = split_spec(spec)
-    return _import(spec, target)
+    with _keras_scope(spec, target):
+        return _import(spec, target)
 
 
 def _find(spec: str, target: str, module, name: str | None) -> tuple[str, Callable]:
@@ -161,7 +163,8 @@ def _takes(params: dict[str, inspect.Parameter], name: str) -> bool:
 def model_callable(spec: str) -> tuple[str, Callable]:
     """(name, callable) that builds the model of a file or module spec (imported)."""
     target, name = split_spec(spec)
-    return _find(spec, target, _import(spec, target), name)
+    with _keras_scope(spec, target):
+        return _find(spec, target, _import(spec, target), name)
 
 
 def check_model_args(spec: str, names) -> None:
@@ -199,8 +202,26 @@ def _call(spec: str, name: str, fn: Callable, offered: dict[str, Any],
     try:
         return fn(**kwargs)
     except Exception as exc:
-        raise ModelFileError(f"--model {spec!r}: {name}() failed: {type(exc).__name__}: "
-                             f"{exc}") from None
+        raise ModelFileError(f"--model {spec!r}: {name}() failed: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    """An exception in one line; a missing Keras-side module names the extra to install."""
+    from .keras_files import missing_extra
+    return missing_extra(exc) or f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def _keras_scope(spec: str, target: str, dtype=np.float32, seed: int = 0):
+    """Keras's backend, float type, seed and NNLO's tensorflow.keras alias around a model
+    file (``models.keras_files.keras_build``)."""
+    from . import keras_files
+    path = os.path.abspath(target) if target.endswith(".py") else None
+    try:
+        with keras_files.keras_build(dtype, seed, needed=keras_files.mentions_keras(path)):
+            yield
+    except keras_files.KerasFileError as exc:
+        raise ModelFileError(f"--model {spec!r}: {exc}") from None
 
 
 def _is_torch_module(obj) -> bool:
@@ -227,15 +248,29 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         builder, ``distnn.run.build.model_from_spec``, wraps it in ``TorchModel``).
     """
     from ..nn import Sequential
+    from .keras_files import KerasFileError, is_keras_model, load_json_model
     target, name = split_spec(spec)
-    module = _import(spec, target)
-    name, fn = _find(spec, target, module, name)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
+    if target.endswith(".json"):  # Keras's model.to_json()
+        try:
+            model = load_json_model(target, dtype=dtype, seed=seed)
+        except KerasFileError as exc:
+            raise ModelFileError(str(exc)) from None
+        model.distnn_label = os.path.splitext(os.path.basename(target))[0]
+        return model
     offered = {"input_shape": tuple(input_shape), "num_classes": int(num_classes),
                "dtype": np.dtype(dtype), "seed": int(seed)}
-    model = _call(spec, name, fn, offered, model_args)
+    with _keras_scope(spec, target, dtype, seed):
+        module = _import(spec, target)
+        name, fn = _find(spec, target, module, name)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(seed)
+        if isinstance(fn, type):  # NNLO's ModelBuilder(comm): each rank builds its replica
+            offered = {**offered, "comm": None}
+        model = _call(spec, name, fn, offered, model_args)
+        if not (_is_torch_module(model) or is_keras_model(model)
+                or isinstance(model, Sequential)):
+            model = _builder_model(spec, name, model, offered)
     label = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target
     if isinstance(model, Sequential):
         if not model.built:
@@ -253,4 +288,13 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         model.distnn_label = label  # the name TorchModel reports
         return model
     raise ModelFileError(f"--model {spec!r}: {name}() returned a {type(model).__name__}; "
-                         "expected a distnn.nn.Sequential or a torch.nn.Module")
+                         "expected a distnn.nn.Sequential, a torch.nn.Module or a keras.Model")
+
+
+def _builder_model(spec: str, name: str, builder, offered: dict[str, Any]):
+    """The model of a ModelBuilder-like object (NNLO's ``ModelBuilder``): its
+    ``build_model()``, given what distnn offers by name."""
+    method = getattr(builder, "build_model", None)
+    if not callable(method):
+        return builder
+    return _call(spec, f"{name}().build_model", method, offered)

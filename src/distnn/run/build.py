@@ -46,11 +46,13 @@ def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
     import torch
 
     from ..torch import TorchModel
+    from ..torch.keras import KerasModel, is_keras_model
     if num_threads:
         torch.set_num_threads(int(num_threads))
+    wrap = KerasModel if is_keras_model(model) else TorchModel  # Keras 3, torch backend
     try:
-        return TorchModel(model, input_shape, dtype=dtype,
-                          name=getattr(model, "distnn_label", type(model).__name__))
+        return wrap(model, input_shape, dtype=dtype,
+                    name=getattr(model, "distnn_label", type(model).__name__))
     except ValueError as exc:
         raise ModelFileError(f"--model {spec!r}: {exc}") from None
 
