@@ -32,10 +32,19 @@ def add_launch_parser(sub) -> None:
                    metavar="S", help="--stall_timeout given to a train command that sets "
                    "none: a hung rank ends the job (exit 4) and its host is dropped. "
                    "Default: 600.")
+    p.add_argument("--host_discovery_script", "--host-discovery-script", default=None,
+                   metavar="PATH", help="Elastic jobs (a command other than train): a "
+                   "program printing the usable hosts, one 'host' or 'host:slots' a line, "
+                   "run every --discovery_interval seconds; hosts it adds or removes "
+                   "restart the world from the last hvd.elastic commit.")
+    p.add_argument("--discovery_interval", "--discovery-interval", type=float, default=1.0,
+                   metavar="S", help="Seconds between two discovery runs. Default: 1.")
     p.add_argument("--mpiexec", default=None, metavar="PATH",
                    help="The launcher. Default: the mpiexec next to this Python.")
     p.add_argument("words", nargs=argparse.REMAINDER, metavar="-- train ...",
-                   help="The distnn train command line (must name --checkpoint).")
+                   help="The distnn train command line (must name --checkpoint), or any "
+                   "command (python script.py ...): an elastic job (hvd.elastic), restarted "
+                   "from its last commit, held in the supervisor's memory.")
 
 
 def run_launch(args) -> int:
@@ -43,10 +52,10 @@ def run_launch(args) -> int:
                                       launcher_words)
     words = list(args.words)
     words = words[1:] if words[:1] == ["--"] else words
-    if words[:1] != ["train"]:
-        raise RunError("give the training after --: distnn launch --hosts h1,h2 -- train "
-                       "--checkpoint ck.npz ...")
-    env, launcher = None, launcher_words(args.launcher_args)
+    if not words:
+        raise RunError("give the job after --: distnn launch --hosts h1,h2 -- train "
+                       "--checkpoint ck.npz ..., or -- python elastic_script.py")
+    env, launcher, store = None, launcher_words(args.launcher_args), None
     hosts = args.hosts.split(",") if args.hosts else None
     if args.cluster:
         from ..cluster import ClusterError, EmulatedCluster
@@ -54,16 +63,41 @@ def run_launch(args) -> int:
             c = EmulatedCluster.existing(args.cluster)
         except ClusterError as exc:
             raise RunError(f"--cluster: {exc}") from None
-        env = c.env()
+        env, store = c.env(), c.bridge_address  # where the emulated hosts reach us
         launcher = ["-launcher", "ssh", "-launcher-exec", c.launcher_script, *launcher]
-        hosts = hosts or [h.name for h in c.hosts]
+        hosts = hosts or ([] if args.host_discovery_script else [h.name for h in c.hosts])
     if hosts is None and os.environ.get("SLURM_JOB_NODELIST"):
         hosts = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+    if words[0] != "train":
+        return _run_elastic(args, words, hosts or [], launcher, env, store)
     try:
         sup = Supervisor(hosts or [], words[1:], ranks_per_host=args.ranks_per_host,
                          max_restarts=args.max_restarts, min_hosts=args.min_hosts,
                          mpiexec=args.mpiexec, launcher_args=launcher, env=env,
                          stall_timeout=args.stall_timeout)
+    except LaunchError as exc:
+        raise RunError(str(exc)) from None
+    return sup.run()
+
+
+def _run_elastic(args, words, hosts, launcher, env, store) -> int:
+    """An elastic job (``hvd.elastic``): any command, restarted from its last commit."""
+    import socket
+
+    from ..cluster.elastic import ElasticSupervisor
+    from ..cluster.supervisor import LaunchError
+    if store is None:  # ranks on this machine (as --hosts) reach loopback; others, this
+        # host's address
+        local = {"localhost", "127.0.0.1", socket.gethostname()}
+        names = {h.partition(":")[0] for h in hosts}
+        store = "127.0.0.1" if names and names <= local \
+            else socket.gethostbyname(socket.gethostname())
+    try:
+        sup = ElasticSupervisor(hosts, words, ranks_per_host=args.ranks_per_host,
+                                max_restarts=args.max_restarts, min_hosts=args.min_hosts,
+                                discovery=args.host_discovery_script,
+                                interval=args.discovery_interval, store_address=store,
+                                mpiexec=args.mpiexec, launcher_args=launcher, env=env)
     except LaunchError as exc:
         raise RunError(str(exc)) from None
     return sup.run()

@@ -160,10 +160,14 @@ class Supervisor:
         hostlist = ",".join(f"{h}:{self.ranks_per_host}" for h in hosts)
         cmd = [self.mpiexec, *self.launcher_args, "-hosts", hostlist,
                "-n", str(self.ranks_per_host * len(hosts)), self.distnn, "train", *argv]
+        return self._run_job(cmd, self.env)
+
+    def _run_job(self, cmd: list[str], env: dict) -> tuple[int, set[str]]:
+        """Run the job's mpiexec ``cmd``; (exit status, hosts its stderr named lost)."""
         lost: set[str] = set()
         stalled: list[str] = []
         where: dict[int, str] = {}
-        self.proc = subprocess.Popen(cmd, env=self.env, stderr=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
 
         def forward():  # the job's stderr, passed on, watched for "[host] lost:"

@@ -57,13 +57,9 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
 from .launch import run
 from .model import TorchModel, TorchUnit
 from .optimizer import DistributedOptimizer
-from . import ddp, opt
+from . import ddp, elastic, opt
+from .elastic import HorovodInternalError, HostsUpdatedInterrupt
 from .opt import DistOpt
-
-
-class HorovodInternalError(RuntimeError):
-    """Horovod's error type for failed collectives (distnn raises RuntimeError and its
-    subclasses; a failing rank aborts the job under ``abort_on_error``)."""
 
 
 __all__ = [
@@ -81,7 +77,8 @@ __all__ = [
     "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
     "broadcast_object", "allgather_object", "broadcast_parameters",
     "broadcast_optimizer_state", "metric_average", "Compression", "DistributedOptimizer",
-    "HorovodInternalError", "SyncBatchNorm", "convert_sync_batchnorm", "partition_dataset",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "elastic", "SyncBatchNorm",
+    "convert_sync_batchnorm", "partition_dataset",
     "shard_indices", "DistributedSampler", "Shard", "TorchModel", "TorchUnit",
     "DistOpt", "ddp", "opt", "run",
 ]
