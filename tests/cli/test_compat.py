@@ -250,7 +250,8 @@ def test_nnlo_model_file_with_its_horovod_and_timeline_options(tmp_path):
                val, "--batch", "16", "--timeline", "--trial-name", "ring", "--quiet",
                cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "note: --n_processes 2: every distnn rank is one worker" in proc.stderr
+    assert "note: --n_processes 2: under --parallel data every rank already trains" \
+        in proc.stderr
     assert "note: --timeline" in proc.stderr
     trace = json.loads((tmp_path / "example_mnist_ring_timeline.json").read_text())
     assert trace and history(tmp_path / "example_mnist_ring_history.json")["epoch"] == [1]

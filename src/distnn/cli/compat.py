@@ -42,10 +42,6 @@ __all__ = ["ALIASES", "DISTNN", "DOORS", "PYDTNN", "FOREIGN", "FOREIGN_BY_NAME",
 NOTES = {
     "timeline": "NNLO's activity timeline is distnn's Chrome trace (layers and "
                 "communication of every rank, gathered into one file; open it in Perfetto)",
-    "n_processes": "every distnn rank is one worker training on its share of each global "
-                   "batch; start more ranks with mpiexec -n instead of processes per worker",
-    "n_masters": "distnn's parameter-server rules (--parallel downpour, easgd, gem) have one "
-                 "master, rank 0",
     "max_gpus": "not applicable, this build has no GPU backend",
     "master_gpu": "not applicable, this build has no GPU backend",
     "tf": "distnn trains its own models or torch.nn.Module ones (--model FILE.py), not "
@@ -95,9 +91,13 @@ def translate(values: dict[str, Any], explicit: set[str],
         elif values["dataset"] != "hdf5":
             raise ValueError(f"--train_list/--train_data lists HDF5 files: use it with "
                              f"--dataset hdf5, got --dataset {values['dataset']}")
+    if (values.get("group_size") or 1) > 1 and values.get("parallel") in ("auto", "data", "bsp"):
+        notes.append(f"--n_processes {values['group_size']}: under --parallel data every rank "
+                     "already trains synchronously with all the others, as one group; groups "
+                     "of ranks are built for --mode downpour, easgd and gem")
     for name, note in NOTES.items():
         value = values.get(name)
-        if value not in (None, False) and not (name == "n_processes" and value == 1):
+        if value not in (None, False):
             notes.append(f"--{name} {value}: {note}" if value is not True
                          else f"--{name}: {note}")
     launcher = {key: values.get(name) for name, key in LAUNCHER_FLAGS.items()

@@ -28,6 +28,7 @@ ALIASES = {
     "train_data": "train_list", "val_data": "val_list", "batch": "batch_size",
     "epochs": "num_epochs", "restore": "resume", "checkpoint_int": "checkpoint_freq",
     "loss": "loss_func", "early": "early_stopping", "mode": "parallel",
+    "n_processes": "group_size", "n_masters": "masters",
 }
 SEARCH_ALIASES = {"opt_restore": "resume"}  # NNLO's names of distnn search's options
 
@@ -133,10 +134,6 @@ FOREIGN_OPTIONS: list[Option] = [
        "output", FOREIGN, (TRAIN,)),
     _O("timeline", Bool(), False, "NNLO: the Chrome trace of every rank in one file, "
        "MODEL_TRIAL_timeline.json unless --trace FILE.", FOREIGN, FOREIGN, (TRAIN,)),
-    _O("n_processes", Maybe(Int(1)), None, "NNLO: processes per worker; here each rank is "
-       "one worker.", FOREIGN, FOREIGN, (TRAIN,)),
-    _O("n_masters", Maybe(Int(1)), None, "NNLO: number of masters; here rank 0 is the one "
-       "master of the parameter-server rules.", FOREIGN, FOREIGN, (TRAIN,)),
     _O("max_gpus", Maybe(Int(0)), None, "NNLO: no GPU backend here.", FOREIGN, FOREIGN),
     _O("master_gpu", Bool(), False, "NNLO: no GPU backend here.", FOREIGN, FOREIGN),
     _O("tf", Bool(), False, "NNLO: TensorFlow models; here distnn or torch models (--model "

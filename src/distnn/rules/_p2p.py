@@ -14,6 +14,8 @@ import numpy as np
 
 from ..distributed.coordination import Backoff, lazy_barrier, wait_all
 from .base import Rule
+from .groups import WorkerGroup, check_group_size, layout_of
+from .masters import MasterTree, check_masters
 
 TAG_GRAD, TAG_DONE, TAG_REPLY, TAG_GOSSIP = 71, 72, 73, 74
 
@@ -70,10 +72,9 @@ class MasterWorker(Rule):
     """
 
     default_sync_every = 1
-    min_ranks = 2
 
     def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
-                 max_sleep: float = 2e-3):
+                 max_sleep: float = 2e-3, group_size: int = 1, masters: int = 1):
         sync_every = self.default_sync_every if sync_every is None else sync_every
         if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
             raise ValueError(f"{self.name}: sync_every must be an integer >= 1, "
@@ -85,20 +86,57 @@ class MasterWorker(Rule):
         self.updates = 0           # master: updates applied to its weights
         self.messages_applied = 0  # master: worker messages folded into the weights
         self.pushes = 0            # worker: messages sent to the master (not counting DONE)
+        self.group_size = check_group_size(self.name, group_size)
+        self.masters = check_masters(self.name, masters, self.synchronous)
+        self._group: WorkerGroup | None = None
+        self._tree: MasterTree | None = None
+
+    # -- layout: rank 0 the master (with --masters M > 1: the top master, ranks 1..M the
+    # sub-masters), the workers after them, each a rank or a group of ranks (rules/groups.py)
+    @property
+    def first_worker(self) -> int:
+        return 1 if self.masters == 1 else 1 + self.masters
+
+    @property
+    def min_ranks(self) -> int:
+        return self.first_worker + self.group_size * self.masters
+
+    def _worker_order(self, comm) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the leaders, every worker rank in data-share order)."""
+        if self.group_size == 1:
+            ranks = tuple(range(self.first_worker, comm.size))
+            return ranks, ranks
+        groups = layout_of(self.name, comm, self.group_size, self.first_worker)
+        return groups.leaders, groups.order
 
     # -- roles ---------------------------------------------------------------------------
     def is_master(self, trainer) -> bool:
-        return trainer.comm.rank == 0
+        """The master, or with several masters any of them."""
+        return trainer.comm.rank < self.first_worker
 
     def shard_of(self, comm):
         need_ranks(self.name, comm, self.min_ranks)
-        return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
+        if self.group_size == 1 and self.masters == 1:
+            return (None if comm.rank == 0 else comm.rank - 1), comm.size - 1
+        order = self._worker_order(comm)[1]
+        return (order.index(comm.rank) if comm.rank in order else None), len(order)
 
     def loss_denominator(self, batch) -> int:
+        if self._group is not None:
+            return self._group.loss_denominator(batch)
         return len(batch.x)
 
     def bind(self, trainer, optimizer):
         self._model = trainer.model
+        comm = trainer.comm
+        leaders, _ = self._worker_order(comm)
+        self._leaders = leaders
+        if self.group_size > 1:
+            groups = layout_of(self.name, comm, self.group_size, self.first_worker)
+            if comm.rank in groups.order:
+                self._group = WorkerGroup(groups, trainer.model)
+        if self.masters > 1:
+            self._tree = MasterTree(self, comm, leaders)
         n = trainer.model.parameters_flat().size
         self._out = np.zeros(self.send_size(n) + 1, trainer.model.dtype)
         self._acc = np.zeros(self.send_size(n), trainer.model.dtype)
@@ -136,51 +174,81 @@ class MasterWorker(Rule):
         raise NotImplementedError
 
     # -- worker side ---------------------------------------------------------------------
+    def master_of(self, rank: int) -> int:
+        """The rank that serves worker ``rank`` (a leader): the master or its sub-master."""
+        return 0 if self._tree is None else self._tree.master_of(rank)
+
+    def n_workers(self, comm) -> int:
+        """The workers that share this rank's master (a group counts as one)."""
+        return len(self._leaders) if self._tree is None else self._tree.n_workers(comm.rank)
+
     def step(self, trainer) -> None:
-        if trainer.batch_samples == 0:
+        samples = trainer.batch_samples
+        if self._group is not None:
+            samples = self._group.reduce_gradients(trainer)
+        if samples == 0:
             return  # nothing learned from an empty share of the last global batch
         self.worker_accumulate(trainer)
         self._pending += 1
-        self._samples += trainer.batch_samples
+        self._samples += samples
         if self._pending >= self.sync_every:
             self._exchange(trainer)
 
     def _exchange(self, trainer) -> None:
         comm = trainer.comm
-        payload = self.worker_payload(trainer)
-        self._out[:-1] = payload
-        self._out[-1] = self._samples
-        reply_buf = self.worker_reply_buffer(trainer)
-        recv = comm.irecv_(reply_buf, 0, TAG_REPLY)  # posted first: the reply never waits
-        send = comm.isend_(self._out, 0, TAG_GRAD)
-        self.traffic.sent(self._out)
-        self.pushes += 1
-        self.traffic.wait([send, recv], self.max_sleep)
-        self.traffic.received += 1
-        self.worker_apply_reply(trainer, reply_buf)
+        if self._group is None or self._group.is_leader:
+            reply_buf = self.push(comm, self.master_of(comm.rank), self.worker_payload(trainer),
+                                  self._samples, self.worker_reply_buffer(trainer))
+            self.pushes += 1
+            self.worker_apply_reply(trainer, reply_buf)
+        if self._group is not None:
+            self._group.share_weights(trainer)
         self._acc[...] = 0
         self._pending = 0
         self._samples = 0
 
-    def _finish_epoch(self, trainer) -> None:
-        if self._pending:
-            self._exchange(trainer)
-        done = np.zeros(1, trainer.model.dtype)
-        handle = trainer.comm.isend_(done, 0, TAG_DONE)
+    def push(self, comm, master: int, payload, samples: int, reply_buf):
+        """Send ``payload`` and ``samples`` to ``master``; return its reply, in ``reply_buf``."""
+        self._out[:-1] = payload
+        self._out[-1] = samples
+        recv = comm.irecv_(reply_buf, master, TAG_REPLY)  # posted first: the reply never waits
+        send = comm.isend_(self._out, master, TAG_GRAD)
+        self.traffic.sent(self._out)
+        self.traffic.wait([send, recv], self.max_sleep)
+        self.traffic.received += 1
+        return reply_buf
+
+    def send_done(self, comm, master: int, dtype) -> None:
+        done = np.zeros(1, dtype)
+        handle = comm.isend_(done, master, TAG_DONE)
         self.traffic.sent(done)
         self.traffic.wait([handle], self.max_sleep)
 
+    def _finish_epoch(self, trainer) -> None:
+        if self._pending:
+            self._exchange(trainer)
+        if self._group is None or self._group.is_leader:
+            self.send_done(trainer.comm, self.master_of(trainer.comm.rank), trainer.model.dtype)
+
     # -- master side ---------------------------------------------------------------------
     def serve(self, trainer, epoch: int, progress: Callable[[int], Any] | None = None) -> None:
+        if self._tree is not None:
+            self._tree.serve(trainer, progress)
+        else:
+            self.serve_clients(trainer, self._leaders, self.master_apply, progress)
+
+    def serve_clients(self, trainer, clients, apply, progress=None) -> None:
+        """Answer the messages of ``clients`` (ranks) with ``apply`` (``master_apply``'s
+        signature) until each of them has sent TAG_DONE."""
         comm = trainer.comm
         n = trainer.model.parameters_flat().size
         dtype = trainer.model.dtype
         if not hasattr(self, "_inbox"):
-            self._inbox = {w: np.zeros(self.send_size(n) + 1, dtype)
-                           for w in range(1, comm.size)}
-            self._replies = {w: np.zeros(self.reply_size(n), dtype) for w in range(1, comm.size)}
+            self._inbox = {w: np.zeros(self.send_size(n) + 1, dtype) for w in clients}
+            self._replies = {w: np.zeros(self.reply_size(n), dtype) for w in clients}
             self._reply_handles: dict[int, Any] = {}
-        active = set(range(1, comm.size))
+        self._apply = apply
+        active = set(clients)
         waiting: dict[int, tuple[np.ndarray, int]] = {}
         done_buf = np.zeros(1, dtype)
         t = self.traffic
@@ -225,9 +293,11 @@ class MasterWorker(Rule):
     def _answer(self, trainer, waiting: dict[int, tuple[np.ndarray, int]]) -> None:
         comm = trainer.comm
         payloads = [(w, g, s) for w, (g, s) in sorted(waiting.items())]
-        replies = self.master_apply(trainer, payloads)
+        replies = self._apply(trainer, payloads)
         self.updates += 1
         self.messages_applied += len(payloads)
+        if self._tree is not None:
+            self._tree.after_update(trainer, sum(s for _, _, s in payloads))
         for w, reply in replies.items():
             old = self._reply_handles.pop(w, None)
             if old is not None:  # the worker got it before it sent again: already complete
@@ -248,7 +318,9 @@ class MasterWorker(Rule):
         out = self.traffic.as_dict()
         out.update(updates=float(self.updates), messages_applied=float(self.messages_applied),
                    pushes=float(self.pushes))
-        return out
+        if self._group is not None:
+            out["group_reductions"] = float(self._group.reductions)
+        return out if self._tree is None else {**out, **self._tree.stats()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"updates": self.updates, "messages_applied": self.messages_applied}

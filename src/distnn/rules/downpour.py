@@ -21,6 +21,8 @@ class Downpour(MasterWorker):
         sync_every: batches a worker trains (accumulating gradients, weights fixed)
             between two messages to the master.
         synchronous: the master waits for one message from every worker each round.
+        group_size: ranks per worker, training synchronously (``rules/groups.py``).
+        masters: sub-masters under a top master (``rules/masters.py``; 1: one master).
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=Downpour(sync_every=1))
@@ -44,6 +46,20 @@ class Downpour(MasterWorker):
         weights = trainer.model.parameters_flat()
         return {w: weights for w, _, _ in payloads}
 
+    # -- with several masters (rules/masters.py): a sub-master sends how far its weights
+    # moved since its last exchange, the top master adds it to its own
+    def sub_payload(self, trainer, synced):
+        return trainer.model.parameters_flat() - synced
+
+    def top_apply(self, trainer, payloads):
+        weights = trainer.model.parameters_flat()
+        for _, delta, _ in payloads:
+            weights += delta
+        return {sub: weights for sub, _, _ in payloads}
+
+    def sub_apply_reply(self, trainer, reply) -> None:
+        trainer.model.parameters_flat()[...] = reply
+
     def end_epoch(self, trainer, epoch: int) -> None:
         super().end_epoch(trainer, epoch)
         # The workers' weights are a copy of the master's: refresh them for validation.
@@ -53,4 +69,5 @@ class Downpour(MasterWorker):
         trainer.comm.bcast_(trainer.model.parameters_flat(), 0)
 
     def __repr__(self) -> str:
-        return f"Downpour(sync_every={self.sync_every}, synchronous={self.synchronous})"
+        return (f"Downpour(sync_every={self.sync_every}, synchronous={self.synchronous}, "
+                f"group_size={self.group_size}, masters={self.masters})")

@@ -24,6 +24,7 @@ import contextlib
 import numpy as np
 
 from .. import distributed as dist
+from .base import RuleArgumentError
 from ._p2p import (MasterWorker, Traffic, gather_states, local_state, pick_state,
                    restore_local_state, swapped_weights)
 
@@ -39,6 +40,7 @@ class EASGD(MasterWorker):
             trainer's optimizer), built with the trainer's learning rate.
         sync_every: tau, local batches between two elastic exchanges.
         synchronous: all-reduce based synchronous EASGD instead of a master.
+        group_size, masters: as for ``Downpour``.
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=EASGD(sync_every=4))
@@ -49,8 +51,14 @@ class EASGD(MasterWorker):
 
     def __init__(self, *, elastic_force: float = 0.9, elastic_lr: float | None = None,
                  elastic_momentum: float = 0.0, worker_optimizer: str | None = None,
-                 sync_every: int | None = None, synchronous: bool = False):
-        super().__init__(sync_every=sync_every, synchronous=synchronous)
+                 sync_every: int | None = None, synchronous: bool = False,
+                 group_size: int = 1, masters: int = 1):
+        super().__init__(sync_every=sync_every, synchronous=synchronous, group_size=group_size,
+                         masters=masters)
+        if synchronous and self.group_size > 1:
+            raise RuleArgumentError("group_size", f"easgd: group_size={group_size} groups the "
+                                    "workers of a master; synchronous=True has none: drop one "
+                                    "of them")
         if not 0 <= elastic_force <= 1:
             raise ValueError(f"easgd: elastic_force must be in [0, 1], got {elastic_force!r}")
         if elastic_lr is not None and not 0 < elastic_lr <= 1:
@@ -71,7 +79,7 @@ class EASGD(MasterWorker):
     # -- roles ---------------------------------------------------------------------------
     @property
     def min_ranks(self) -> int:
-        return 1 if self.synchronous else 2
+        return 1 if self.synchronous else super().min_ranks
 
     def shard_of(self, comm):
         if self.synchronous:
@@ -79,10 +87,11 @@ class EASGD(MasterWorker):
         return super().shard_of(comm)
 
     def is_master(self, trainer) -> bool:
-        return not self.synchronous and trainer.comm.rank == 0
+        return not self.synchronous and super().is_master(trainer)
 
     def moving_rate(self, comm) -> float:
-        workers = comm.size if self.synchronous else comm.size - 1
+        """a = elastic_force * elastic_lr, elastic_lr 1 / (workers of this rank's master)."""
+        workers = comm.size if self.synchronous else self.n_workers(comm)
         lr = self.elastic_lr if self.elastic_lr is not None else 1.0 / max(workers, 1)
         return self.elastic_force * lr
 
@@ -139,6 +148,19 @@ class EASGD(MasterWorker):
             self._velocity += a * (x - centre)
             centre += self._velocity
         return replies
+
+    # -- with several masters (rules/masters.py): a sub-master's centre is an elastic worker
+    # of the top master's centre
+    def sub_payload(self, trainer, synced):
+        return trainer.model.parameters_flat()
+
+    def top_apply(self, trainer, payloads):
+        return self.master_apply(trainer, payloads)
+
+    def sub_apply_reply(self, trainer, centre) -> None:
+        lr = self.elastic_lr if self.elastic_lr is not None else 1.0 / self.masters
+        x = trainer.model.parameters_flat()
+        x -= self.elastic_force * lr * (x - centre)
 
     def _elastic_allreduce(self, trainer) -> None:
         comm = trainer.comm
@@ -202,4 +224,5 @@ class EASGD(MasterWorker):
         return (f"EASGD(elastic_force={self.elastic_force}, elastic_lr={self.elastic_lr}, "
                 f"elastic_momentum={self.elastic_momentum}, "
                 f"worker_optimizer={self.worker_optimizer!r}, sync_every={self.sync_every}, "
-                f"synchronous={self.synchronous})")
+                f"synchronous={self.synchronous}, group_size={self.group_size}, "
+                f"masters={self.masters})")

@@ -32,7 +32,7 @@ class GEM(MasterWorker):
         gem_lr: eta (None: the optimizer's learning rate, as schedules set it).
         gem_momentum: mu of the momentum proxy, in [0, 1).
         gem_kappa: kappa > 0, the proxy amplification.
-        sync_every, synchronous: as for ``Downpour``.
+        sync_every, synchronous, group_size: as for ``Downpour``.
 
     Example:
         Trainer(model, SGD(model, lr=0.01), rule=GEM(gem_momentum=0.9))
@@ -42,8 +42,8 @@ class GEM(MasterWorker):
 
     def __init__(self, *, gem_lr: float | None = None, gem_momentum: float = 0.9,
                  gem_kappa: float = 1.0, sync_every: int | None = None,
-                 synchronous: bool = False):
-        super().__init__(sync_every=sync_every, synchronous=synchronous)
+                 synchronous: bool = False, group_size: int = 1):
+        super().__init__(sync_every=sync_every, synchronous=synchronous, group_size=group_size)
         if gem_lr is not None and not (np.isfinite(gem_lr) and gem_lr > 0):
             raise ValueError(f"gem: gem_lr must be a number > 0 (or None: the optimizer's "
                              f"learning rate), got {gem_lr!r}")

@@ -364,6 +364,16 @@ class ParallelConfig(Section):
     synchronous: bool = option(False, Bool(),
         "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
         "without a master; gossip: shared, deterministic push schedule.", commands=(TRAIN,))
+    group_size: int = option(1, Int(1),
+        "downpour, easgd, gem: ranks per worker (NNLO's --n-processes). A group's ranks train "
+        "synchronously (gradients summed inside it, as --parallel data) and its first rank "
+        "exchanges with the master for it; groups are cut host by host. Under data every rank "
+        "already trains synchronously with all the others: it changes nothing.",
+        commands=(TRAIN,))
+    masters: int = option(1, Int(1),
+        "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
+        "serve the workers and exchange with rank 0 every --sync_every of their updates.",
+        commands=(TRAIN,))
     elastic_force: float = option(0.9, Float(0.0, 1.0),
         "easgd: rho; the moving rate is elastic_force x elastic_lr (0: independent workers).",
         commands=(TRAIN,))
@@ -624,7 +634,7 @@ def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=
         raise ConfigError(f"{what}: file {path!r} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
     flat: dict[str, Any] = {name: raw.pop(name) for name in keep if name in raw}
     for key, value in raw.items():

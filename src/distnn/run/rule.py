@@ -22,14 +22,23 @@ def build_rule(cfg: RunConfig, comm):
                           f"gradient all-reduce of --parallel data; --parallel {p.parallel} "
                           "exchanges no gradients that way: drop --gradient_compression or "
                           "use --parallel data")
+    for option in ("group_size", "masters"):
+        value = getattr(p, option)
+        if value > 1 and option not in inspect.signature(RULES[name]).parameters \
+                and not (option == "group_size" and name == "data"):  # data: one group of all
+            takes = [r for r, cls in RULES.items() if option in inspect.signature(cls).parameters]
+            raise ConfigError(f"--{option} {value} is built for --parallel {', '.join(takes)}, "
+                              f"not --parallel {p.parallel}: drop --{option} or change the rule")
     try:
         rule = rule_from_options(name, p.rule_arguments())
     except ValueError as exc:
         raise rule_error(p, exc) from None
     if comm.size < rule.min_ranks:
-        raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master and the others are "
-                          f"workers, so it needs at least {rule.min_ranks} ranks, got "
-                          f"{comm.size}; run it under mpiexec -n 3 (or use --parallel data)")
+        raise ConfigError(f"--parallel {p.parallel}: rank 0 is the master (with --masters M, "
+                          f"ranks 1..M too) and the others are workers (--group_size ranks "
+                          f"each), so it needs at least {rule.min_ranks} ranks, got "
+                          f"{comm.size}; run it under mpiexec -n {max(rule.min_ranks, 3)} (or "
+                          "use --parallel data)")
     if cfg.train.checkpoint_steps and comm.size > 1 and not rule.lockstep:
         raise ConfigError(f"--checkpoint_steps needs a rule whose ranks take every step "
                           f"together (--parallel data); --parallel {p.parallel} does not: "

@@ -56,6 +56,14 @@ def run(job: dict, comm, out: str) -> None:
     trainer = Trainer(model, opt, comm=comm, rule=rule, callbacks=[record], progress=False,
                       verbose=False, seed=job.get("seed", 0))
     initial = model.parameters_flat().copy()
+    if job.get("kill_rank") == comm.rank:  # dies as a lost host's process does: SIGKILL
+        import os
+        import signal
+        import threading
+        with open(f"{out}/pid.rank{comm.rank}", "w") as f:
+            f.write(str(os.getpid()))
+        threading.Timer(job.get("kill_after", 1.0),
+                        lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     checkpoint = job.get("checkpoint")
     if checkpoint:
         from distnn.training import TrainingCheckpoint

@@ -1,0 +1,82 @@
+"""A worker that is a group of ranks (NNLO's ``--n-processes K``): the K ranks train
+synchronously, as the ``data`` rule does, and the group's leader (its first rank) takes
+part in the rule's exchange (with a master, or with the other leaders) as one worker.
+
+Each rank of a group trains on its share of the group's part of every global batch; the
+loss is divided by the group's number of samples and the gradients are summed over the
+group (one all-reduce of the flat gradient buffer, the sample count riding along), so a
+group of K ranks with B samples each makes the updates of one worker with K·B samples
+(docs/design.md §Gradient averaging). Every rank then takes the same local step (the
+rule's), and after each exchange the leader's weights are broadcast to its group, so the
+group's ranks hold the leader's weights and share its position in the batch schedule.
+Which ranks make a group (host by host) is ``distributed.groups``'s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..distributed.groups import GroupLayoutError, Groups, worker_groups
+from .base import RuleArgumentError
+
+__all__ = ["WorkerGroup", "check_group_size", "layout_of"]
+
+
+def check_group_size(rule: str, group_size) -> int:
+    if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
+        raise RuleArgumentError("group_size", f"{rule}: group_size must be an integer >= 1 "
+                                f"(ranks per worker), got {group_size!r}")
+    return int(group_size)
+
+
+def layout_of(rule: str, comm, group_size: int, first: int) -> Groups:
+    """The worker groups of ``comm``'s ranks ``first`` and up (collective the first time);
+    a host whose ranks do not make whole groups is refused as the rule's argument."""
+    try:
+        return worker_groups(comm, group_size, first)
+    except GroupLayoutError as exc:
+        raise RuleArgumentError("group_size", f"{rule}: {exc}") from None
+
+
+class WorkerGroup:
+    """This rank's place in its worker group, and the group's collectives.
+
+    Args:
+        groups: the layout (``distributed.groups.worker_groups``); this rank is in a group.
+        model: the model, for the size and dtype of the gradient buffer.
+    """
+
+    def __init__(self, groups: Groups, model):
+        self.groups = groups
+        self.comm = groups.comm
+        order = groups.order
+        self._shares = [order.index(r) for r in groups.mine]
+        self._n_shares = len(order)
+        self._buf = np.zeros(model.gradients_flat().size + 1, model.dtype)
+        self.reductions = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.groups.is_leader
+
+    def loss_denominator(self, batch) -> int:
+        """The group's samples in ``batch`` (its ranks' ``np.array_split`` shares)."""
+        q, r = divmod(batch.global_size, self._n_shares)
+        return sum(q + (share < r) for share in self._shares)
+
+    def reduce_gradients(self, trainer) -> int:
+        """Sum the gradients over the group, in place; return the group's sample count."""
+        grads = trainer.model.gradients_flat()
+        buf = self._buf
+        buf[:-1] = grads
+        buf[-1] = trainer.batch_samples
+        self.comm.allreduce_(buf, "sum")
+        grads[...] = buf[:-1]
+        self.reductions += 1
+        return int(round(float(buf[-1])))
+
+    def share_weights(self, trainer) -> None:
+        """Every rank of the group takes its leader's weights."""
+        self.comm.bcast_(trainer.model.parameters_flat(), 0)
+
+    def share_array(self, arr: np.ndarray) -> None:
+        self.comm.bcast_(arr, 0)
