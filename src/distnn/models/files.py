@@ -40,6 +40,8 @@ class ModelFileError(ValueError):
 
 def is_model_spec(name: str) -> bool:
     """True when ``--model`` names a file or module rather than a zoo model."""
+    if name.lower().endswith(".onnx"):  # an ONNX graph: models/onnx_import.py
+        return True
     target = name.rsplit(":", 1)[0] if ":" in name else name
     return (":" in name or target.endswith((".py", ".json")) or os.sep in target
             or (os.altsep is not None and os.altsep in target))
@@ -250,6 +252,9 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
     from ..nn import Sequential
     from .keras_files import KerasFileError, is_keras_model, load_json_model
     target, name = split_spec(spec)
+    if target.lower().endswith(".onnx"):
+        from .onnx_import import load_onnx_model
+        return load_onnx_model(target, input_shape=input_shape, dtype=dtype)
     if target.endswith(".json"):  # Keras's model.to_json()
         try:
             model = load_json_model(target, dtype=dtype, seed=seed)

@@ -91,7 +91,7 @@ class MasterWorker(Rule):
         self._group: WorkerGroup | None = None
         self._tree: MasterTree | None = None
 
-    # -- layout: rank 0 the master (with --masters M > 1: the top master, ranks 1..M the
+    # -- layout: rank 0 the master (with masters=M > 1: the top master, ranks 1..M the
     # sub-masters), the workers after them, each a rank or a group of ranks (rules/groups.py)
     @property
     def first_worker(self) -> int:

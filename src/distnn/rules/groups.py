@@ -1,4 +1,4 @@
-"""A worker that is a group of ranks (NNLO's ``--n-processes K``): the K ranks train
+"""A worker that is a group of ranks (NNLO's n-processes): the K ranks train
 synchronously, as the ``data`` rule does, and the group's leader (its first rank) takes
 part in the rule's exchange (with a master, or with the other leaders) as one worker.
 

@@ -1,4 +1,4 @@
-"""Several masters (NNLO's ``--n-masters M``): a top master and M sub-masters.
+"""Several masters (NNLO's n-masters): a top master and M sub-masters.
 
 With M > 1, rank 0 is the top master, ranks 1..M are sub-masters and the workers (ranks
 M+1 and up, each a rank or a group of ranks) are split among the sub-masters in contiguous

@@ -1,0 +1,356 @@
+"""``--model FILE.onnx``: a distnn model built from an ONNX graph of the layers distnn has.
+
+The graph must be a chain of distnn's layers from its one input to its output, where a
+tensor read by several nodes starts parallel branches that meet again in one ``Add``
+(``Sum``) or ``Concat`` node: a residual or dense block (``nn.Add``/``nn.Concat``; a branch
+that goes straight to the meeting node is the identity). The ops:
+
+==========================  ===============================================================
+ONNX                        distnn
+==========================  ===============================================================
+Conv (group 1)              Conv2D (weights and bias copied; explicit or SAME/VALID pads)
+Gemm; MatMul (+ Add bias)   Dense (transB handled, alpha/beta folded in)
+BatchNormalization          BatchNormalization (running statistics, epsilon, momentum)
+Relu LeakyRelu Sigmoid      ReLU LeakyReLU Sigmoid Tanh Softmax (last axis)
+Tanh Softmax
+MaxPool AveragePool         MaxPool2D AvgPool2D (symmetric pads, no ceil mode)
+GlobalAveragePool;          GlobalAvgPool2D
+ReduceMean over H, W
+Flatten; Reshape to (N, -1) Flatten
+Dropout                     Dropout (its ratio); Identity: nothing
+Add Sum Concat (axis 1)     the Add / Concat block where branches meet
+==========================  ===============================================================
+
+Any other op is refused with one line naming the file, the op and the node. Needs the
+optional extra: ``pip install 'distnn[onnx]'``.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from ..nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout, Flatten,
+                  GlobalAvgPool2D, LeakyReLU, MaxPool2D, ReLU, Sequential, Sigmoid, Softmax,
+                  Tanh)
+from .files import ModelFileError
+
+__all__ = ["load_onnx_model", "sequential_from_onnx", "SUPPORTED_OPS"]
+
+MERGES = ("Add", "Sum", "Concat")
+PADS = "pads"  # a convolution's uneven ONNX pads, (top, bottom, left, right)
+
+
+class _Graph:
+    """The nodes, constants and consumers of an ONNX graph."""
+
+    def __init__(self, proto, label: str):
+        from onnx import numpy_helper
+        self.label = label
+        g = proto.graph
+        self.consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.nodes = []
+        for node in g.node:
+            if node.op_type == "Constant":
+                attr = {a.name: a for a in node.attribute}
+                if "value" not in attr:
+                    self.refuse(node, "a Constant that is not a tensor")
+                self.consts[node.output[0]] = numpy_helper.to_array(attr["value"].t)
+            else:
+                self.nodes.append(node)
+        self.consumers: dict[str, list] = defaultdict(list)
+        for node in self.nodes:
+            for name in dict.fromkeys(self.data_inputs(node)):
+                self.consumers[name].append(node)
+        inputs = [i.name for i in g.input if i.name not in self.consts]
+        if len(inputs) != 1:
+            raise ModelFileError(f"--model {label!r}: the graph has {len(inputs)} inputs "
+                                 f"{inputs}; distnn models have one")
+        self.input = inputs[0]
+        self.output = g.output[0].name
+
+    def data_inputs(self, node) -> list[str]:
+        return [i for i in node.input if i and i not in self.consts]
+
+    def const(self, node, index: int) -> np.ndarray | None:
+        if index >= len(node.input) or not node.input[index]:
+            return None
+        name = node.input[index]
+        if name not in self.consts:
+            self.refuse(node, f"input {index} ({name!r}) computed in the graph, not a constant")
+        return self.consts[name]
+
+    def refuse(self, node, why: str):
+        raise ModelFileError(f"--model {self.label!r}: ONNX op {node.op_type!r} (node "
+                             f"{node.name or node.output[0]!r}): {why}")
+
+
+def _attrs(node) -> dict:
+    """A node's attributes; floats rounded to float32's 7 digits (0.9, not 0.8999999762)."""
+    from onnx import helper
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in values.items()}
+
+
+def _pads(g: _Graph, node, attrs, ndim: int = 2) -> tuple[int, int]:
+    pads = list(attrs.get("pads", [0] * 2 * ndim))
+    if pads[:ndim] != pads[ndim:]:
+        g.refuse(node, f"pads {pads} differ before and after; distnn pads symmetrically")
+    return tuple(int(p) for p in pads[:ndim])
+
+
+def _auto_pad(attrs) -> str:
+    pad = attrs.get("auto_pad", b"NOTSET")
+    return pad.decode() if isinstance(pad, bytes) else str(pad)
+
+
+def _conv(g: _Graph, node, attrs):
+    w = g.const(node, 1)
+    b = g.const(node, 2)
+    if int(attrs.get("group", 1)) != 1:
+        g.refuse(node, f"group={attrs['group']}; distnn's Conv2D has no groups")
+    if w.ndim != 4:
+        g.refuse(node, f"a {w.ndim - 2}-D convolution; distnn's is 2-D")
+    auto = _auto_pad(attrs)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        padding = "same"
+        if auto == "SAME_LOWER":
+            g.refuse(node, "auto_pad SAME_LOWER; distnn's 'same' pads at the bottom/right")
+    elif auto == "VALID":
+        padding = 0
+    else:
+        pads = [int(p) for p in attrs.get("pads", (0, 0, 0, 0))]
+        padding = (pads[0], pads[1])
+        if pads[:2] != pads[2:]:  # distnn's "same" pads so, at the bottom/right: checked
+            padding = "same"      # against the built layer's (PADS)
+    layer = Conv2D(w.shape[0], tuple(w.shape[2:]), strides=tuple(attrs.get("strides", (1, 1))),
+                   padding=padding, dilation=tuple(attrs.get("dilations", (1, 1))),
+                   use_bias=b is not None)
+    arrays = {"w": w, **({"b": b} if b is not None else {})}
+    if padding == "same" and auto == "NOTSET":
+        arrays[PADS] = (pads[0], pads[2], pads[1], pads[3])
+    return layer, arrays
+
+
+def _gemm(g: _Graph, node, attrs):
+    if attrs.get("transA", 0):
+        g.refuse(node, "transA=1; distnn's Dense takes (batch, features)")
+    w = g.const(node, 1).astype(np.float64) * attrs.get("alpha", 1.0)
+    w = w.T if attrs.get("transB", 0) else w
+    b = g.const(node, 2)
+    arrays = {"w": w}
+    if b is not None:
+        arrays["b"] = np.broadcast_to(b * attrs.get("beta", 1.0), (w.shape[1],))
+    return Dense(w.shape[1], use_bias=b is not None), arrays
+
+
+def _matmul(g: _Graph, node, attrs):
+    w = g.const(node, 1)
+    if w.ndim != 2:
+        g.refuse(node, f"a {w.ndim}-D right operand; distnn's Dense multiplies by a matrix")
+    return Dense(w.shape[1], use_bias=False), {"w": w}
+
+
+def _batchnorm(g: _Graph, node, attrs):
+    gamma, beta, mean, var = (g.const(node, i) for i in range(1, 5))
+    layer = BatchNormalization(momentum=float(attrs.get("momentum", 0.9)),
+                               epsilon=float(attrs.get("epsilon", 1e-5)))
+    return layer, {"gamma": gamma, "beta": beta, "running_mean": mean, "running_var": var}
+
+
+def _pool(cls):
+    def make(g: _Graph, node, attrs):
+        if attrs.get("ceil_mode", 0):
+            g.refuse(node, "ceil_mode=1; distnn's pools round down")
+        if any(d != 1 for d in attrs.get("dilations", (1, 1))):
+            g.refuse(node, "dilated pooling")
+        if _auto_pad(attrs) not in ("NOTSET", "VALID"):
+            g.refuse(node, f"auto_pad {_auto_pad(attrs)}; give explicit pads")
+        pads = _pads(g, node, attrs)
+        if cls is AvgPool2D and any(pads) and not attrs.get("count_include_pad", 0):
+            g.refuse(node, "count_include_pad=0 with padding; distnn's AvgPool2D counts the "
+                     "padded zeros (PyTorch's default)")
+        kernel = tuple(attrs["kernel_shape"])
+        return cls(kernel, strides=tuple(attrs.get("strides", kernel)), padding=pads), {}
+    return make
+
+
+def _reduce_mean(g: _Graph, node, attrs):
+    axes = attrs.get("axes")
+    if axes is None and len(node.input) > 1:
+        axes = g.const(node, 1).tolist()
+    if sorted(int(a) % 4 for a in (axes or ())) != [2, 3]:
+        g.refuse(node, f"a mean over axes {axes}; distnn averages over H and W only")
+    return GlobalAvgPool2D(), {}
+
+
+def _reshape(g: _Graph, node, attrs):
+    shape = g.const(node, 1).tolist()
+    if len(shape) != 2:
+        g.refuse(node, f"a reshape to {shape}; distnn reshapes only to (batch, features)")
+    return Flatten(), {}
+
+
+def _flatten(g: _Graph, node, attrs):
+    if int(attrs.get("axis", 1)) != 1:
+        g.refuse(node, f"axis={attrs['axis']}; distnn flattens all but the batch axis")
+    return Flatten(), {}
+
+
+def _softmax(g: _Graph, node, attrs):
+    if int(attrs.get("axis", -1)) not in (-1, 1):
+        g.refuse(node, f"axis={attrs['axis']}; distnn's Softmax is over the last axis")
+    return Softmax(), {}
+
+
+def _dropout(g: _Graph, node, attrs):
+    ratio = g.const(node, 1) if len(node.input) > 1 and node.input[1] else None
+    rate = float(attrs.get("ratio", 0.5) if ratio is None else ratio)
+    return Dropout(rate), {}
+
+
+CONVERTERS = {
+    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batchnorm,
+    "Relu": lambda g, n, a: (ReLU(), {}),
+    "LeakyRelu": lambda g, n, a: (LeakyReLU(a.get("alpha", 0.01)), {}),
+    "Sigmoid": lambda g, n, a: (Sigmoid(), {}), "Tanh": lambda g, n, a: (Tanh(), {}),
+    "Softmax": _softmax, "MaxPool": _pool(MaxPool2D), "AveragePool": _pool(AvgPool2D),
+    "GlobalAveragePool": lambda g, n, a: (GlobalAvgPool2D(), {}), "ReduceMean": _reduce_mean,
+    "Flatten": _flatten, "Reshape": _reshape, "Dropout": _dropout,
+    "Identity": lambda g, n, a: (None, {}),
+}
+SUPPORTED_OPS = tuple(sorted({*CONVERTERS, *MERGES}))
+
+
+class _Builder:
+    """Walks the graph from its input into distnn layers; ``arrays`` keeps each layer's
+    weights until the model is built."""
+
+    def __init__(self, g: _Graph):
+        self.g = g
+        self.arrays: list[tuple[object, dict]] = []
+
+    def convert(self, node, layers: list) -> None:
+        g = self.g
+        if node.op_type == "Add" and len(g.data_inputs(node)) == 1:  # a bias
+            bias = g.const(node, 1 if node.input[0] in g.data_inputs(node) else 0)
+            last = layers[-1] if layers else None
+            if not isinstance(last, Dense) or last.use_bias:
+                g.refuse(node, "adding a constant other than a MatMul's bias")
+            last.use_bias = True
+            next(a for l, a in self.arrays if l is last)["b"] = np.broadcast_to(
+                bias, (last.units,))
+            return
+        if (node.op_type in ("Flatten", "Reshape") and layers
+                and isinstance(layers[-1], GlobalAvgPool2D)):
+            return  # distnn's global pool already gives (batch, channels)
+        make = CONVERTERS.get(node.op_type)
+        if make is None:
+            g.refuse(node, f"distnn has no such layer; it reads {', '.join(SUPPORTED_OPS)}")
+        layer, arrays = make(g, node, _attrs(node))
+        if layer is not None:
+            layers.append(layer)
+            self.arrays.append((layer, arrays))
+
+    def chain(self, t: str):
+        """Layers from tensor ``t`` on: (layers, last tensor, the merging node it stops at
+        or None at the graph's output)."""
+        g, layers = self.g, []
+        while True:
+            readers = g.consumers.get(t, [])
+            if t == g.output or not readers:
+                if t != g.output:
+                    raise ModelFileError(f"--model {g.label!r}: tensor {t!r} leads nowhere "
+                                         "(not the graph's output)")
+                return layers, t, None
+            if len(readers) == 1:
+                node = readers[0]
+                if len(g.data_inputs(node)) > 1:
+                    return layers, t, node
+                self.convert(node, layers)
+                t = node.output[0]
+                continue
+            t = self.block(t, readers, layers)
+
+    def block(self, t: str, readers: list, layers: list) -> str:
+        g = self.g
+        ends = []
+        for node in readers:
+            if len(g.data_inputs(node)) > 1:
+                ends.append(([], t, node))
+                continue
+            branch = []
+            self.convert(node, branch)
+            sub, end, stop = self.chain(node.output[0])
+            ends.append((branch + sub, end, stop))
+        merge = ends[0][2]
+        inputs = g.data_inputs(merge) if merge is not None else []
+        if (merge is None or merge.op_type not in MERGES or any(e[2] is not merge for e in ends)
+                or sorted(inputs) != sorted(e[1] for e in ends)):
+            raise ModelFileError(f"--model {g.label!r}: tensor {t!r} feeds {len(readers)} "
+                                 "nodes whose paths do not meet in one Add or Concat node; "
+                                 "distnn builds chains of residual/concatenation blocks only")
+        order = sorted(ends, key=lambda e: inputs.index(e[1]))
+        branches = [e[0] for e in order]
+        if merge.op_type == "Concat":
+            if int(_attrs(merge).get("axis", 1)) != 1:
+                g.refuse(merge, "concatenation along an axis other than the channels")
+            layers.append(Concat(*branches))
+        else:
+            layers.append(Add(*branches))
+        return merge.output[0]
+
+
+def sequential_from_onnx(proto, *, input_shape, dtype=np.float32, label: str = "model.onnx",
+                         name: str | None = None) -> Sequential:
+    """A built ``Sequential`` with the weights of the ONNX ``proto`` for samples of
+    ``input_shape`` (``ModelFileError`` naming ``label`` for what distnn cannot build)."""
+    g = _Graph(proto, label)
+    builder = _Builder(g)
+    layers, _, stop = builder.chain(g.input)
+    if stop is not None:
+        g.refuse(stop, "its inputs come from outside the branches that reach it")
+    model = Sequential(layers, name=name or os.path.splitext(os.path.basename(label))[0])
+    try:
+        model.build(tuple(input_shape), rng=0, dtype=dtype)
+    except ValueError as exc:
+        raise ModelFileError(f"--model {label!r}: {exc}") from None
+    for layer, arrays in builder.arrays:
+        for key, value in arrays.items():
+            if key == PADS:
+                if layer._pads != value:
+                    raise ModelFileError(
+                        f"--model {label!r}: layer {layer.name!r}: pads (top, bottom, left, "
+                        f"right) {value} differ before and after, and not as distnn's "
+                        f"'same' ({layer._pads}); distnn pads symmetrically otherwise")
+                continue
+            target = layer.params.get(key, layer.buffers.get(key))
+            if target is None or target.size != np.size(value):
+                raise ModelFileError(
+                    f"--model {label!r}: layer {layer.name!r} ({type(layer).__name__}) "
+                    f"needs {key} of shape {None if target is None else target.shape}, the "
+                    f"file has {np.shape(value)}; is the input shape {tuple(input_shape)} "
+                    "the one the model was made for?")
+            target[...] = np.reshape(value, target.shape)
+    return model
+
+
+def load_onnx_model(path: str, *, input_shape, dtype=np.float32) -> Sequential:
+    """The distnn model of the ONNX file ``path`` (``--model FILE.onnx``)."""
+    try:
+        import onnx
+    except ImportError:
+        raise ModelFileError(f"--model {path!r}: reading ONNX needs the onnx package: "
+                             "pip install 'distnn[onnx]'") from None
+    if not os.path.isfile(path):
+        raise ModelFileError(f"--model {path!r}: file does not exist (looked in "
+                             f"{os.getcwd()})")
+    try:
+        proto = onnx.load(path)
+        if not proto.graph.node:
+            raise ValueError("no graph nodes")
+    except Exception as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelFileError(f"--model {path!r}: not an ONNX model ({why})") from None
+    return sequential_from_onnx(proto, input_shape=input_shape, dtype=dtype, label=path)
