@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from distnn.models import get_model  # noqa: E402
-from distnn.models.files import ModelFileError, is_model_spec  # noqa: E402
-from distnn.models.onnx_import import load_onnx_model, sequential_from_onnx  # noqa: E402
+from distnn.models.files import is_model_spec  # noqa: E402
+from distnn.models.onnx_import import (ModelFileError, load_onnx_model,  # noqa: E402
+                                       sequential_from_onnx)
 from distnn.nn import Add, BatchNormalization, Conv2D, Dense  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

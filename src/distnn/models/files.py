@@ -253,8 +253,11 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
     from .keras_files import KerasFileError, is_keras_model, load_json_model
     target, name = split_spec(spec)
     if target.lower().endswith(".onnx"):
-        from .onnx_import import load_onnx_model
-        return load_onnx_model(target, input_shape=input_shape, dtype=dtype)
+        from . import onnx_import
+        try:
+            return onnx_import.load_onnx_model(target, input_shape=input_shape, dtype=dtype)
+        except onnx_import.ModelFileError as exc:
+            raise ModelFileError(str(exc)) from None
     if target.endswith(".json"):  # Keras's model.to_json()
         try:
             model = load_json_model(target, dtype=dtype, seed=seed)

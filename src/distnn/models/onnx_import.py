@@ -34,9 +34,12 @@ import numpy as np
 from ..nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout, Flatten,
                   GlobalAvgPool2D, LeakyReLU, MaxPool2D, ReLU, Sequential, Sigmoid, Softmax,
                   Tanh)
-from .files import ModelFileError
+__all__ = ["ModelFileError", "load_onnx_model", "sequential_from_onnx", "SUPPORTED_OPS"]
 
-__all__ = ["load_onnx_model", "sequential_from_onnx", "SUPPORTED_OPS"]
+
+class ModelFileError(ValueError):
+    """An ONNX file distnn cannot read or build (one line naming the file and the op);
+    ``models.files`` raises it again as its own ``ModelFileError``."""
 
 MERGES = ("Add", "Sum", "Concat")
 PADS = "pads"  # a convolution's uneven ONNX pads, (top, bottom, left, right)
