@@ -69,6 +69,42 @@ def test_two_groups_under_a_synchronous_master_are_two_workers_with_twice_the_ba
     assert grouped[0]["stats"]["received"] == plain[0]["stats"]["received"]
 
 
+AVERAGING = [("localsgd", {"sync_every": 3}),
+             ("gossip", {"synchronous": True, "probability": 1.0})]
+
+
+@pytest.mark.parametrize("rule,opts", AVERAGING, ids=[r for r, _ in AVERAGING])
+def test_averaging_rules_with_groups_are_their_groups_leaders_with_twice_the_batch(
+        tmp_path, rule, opts):
+    # 4 ranks in 2 groups (average inside, exchange outside) = 2 ranks with batch 2B;
+    # group_size=1 is the rule as it was, bit for bit
+    jobs = [{**COMMON, "batch": 3, "name": "g", "rule": rule,
+             "options": {**opts, "group_size": 2}},
+            {**COMMON, "batch": 3, "name": "k1", "rule": rule,
+             "options": {**opts, "group_size": 1}},
+            {**COMMON, "batch": 3, "name": "plain", "rule": rule, "options": opts}]
+    four = run_jobs(4, jobs, tmp_path)
+    two = run_jobs(2, [{**COMMON, "batch": 6, "name": "two", "rule": rule,
+                        "options": opts}], tmp_path)["two"]
+    assert np.abs(two[0]["final"] - two[0]["initial"]).max() > 1e-2
+    for r in range(4):
+        np.testing.assert_allclose(four["g"][r]["final"], two[0]["final"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(four["g"][r]["local"], two[r // 2]["local"], rtol=0,
+                                   atol=1e-12)
+        np.testing.assert_array_equal(four["k1"][r]["final"], four["plain"][r]["final"])
+        np.testing.assert_array_equal(four["k1"][r]["local"], four["plain"][r]["local"])
+
+
+def test_asynchronous_gossip_between_groups_ends_with_one_model(tmp_path):
+    job = {**COMMON, "batch": 3, "name": "a", "rule": "gossip",
+           "options": {"probability": 0.5, "group_size": 2}}
+    res = run_jobs(4, [job], tmp_path)["a"]
+    for r in range(4):
+        np.testing.assert_array_equal(res[r]["final"], res[0]["final"])
+    assert res[1]["stats"]["pushes"] == res[3]["stats"]["pushes"] == 0  # not leaders
+    assert res[0]["stats"]["pushes"] + res[2]["stats"]["pushes"] > 0
+
+
 def test_a_layout_that_leaves_a_rank_out_of_every_group_is_refused(tmp_path):
     job = {**COMMON, "batch": 4, "name": "bad", "rule": "downpour",
            "options": {"group_size": 2}}

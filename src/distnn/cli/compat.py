@@ -94,7 +94,7 @@ def translate(values: dict[str, Any], explicit: set[str],
     if (values.get("group_size") or 1) > 1 and values.get("parallel") in ("auto", "data", "bsp"):
         notes.append(f"--n_processes {values['group_size']}: under --parallel data every rank "
                      "already trains synchronously with all the others, as one group; groups "
-                     "of ranks are built for --mode downpour, easgd and gem")
+                     "of ranks are built for --mode downpour, easgd, gem, localsgd and gossip")
     for name, note in NOTES.items():
         value = values.get(name)
         if value not in (None, False):

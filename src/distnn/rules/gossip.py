@@ -16,6 +16,11 @@ reach it this step and merges exactly those, in rank order: the result is determ
 Each epoch ends with the pushes still in flight merged and a consensus average
 sum_i alpha_i x_i on every rank (alphas reset), which validation, checkpoints and the final
 model use.
+
+With ``group_size`` K > 1 a replica is a group of K ranks (``rules/groups.py``): they sum
+their gradients every step and take the same local step; the groups' leaders gossip among
+themselves (ranks, N and 1/N above count leaders) and each group then takes its leader's
+weights.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from ..distributed.coordination import Backoff
 from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
                    restore_local_state)
 from .base import Rule, RuleArgumentError
+from .groups import WorkerGroup, check_group_size, layout_of
 
 
 class Gossip(Rule):
@@ -35,6 +41,7 @@ class Gossip(Rule):
         probability: chance that a rank pushes after a step, in (0, 1].
         alpha: initial mixing weight of every rank (None: 1 / number of ranks).
         synchronous: shared push schedule (deterministic) instead of merging what arrived.
+        group_size: ranks per replica, training synchronously.
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=Gossip(probability=0.25))
@@ -43,7 +50,7 @@ class Gossip(Rule):
     name = "gossip"
 
     def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
-                 synchronous: bool = False):
+                 synchronous: bool = False, group_size: int = 1):
         if not 0 < probability <= 1:
             raise RuleArgumentError("probability", f"gossip: probability must be in (0, 1], "
                                     f"got {probability!r}")
@@ -53,14 +60,29 @@ class Gossip(Rule):
         self.probability = float(probability)
         self.alpha0 = None if alpha is None else float(alpha)
         self.synchronous = bool(synchronous)
+        self.group_size = check_group_size(self.name, group_size)
+        self._group: WorkerGroup | None = None
         self.traffic = Traffic()
         self.pushes = 0
         self.merges = 0
         self._states: list = []
         self._resume = None
 
+    def _peers(self, trainer):
+        """The communicator of the replicas that gossip: every rank, or the leaders."""
+        return trainer.comm if self._group is None else self._group.groups.leaders_comm
+
+    def shard_of(self, comm):
+        if self.group_size == 1:
+            return comm.rank, comm.size
+        order = layout_of(self.name, comm, self.group_size, 0).order
+        return order.index(comm.rank), len(order)
+
     def bind(self, trainer, optimizer):
-        comm = trainer.comm
+        if self.group_size > 1:
+            self._group = WorkerGroup(layout_of(self.name, trainer.comm, self.group_size, 0),
+                                      trainer.model)
+        comm = self._peers(trainer)
         n = trainer.model.parameters_flat().size
         self._n = n
         self._dtype = trainer.model.dtype
@@ -69,15 +91,17 @@ class Gossip(Rule):
         self._free: list[np.ndarray] = []
         self._sent_to = np.zeros(comm.size, np.int64)
         self._received = 0
-        self._rng = np.random.default_rng([trainer.seed, 0x6055, comm.rank])
+        self._rng = np.random.default_rng([trainer.seed, 0x6055, trainer.comm.rank])
         return optimizer
 
     def loss_denominator(self, batch) -> int:
+        if self._group is not None:
+            return self._group.loss_denominator(batch)
         return len(batch.x)
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
-        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / trainer.comm.size
+        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / self._peers(trainer).size
         mine = pick_state(self.name, self._resume, trainer.comm)
         restore_local_state(trainer, mine)
         if mine:
@@ -91,7 +115,7 @@ class Gossip(Rule):
         self.alpha /= 2
         buf[:-1] = trainer.model.parameters_flat()
         buf[-1] = self.alpha
-        self._sending.append((trainer.comm.isend_(buf, peer, TAG_GOSSIP), buf))
+        self._sending.append((self._peers(trainer).isend_(buf, peer, TAG_GOSSIP), buf))
         self._sent_to[peer] += 1
         self.traffic.sent(buf)
         self.pushes += 1
@@ -106,7 +130,7 @@ class Gossip(Rule):
         self._sending = still
 
     def _receive(self, trainer, source: int) -> None:
-        comm = trainer.comm
+        comm = self._peers(trainer)
         handle = comm.irecv_(self._inbox, source, TAG_GOSSIP)
         self.traffic.wait([handle])
         self._received += 1
@@ -121,15 +145,26 @@ class Gossip(Rule):
 
     def _merge_arrived(self, trainer) -> None:
         while True:
-            msg = trainer.comm.iprobe(-1, TAG_GOSSIP)
+            msg = self._peers(trainer).iprobe(-1, TAG_GOSSIP)
             if msg is None:
                 return
             self._receive(trainer, msg[0])
 
     def step(self, trainer) -> None:
-        comm = trainer.comm
-        if trainer.batch_samples:
+        samples = trainer.batch_samples
+        if self._group is not None:
+            samples = self._group.reduce_gradients(trainer)
+        if samples:
             trainer.optimizer.step()
+        if self._group is not None:
+            if self._group.is_leader:
+                self._gossip(trainer)
+            self._group.share_weights(trainer)
+        else:
+            self._gossip(trainer)
+
+    def _gossip(self, trainer) -> None:
+        comm = self._peers(trainer)
         if comm.size == 1:
             return
         if self.synchronous:
@@ -149,7 +184,17 @@ class Gossip(Rule):
 
     # -- epoch end: drain, then consensus ---------------------------------------------------
     def end_epoch(self, trainer, epoch: int) -> None:
-        comm = trainer.comm
+        if self._group is not None:
+            if self._group.is_leader:
+                self._consensus(trainer)
+            self._group.share_weights(trainer)
+            self._states = gather_states(trainer, local_state(
+                trainer, weights=False, rng=self._rng.bit_generator.state))
+        else:
+            self._consensus(trainer)
+
+    def _consensus(self, trainer) -> None:
+        comm = self._peers(trainer)
         if comm.size == 1:
             return
         counts = self._sent_to.copy()
@@ -174,8 +219,9 @@ class Gossip(Rule):
         self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / comm.size
         self._sent_to[...] = 0
         self._received = 0
-        self._states = gather_states(trainer, local_state(
-            trainer, weights=False, rng=self._rng.bit_generator.state))
+        if self._group is None:
+            self._states = gather_states(trainer, local_state(
+                trainer, weights=False, rng=self._rng.bit_generator.state))
 
     def state_dict(self):
         return {"pushes": self.pushes, "merges": self.merges, "ranks": self._states}
@@ -192,4 +238,4 @@ class Gossip(Rule):
 
     def __repr__(self) -> str:
         return (f"Gossip(probability={self.probability}, alpha={self.alpha0}, "
-                f"synchronous={self.synchronous})")
+                f"synchronous={self.synchronous}, group_size={self.group_size})")

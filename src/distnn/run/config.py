@@ -82,6 +82,10 @@ class ModelConfig(Section):
         "Keyword arguments for the --model file's callable: NAME=VALUE,... (e.g. "
         "dense=100,dropout=0.25); distnn search sets the keys of its space that are the "
         "callable's parameters, not options.")
+    engine: str = option("auto", Str(("auto", "distnn", "torch")),
+        "Engine that runs the model: auto (distnn's layers on distnn's engine, a "
+        "torch.nn.Module on PyTorch); distnn (a torch module's layers converted to distnn's, "
+        "through ONNX: docs/interchange.md); torch (distnn's layers as a torch module).")
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,9 @@ class TrainConfig(Section):
         "its global batch) and keep checkpointing to it (unless --checkpoint names another "
         "file).", commands=(TRAIN,))
     overwrite: bool = option(False, Bool(),
-        "Replace an existing --checkpoint file (without it, a run refuses to start over a "
-        "checkpoint it does not --resume).", commands=(TRAIN,))
+        "Replace an existing --checkpoint file, or an existing --save_weights, --history_file, "
+        "--trace, --plot or --cprofile file (without it, a run refuses to start over a file "
+        "it does not --resume).", commands=(TRAIN,))
     ignore_nan: bool = option(False, Bool(),
         "Keep training when the loss becomes NaN or infinite (default: stop at the first such "
         "step, exit status 3).", commands=(TRAIN,))
@@ -365,9 +370,10 @@ class ParallelConfig(Section):
         "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
         "without a master; gossip: shared, deterministic push schedule.", commands=(TRAIN,))
     group_size: int = option(1, Int(1),
-        "downpour, easgd, gem: ranks per worker (NNLO's --n-processes). A group's ranks train "
-        "synchronously (gradients summed inside it, as --parallel data) and its first rank "
-        "exchanges with the master for it; groups are cut host by host. Under data every rank "
+        "downpour, easgd, gem, localsgd, gossip: ranks per worker (NNLO's --n-processes). A "
+        "group's ranks train synchronously (gradients summed inside it, as --parallel data) and "
+        "its first rank exchanges for it (with the master, or the other groups' first ranks); "
+        "groups are cut host by host. Under data every rank "
         "already trains synchronously with all the others: it changes nothing.",
         commands=(TRAIN,))
     masters: int = option(1, Int(1),
