@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._numba import _jit_bn, channel_stats
+from ._numba_bn import _jit_bn, channel_stats
 from ._numba_runtime import _U, _dispatch, _jit, channels, nb
 from ._threads import pieces
 

@@ -25,8 +25,8 @@ from numba.extending import intrinsic
 from . import _numba, _numba_bnrelu
 from ._numba_runtime import get_num_threads
 from . import plan
-from ._threads import (PYTHON, _store_release, _watch, fetch_add,
-                       run_jobs, use_jobs)
+from ._atomics import _store_release, fetch_add
+from ._threads import PYTHON, _watch, run_jobs, use_jobs
 from ._winograd_blocks import backward_blocks, forward_blocks
 
 FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD, ELEMENTWISE = range(PYTHON + 1,

@@ -6,7 +6,7 @@ dispatches and a BLAS call a block, and with 2 threads each taken under the GIL.
 compiled call runs a thread's whole share: each block's transforms and products back to
 back, the products on the register tiles (``_vgemm``; numba code can call them, not
 BLAS), without the GIL. Threads take block numbers from a shared counter
-(``_threads.fetch_add``) or every ``step``-th block. The blocks are ``winograd._plan``'s.
+(``_atomics.fetch_add``) or every ``step``-th block. The blocks are ``winograd._plan``'s.
 
 Where they run is ``plan.drivers_apply`` / ``plan.winograd_drivers``.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba as nb
 
 from ._numba_runtime import _U
-from ._threads import fetch_add
+from ._atomics import fetch_add
 from ._vgemm import matmul_flat, matmul_nt_flat
 from ._winograd import input_transform as _in2
 from ._winograd import input_transform_adjoint as _iadj2

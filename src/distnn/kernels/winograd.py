@@ -27,27 +27,9 @@ With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) l
 thread take whole blocks of samples (no copies; dw summed in a fixed order), bigger ones
 split every kernel.
 
-Matrices. F(2x2): points 0, 1, -1, infinity. F(4x4): Lavin & Gray's, points 0, 1, -1, 2,
--2, infinity (``BT4``, ``G4``, ``AT4``). The other common set, 0, ±1, ±1/2, infinity, was
-measured no more accurate (float32 F(4x4) on one 64-channel tile, 200 trials, relative
-error median 3.5e-6 with either set, max 1.1e-5 vs 9.9e-6 with ±2), and with ±2 the input
-and output transforms, run on every tile, have small integer coefficients only (1/6,
-1/12 and 1/24 are in G, applied once per weight).
-
-Rounding (u = 2^-24 for float32). With E the same pipeline evaluated with |x|, |w| and
-the absolute values of every transform matrix, the standard forward-error argument gives,
-per output element, |y_winograd - y| <= gamma(C + k) * E (gamma(n) = n u / (1 - n u)),
-k = 10 for F(2x2) and 24 for F(4x4) (the additions and coefficient roundings of the
-transforms, and G4's rounded entries); for dx, E uses |dy|, |w| and n = F + k; for dw,
-|dy|, |x| and n = N*tiles + k (the sum over tiles; blocked summation in BLAS does far
-better). F(2x2)'s coefficients are 0, ±1/2, ±1 (exact), and its E is at most 4 x 2.25 x 9
-= 81 times conv(|x|, |w|) (row sums of |B^T|, |G|, |A^T| squared), against 1x for im2col;
-F(4x4)'s row sums are 10, 1 and 19, so E can reach 100 x 1 x 361 = 36100 conv(|x|, |w|);
-measured on resnet20/vgg11bn shapes E / conv(|x|, |w|) is ~60 (median) and <= 820 for
-F(4x4) against ~7 and <= 18 for F(2x2), and the float32 relative error of y, dx, dw is
-2-5e-6 for F(4x4) against 2-6e-7 for F(2x2) and 3-5e-7 for im2col.
-tests/kernels/test_winograd.py checks the bound per layer shape against the float64
-reference, for both tiles.
+Matrices and rounding (which points, and the forward-error bound per tile size that
+tests/kernels/test_winograd.py checks per layer shape): docs/kernels.md, "Winograd's
+matrices and rounding".
 """
 from __future__ import annotations
 

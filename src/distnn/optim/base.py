@@ -1,6 +1,6 @@
 """The ``Optimizer`` base class (parameter pairs, state buffers, lr, step count,
-(de)serialisation), the validators of hyper-parameters, and the momentum-style optimizers
-``SGD`` and ``RMSprop``. The Adam family, Adadelta and the registry are in ``optimizers``.
+(de)serialisation), the validators of hyper-parameters, and ``SGD``. RMSprop, the Adam
+family, Adadelta and the registry are in ``optimizers``.
 
 The optimizer is the one owner of the learning rate. ``scheduled_lr`` is the rate the
 schedules set (``ReduceLROnPlateau``, ``ReduceLREveryNEpochs``; a user may set it too,
@@ -365,41 +365,3 @@ class SGD(Optimizer):
     def _update(self, p, g, state, scratch, step):
         F.sgd_update_(p, g, state.get("momentum_buffer"), lr=self.lr, first_step=step == 1,
                       scratch=scratch, **self._hp)
-
-
-class RMSprop(Optimizer):
-    """RMSprop (torch.optim.RMSprop), optionally centered and with momentum.
-
-    Args:
-        params: a built model, or a list of (param_array, grad_array) pairs.
-        lr: learning rate, >= 0.
-        alpha: smoothing constant of the squared-gradient average, in [0, 1].
-        eps: added to the denominator, > 0.
-        weight_decay: L2 penalty added to the gradient, >= 0.
-        momentum: momentum factor, >= 0.
-        centered: normalise by the estimated variance of the gradient.
-
-    Example:
-        opt = RMSprop(model, lr=1e-3, momentum=0.9)
-    """
-
-    name = "rmsprop"
-    _spec = {"alpha": _unit, "eps": _positive, "weight_decay": _number, "momentum": _number,
-             "centered": _flag}
-
-    def __init__(self, params: Any, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False):
-        super().__init__(params, lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                         momentum=momentum, centered=centered)
-
-    @staticmethod
-    def _state_keys(hp):
-        return (("square_avg",) + (("momentum_buffer",) if hp["momentum"] > 0 else ())
-                + (("grad_avg",) if hp["centered"] else ()))
-
-    def _scratch_count(self):
-        return F.scratch_count("rmsprop", weight_decay=self.weight_decay)
-
-    def _update(self, p, g, state, scratch, step):
-        F.rmsprop_update_(p, g, state["square_avg"], state.get("momentum_buffer"),
-                          state.get("grad_avg"), lr=self.lr, scratch=scratch, **self._hp)
