@@ -93,9 +93,18 @@ def print_header(console: Console, cfg: RunConfig, comm, model, splits, extra: d
     console.info(model.summary())
 
 
+def _rate(samples: int, seconds: float) -> str:
+    return f"{samples / seconds:,.0f} samples/s" if seconds > 0 else "- samples/s"
+
+
 def _metrics_line(title: str, logs: dict, samples: int, seconds: float) -> str:
     parts = " ".join(f"{k}={v:.4f}" for k, v in logs.items())
-    return f"{title}: {parts} ({samples} samples, {seconds:.2f} s)"
+    return f"{title}: {parts} ({samples} samples, {seconds:.2f} s, {_rate(samples, seconds)})"
+
+
+def _ranks(comm, run) -> str:
+    return (f"{comm.size} rank{'s' * (comm.size != 1)} x {run.threads} "
+            f"thread{'s' * (run.threads != 1)}")
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -148,7 +157,7 @@ def run_evaluate(cfg: RunConfig, comm) -> int:
     run = build_run(cfg, comm)
     console.info(f"Evaluating {cfg.model.model} with weights "
                  f"{cfg.model.weights_and_bias_filename} on {cfg.data.dataset} (test, "
-                 f"{comm.size} rank{'s' * (comm.size != 1)})")
+                 f"{_ranks(comm, run)})")
     _evaluate_test(console, run)
     return 0
 
@@ -158,12 +167,19 @@ def run_predict(cfg: RunConfig, comm) -> int:
     run = build_run(cfg, comm)
     t0 = time.perf_counter()
     logits, labels = run.predict()
-    predicted = logits.argmax(axis=1)
+    seconds = time.perf_counter() - t0
     true = labels.argmax(axis=1) if labels.ndim == 2 else labels
-    acc = float(np.mean(predicted == true)) if len(true) else float("nan")
-    console.result(f"Predictions of {len(logits)} {cfg.predict.split} samples written to "
-                   f"{cfg.predict.output} (accuracy={acc:.4f}, "
-                   f"{time.perf_counter() - t0:.2f} s)")
+    counts = np.array([np.sum(logits.argmax(axis=1) == true), len(true)], np.float64)
+    where = cfg.predict.output
+    if cfg.predict.predictions_per_rank:  # each rank has its rows only: count them all
+        from ..run.outputs import per_rank_path
+        comm.allreduce_(counts, "sum")
+        where = f"{per_rank_path(where, 0)} .. {per_rank_path(where, comm.size - 1)}"
+    acc = counts[0] / counts[1] if counts[1] else float("nan")
+    n = int(counts[1])
+    console.result(f"Predictions of {n} {cfg.predict.split} samples written to {where} "
+                   f"(accuracy={acc:.4f}, {seconds:.2f} s, {_rate(n, seconds)}; "
+                   f"{_ranks(comm, run)})")
     return 0
 
 

@@ -34,15 +34,24 @@ __all__ = ["RunError", "TrainingDiverged", "Run", "build_run", "agreed", "load_d
 
 # -- model -------------------------------------------------------------------------------
 def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float32,
-                    seed: int = 0, num_threads: int = 0, model_args=()):
+                    seed: int = 0, num_threads: int = 0, model_args=(), engine: str = "auto"):
     """The model a model file makes (``models.files.load_model_spec``), a torch module
     wrapped in ``distnn.torch.TorchModel`` with ``num_threads`` intra-op threads (0: torch's
-    default), so the Trainer gets a ``distnn.nn.Model`` either way."""
+    default), so the Trainer gets a ``distnn.nn.Model`` either way; with ``engine="distnn"``
+    a torch module's layers converted to distnn's (``models/from_torch.py``)."""
     from ..models.files import ModelFileError, load_model_spec
     model = load_model_spec(spec, input_shape=input_shape, num_classes=num_classes,
                             dtype=dtype, seed=seed, model_args=dict(model_args))
     if hasattr(model, "named_arrays"):
         return model
+    if engine == "distnn":
+        from ..models.from_torch import sequential_from_torch
+        from ..models.onnx_import import ModelFileError as ImportFailed
+        try:
+            return sequential_from_torch(model, input_shape, dtype=dtype,
+                                         label=getattr(model, "distnn_label", None))
+        except ImportFailed as exc:
+            raise ModelFileError(f"--model {spec!r}: {exc}") from None
     import torch
 
     from ..torch import TorchModel
@@ -68,7 +77,7 @@ def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
         model = model_from_spec(m.model, input_shape=dataset.input_shape,
                                 num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
                                 seed=m.random_seed, model_args=m.model_args,
-                                num_threads=_threads(cfg, comm, threads))
+                                num_threads=_threads(cfg, comm, threads), engine=m.engine)
     else:
         if m.model_args:
             given = ",".join(f"{k}={v}" for k, v in m.model_args)
@@ -80,6 +89,10 @@ def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
                           rng=m.random_seed)
     if m.weights_and_bias_filename:
         model.load_weights(m.weights_and_bias_filename)
+    if m.engine == "torch" and hasattr(model, "to_torch"):  # distnn's layers on PyTorch
+        from ..torch import TorchModel
+        model = TorchModel(model.to_torch().train(), model.input_shape, dtype=model.dtype,
+                           name=model.name)
     return model
 
 
@@ -198,8 +211,18 @@ class Run:
         from ..fileio import describe_write_failure
         from .outputs import write_predictions
         p = self.cfg.predict
-        logits, labels = self.trainer.predict(getattr(self.splits, p.split),
-                                              batch_size=self.eval_batch_size,
+        data = getattr(self.splits, p.split)
+        if p.predictions_per_rank:  # each rank writes its own rows, nothing gathered
+            from .outputs import per_rank_path
+            logits, labels, index = self.trainer.predict(
+                data, batch_size=self.eval_batch_size, steps=self.cfg.train.steps_per_epoch,
+                gather=False)
+            target = per_rank_path(p.output, self.comm.rank)
+            agreed(self.comm, "--output",
+                   lambda: write_predictions(target, logits, labels, index),
+                   describe=describe_write_failure)
+            return logits, labels
+        logits, labels = self.trainer.predict(data, batch_size=self.eval_batch_size,
                                               steps=self.cfg.train.steps_per_epoch,
                                               return_labels=True)
         agreed(self.comm, "--output", lambda: write_predictions(p.output, logits, labels),
@@ -279,6 +302,10 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
                                                                           ".csv")):
         raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "
                        f"{cfg.predict.output!r}")
+    if (cfg.command == PRED and cfg.predict.predictions_per_rank
+            and cfg.predict.output.lower().endswith(".npy")):
+        raise RunError(f"--output {cfg.predict.output}: --predictions_per_rank writes each "
+                       "row's dataset index too: give a .npz or .csv file")
     preflight.check_outputs(cfg, comm)
     if splits is None:
         splits = load_data(cfg, comm)

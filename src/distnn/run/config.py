@@ -489,6 +489,10 @@ class PredictConfig(Section):
     output: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Predictions file: .npy (logits), .npz (logits, predicted, labels) or .csv (index, "
         "predicted, label).", commands=(PRED,))
+    predictions_per_rank: bool = option(False, Bool(),
+        "Every rank writes its own rows (with their dataset index) to --output with '{rank}' "
+        "replaced, or .rank<r> before the extension; nothing is gathered on rank 0 (outputs "
+        "too big for one rank). .npz or .csv only.", commands=(PRED,))
 
 
 SECTIONS: dict[str, type[Section]] = {

@@ -127,15 +127,17 @@ def evaluate(model, metrics: MetricSet, comm, dataset, *, batch_size: int | None
 
 
 def predict(model, comm, data, *, batch_size: int = 256, steps: int = 0,
-            return_labels: bool = False):
+            return_labels: bool = False, gather: bool = True):
     """Model outputs (logits) for a Dataset (in dataset order, the ranks sharing the work,
     every rank getting the whole result; collective) or for an array (computed locally).
-    With ``return_labels`` (datasets only) returns (outputs, labels)."""
+    With ``return_labels`` (datasets only) returns (outputs, labels). ``gather=False``
+    (datasets only): nothing is sent, each rank returns its own part and the dataset
+    indices of its rows, (outputs, labels, indices), for outputs too big for one rank."""
     if isinstance(data, np.ndarray):
         return model.predict(data, batch_size=batch_size)
     _, gbs = resolve_batch_sizes(batch_size, None, comm.size)
     empty = np.empty((0,) + tuple(model.output_shape), model.dtype)
-    outs, labels = [], []
+    outs, labels, index = [], [], []
     batches = data.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
     try:
         for i, batch in enumerate(batches):
@@ -143,8 +145,16 @@ def predict(model, comm, data, *, batch_size: int = 256, steps: int = 0,
                 break
             outs.append(model.forward(batch.x, training=False) if len(batch.x) else empty)
             labels.append(batch.y)
+            start = i * gbs  # this rank's np.array_split piece of global batch i
+            rows = np.arange(start, min(start + gbs, len(data)))
+            index.append(np.array_split(rows, comm.size)[comm.rank])
     finally:
         _close(batches)
+    if not gather:
+        none = np.empty(0, np.int64)
+        return (np.concatenate(outs) if outs else empty,
+                np.concatenate(labels) if labels else none,
+                np.concatenate(index) if index else none)
     if comm.size > 1:
         # Shards are np.array_split pieces in rank order: global batch i is the ranks'
         # i-th parts, concatenated in rank order.

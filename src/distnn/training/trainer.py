@@ -172,10 +172,10 @@ class Trainer(EpochLoop):
         return logs
 
     def predict(self, data, *, batch_size: int = 256, steps: int = 0,
-                return_labels: bool = False):
+                return_labels: bool = False, gather: bool = True):
         """Model outputs for a Dataset or an array (see ``distnn.training.predict``)."""
         return predict(self.model, self.comm, data, batch_size=batch_size, steps=steps,
-                       return_labels=return_labels)
+                       return_labels=return_labels, gather=gather)
 
     # -- fit ----------------------------------------------------------------------------
     def fit(self, train, *, epochs: int = 1, batch_size: int | None = 64,
