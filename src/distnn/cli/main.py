@@ -29,6 +29,7 @@ from . import compat
 from .builders import make_comm, threads
 from .cluster import add_cluster_parser, run_cluster
 from .plot import add_plot_parser
+from .export import add_export_parser
 from .launch import add_launch_parser, run_launch
 from .options import (_argtype, add_options, explicit_options, given_options, load_config,
                       resolve_values, spelled_flags)
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(sub)
     add_cluster_parser(sub)
     add_plot_parser(sub)
+    add_export_parser(sub)
     add_launch_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
@@ -182,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet, search, cluster, plot, launch", True)
+                     "convert-imagenet, search, cluster, plot, launch, export", True)
     prog = f"{PROG} {args.command}"
     if args.command == SEARCH:
         return main_search(args, prog, _env_rank() == 0)

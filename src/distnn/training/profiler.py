@@ -223,6 +223,12 @@ class Profiler:
             if st:
                 extra = (f", master idle {st['idle_s']:.2f} s / busy {st['busy_s']:.2f} s"
                          f" (CPU {st['serve_cpu_s']:.2f} s)" if st.get("serve_s") else "")
+                if st.get("received"):
+                    extra += f", {st['received']:.0f} messages received"
+                if "top_received" in st:  # several masters: what reached the top one
+                    extra += f", {st['top_received']:.0f} of them from the sub-masters"
+                if "ups" in st:
+                    extra += f", {st['ups']:.0f} exchanges with the top master"
                 dense = st.get("bytes_dense")
                 per_step = (f" ({st.get('bytes', 0) / steps / 1e3:.1f} kB/step; "
                             f"{dense / steps / 1e3:.1f} kB/step before compression)"
