@@ -7,7 +7,8 @@ same target removes those a dead process of this host left behind. A new file ge
 mode the umask allows (like ``open``); a replaced file keeps its mode.
 
 ``check_writable`` and ``npz_kind`` let a command find a bad output or input path before
-the first training step instead of after hours of training.
+the first training step instead of after hours of training; ``read_npz`` reads an input
+``.npz`` as plain arrays only (never a pickle, never more memory than the file holds).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import zipfile
 from contextlib import contextmanager
 from typing import IO, Callable, Iterator
 
-__all__ = ["atomic_open", "check_writable", "npz_kind", "describe_os_error", "WriteError",
-           "guarded_write", "describe_write_failure"]
+__all__ = ["atomic_open", "check_writable", "npz_kind", "read_npz", "describe_os_error",
+           "WriteError", "guarded_write", "describe_write_failure"]
 
 _STALE_AGE_S = 24 * 3600.0  # a .part file of another host is removed after a day
 
@@ -220,3 +221,58 @@ def npz_kind(path: str | os.PathLike) -> str:
     if bad is not None:
         raise ValueError(f"{path!r} is corrupt (entry {bad!r} fails its checksum)")
     return "checkpoint" if "__meta__.npy" in names else "arrays"
+
+
+def read_npz(path: str | os.PathLike, keys=None, *, finite=()) -> dict:
+    """The arrays of an input ``.npz`` file (all, or those named in ``keys``), read as
+    plain data: an entry that holds Python objects (a pickle, which could run code) is
+    refused, as is one whose header declares more data than the archive holds, before
+    anything is allocated. Arrays whose key starts with one of ``finite`` must hold no
+    NaN or inf.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        ValueError: naming the file, the entry and what is wrong.
+    """
+    import numpy as np
+    path = os.fspath(path)
+    npz_kind(path)  # exists, a whole zip archive, every checksum right
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                key = info.filename.removesuffix(".npy")
+                if keys is not None and key not in keys:
+                    continue
+                if not info.filename.endswith(".npy"):
+                    raise ValueError(f"entry {info.filename!r} is not an array (.npy)")
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, fortran, dtype = read(f)
+                    if dtype.hasobject:
+                        raise ValueError(f"entry {key!r} holds Python objects (a pickle, "
+                                         "which can run code); distnn reads only numeric "
+                                         "and text arrays")
+                    need = dtype.itemsize
+                    for n in shape:
+                        need *= n
+                    if need > info.file_size:
+                        raise ValueError(f"entry {key!r} declares shape {shape} of {dtype} "
+                                         f"({need} bytes) but holds {info.file_size} bytes")
+                with z.open(info) as f:
+                    out[key] = np.lib.format.read_array(f, allow_pickle=False)
+    except ValueError as exc:
+        raise ValueError(f"{path!r} is not a valid .npz file of arrays: {exc}") from None
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as exc:
+        raise ValueError(f"{path!r} is truncated or corrupt ({exc})") from None
+    missing = sorted(set(keys or ()) - set(out))
+    if missing:
+        raise KeyError(missing[0])
+    for key, value in out.items():
+        if finite and key.startswith(tuple(finite)) and value.dtype.kind in "fc" \
+                and not np.all(np.isfinite(value)):
+            raise ValueError(f"{path!r}: entry {key!r} holds NaN or inf; the file is corrupt "
+                             "or comes from a run that diverged")
+    return out

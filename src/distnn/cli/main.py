@@ -103,6 +103,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _after(argv: Sequence[str] | None, token: str) -> str:
+    """Which flag an unrecognized ``token`` follows, when it looks like that flag's value
+    (``--flip_images -1e5``: argparse takes '-1e5' for an option of its own)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    where = argv.index(token) if token in argv else 0
+    before = argv[where - 1] if where > 0 else ""
+    if before.startswith("-") and "=" not in before:
+        return f" (after {before}: give its value as {before.split('=')[0]}=VALUE)"
+    return ""
+
+
 def _env_rank() -> int:
     """This process's rank from the launcher's environment (before MPI is initialized),
     so that errors found while parsing are printed once."""
@@ -180,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         owner = parser.commands.get(args.command, parser)
-        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}{_after(argv, unknown[0])}")
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "

@@ -162,7 +162,7 @@ def _read_toml(path: str, what: str) -> dict:
         raise ConfigError(f"{what}: file {path!r} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
 
 

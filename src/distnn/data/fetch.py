@@ -77,16 +77,16 @@ def locate(name: str, aliases: Sequence[str], path: str | os.PathLike | None,
         found = find(folder) if folder.is_dir() else None
         if found is not None:
             return found
-    looked = "\n".join(f"  - {f}" for f in folders)
+    looked = ", ".join(str(f) for f in folders)  # one line: the command prints one
     if fetch is None:
-        raise DatasetError(f"dataset {name!r} not found; looked in:\n{looked}\n"
+        raise DatasetError(f"dataset {name!r} not found; looked in: {looked}. "
                            f"Automatic download is disabled. {how_to}")
     target = folders[0] if path is not None else download_folder(name)
     try:
         fetch(target)
     except (OSError, urllib.error.URLError, DatasetError) as exc:
-        raise DatasetError(f"dataset {name!r} not found; looked in:\n{looked}\n"
-                           f"and downloading into {target} failed: {exc}\n{how_to}") from exc
+        raise DatasetError(f"dataset {name!r} not found; looked in: {looked}; and "
+                           f"downloading into {target} failed: {exc}. {how_to}") from exc
     found = find(target)
     if found is None:
         raise DatasetError(f"downloaded dataset {name!r} into {target} but its files are still "

@@ -15,6 +15,8 @@ from .base import ArrayDataset, DatasetError, Preprocess, Splits, local_range
 from .partition import PartDataset
 from .readers import _check_labels
 
+MAX_CLASSES = 1 << 20  # inferred from the largest label: beyond, the labels are corrupt
+
 def _h5_files(list_file: Path | tuple[Path, ...]) -> list[Path]:
     if isinstance(list_file, tuple):  # the files themselves (a model file's get_train())
         if not list_file:
@@ -23,7 +25,12 @@ def _h5_files(list_file: Path | tuple[Path, ...]) -> list[Path]:
     if not list_file.is_file():
         raise DatasetError(f"file list {list_file} does not exist; give train_list/val_list/"
                            f"test_list as a text file of HDF5 paths, one per line")
-    files = [line.strip() for line in list_file.read_text().splitlines()]
+    try:
+        text = list_file.read_text()
+    except UnicodeDecodeError:
+        raise DatasetError(f"{list_file}: not a text file; give train_list/val_list/"
+                           "test_list as a text file of HDF5 paths, one per line") from None
+    files = [line.strip() for line in text.splitlines()]
     files = [list_file.parent / f for f in files if f and not f.startswith("#")]
     if not files:
         raise DatasetError(f"{list_file}: lists no HDF5 files")
@@ -33,16 +40,22 @@ def _h5_files(list_file: Path | tuple[Path, ...]) -> list[Path]:
 def _h5_open(file: Path, list_file: Path, features_name: str, labels_name: str):
     import h5py
 
+    if not file.is_file():
+        what = "a folder" if file.is_dir() else "missing"
+        raise DatasetError(f"{file} (listed in {list_file}) is {what}; list HDF5 files, "
+                           "one per line")
     try:
         h5 = h5py.File(file, "r")
     except OSError as exc:
+        reason = " ".join(str(exc).split())[:160]  # h5py's message spans lines
         raise DatasetError(f"{file} (listed in {list_file}): cannot open as HDF5: "
-                           f"{exc}") from exc
+                           f"{reason}") from None
     for key in (features_name, labels_name):
-        if key not in h5:
+        if key not in h5 or not isinstance(h5[key], h5py.Dataset) or not h5[key].shape:
             keys = sorted(h5.keys())
             h5.close()
-            raise DatasetError(f"{file}: no dataset {key!r}; it has {keys}. "
+            what = "" if key not in keys else " of samples (one row per sample)"
+            raise DatasetError(f"{file}: no dataset {key!r}{what}; it has {keys}. "
                                f"Pass features_name=/labels_name= to match")
     n_x, n_y = len(h5[features_name]), len(h5[labels_name])
     if n_x != n_y:
@@ -62,6 +75,15 @@ def _h5_rows(file: Path, list_file: Path, features_name: str, labels_name: str,
         if part is not None:
             lo, hi = (0, 0) if part[0] is None else local_range(hi, *part)
         x, y = h5[features_name][lo:hi], h5[labels_name][lo:hi]
+    if x.ndim < 2 or x.dtype.kind not in "biuf":
+        raise DatasetError(f"{file}: features {features_name!r} are {x.dtype} {x.shape}; "
+                           "they must be real numbers, one row or image per sample (N, ...)")
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        raise DatasetError(f"{file}: features {features_name!r} hold NaN or inf; the file "
+                           "is corrupt")
+    if y.dtype.kind not in "biuf":
+        raise DatasetError(f"{file}: labels {labels_name!r} are {y.dtype}; they must be "
+                           "integers (N,) or one-hot (N, C)")
     if layout != "nhwc" and x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
         # channels-last images (Keras' default, as NNLO's GetData writes them) -> NCHW
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
@@ -156,6 +178,11 @@ def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=No
         if top is None:
             top = max((int(y.max()) + 1 for p in loaded.values() for _, _, y, _ in p
                        if len(y)), default=0)
+            if top > MAX_CLASSES:  # labels that large are a corrupt file, not classes
+                file = next(f for p in loaded.values() for f, _, y, _ in p
+                            if len(y) and int(y.max()) == top - 1)
+                raise DatasetError(f"{file}: label {top - 1} would make {top} classes; the "
+                                   "labels are corrupt, or pass num_classes")
         for file, _, labels, _ in parts:
             _check_labels(file, labels, top, len(labels))
         out[split] = ArrayDataset(x, y, top, preprocess=preprocess)

@@ -15,6 +15,7 @@ Only the composition of a global batch differs from ``ArrayDataset`` (it follows
 from __future__ import annotations
 
 import glob
+import math
 import os
 import zipfile
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..fileio import read_npz
 from . import fetch
 from .base import Dataset, DatasetError, Preprocess, Splits, global_batch_sizes
 
@@ -48,11 +50,15 @@ def npz_header(path: str | os.PathLike, key: str) -> tuple[tuple[int, ...], np.d
                 shape, _, dtype = np.lib.format.read_array_header_1_0(f)
             else:
                 shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            size = zf.getinfo(f"{key}.npy").file_size
     except KeyError as exc:
         raise DatasetError(f"{path}: no array {key!r} in this npz; shards need 'x' (uint8 "
                            f"N,C,H,W) and 'y' (int labels)") from exc
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
         raise DatasetError(f"{path}: not a readable npz shard ({exc}); convert it again") from exc
+    if math.prod(shape) * dtype.itemsize > size:  # checked before anything is allocated
+        raise DatasetError(f"{path}: {key!r} declares shape {tuple(shape)} but the file holds "
+                           f"{size} bytes of it; the shard is corrupt, convert it again")
     return tuple(shape), np.dtype(dtype)
 
 
@@ -60,11 +66,12 @@ def scan_shards(files: Sequence[str | os.PathLike]):
     """Check every shard's headers; return [(path, count, sample shape, labels)]."""
     scanned, input_shape = [], None
     for file in map(Path, files):
-        (n, *shape), dtype = npz_header(file, "x")
+        x_shape, dtype = npz_header(file, "x")
         y_shape, _ = npz_header(file, "y")
-        if dtype != np.uint8 or len(shape) != 3:
-            raise DatasetError(f"{file}: 'x' is {dtype} of per-sample shape {tuple(shape)}; "
-                               f"shards need uint8 (N, C, H, W)")
+        if dtype != np.uint8 or len(x_shape) != 4:
+            raise DatasetError(f"{file}: 'x' is {dtype} of shape {tuple(x_shape)}; shards "
+                               f"need uint8 (N, C, H, W)")
+        n, *shape = x_shape
         if input_shape is not None and tuple(shape) != input_shape:
             raise DatasetError(f"{file}: samples of shape {tuple(shape)}, but earlier shards "
                                f"have {input_shape}; convert all shards at one image_size")
@@ -78,14 +85,13 @@ def scan_shards(files: Sequence[str | os.PathLike]):
 
 
 def _read(path: Path, key: str) -> np.ndarray:
-    try:
-        with np.load(path) as npz:
-            value = npz[key]
-            # PyDTNN's converter stores labels as (N, 1)
-            return value.reshape(-1) if key == "y" and value.ndim == 2 else value
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+    try:  # plain arrays only: an entry that holds a pickle is refused, never loaded
+        value = read_npz(path, [key])[key]
+    except (ValueError, OSError, KeyError) as exc:
         raise DatasetError(f"{path}: cannot read {key!r} ({exc}); the shard is corrupt, "
                            f"convert it again") from exc
+    # PyDTNN's converter stores labels as (N, 1)
+    return value.reshape(-1) if key == "y" and value.ndim == 2 else value
 
 
 class ShardedDataset(Dataset):

@@ -7,6 +7,7 @@ raise ``DatasetError`` naming the file. Images are kept as stored (uint8) and sc
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import struct
@@ -77,12 +78,14 @@ def _read_bytes(path: Path) -> bytes:
                            f"gzip. Delete it and download it again") from exc
 
 
-def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
-    """Read an idx file (plain or ``.gz``) holding an ``ndim``-dimensional array."""
+def read_idx(path: str | os.PathLike, ndim: int, ubyte: bool = False) -> np.ndarray:
+    """Read an idx file (plain or ``.gz``) holding an ``ndim``-dimensional array (of
+    unsigned bytes only, with ``ubyte``: MNIST's images and labels)."""
     path = Path(path)
     raw = _read_bytes(path)
     magic = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
-    if magic is None or raw[:2] != b"\0\0" or raw[2] not in IDX_DTYPES or raw[3] != ndim:
+    if magic is None or raw[:2] != b"\0\0" or raw[2] not in IDX_DTYPES or raw[3] != ndim \
+            or (ubyte and raw[2] != 0x08):
         shown = "missing" if magic is None else f"0x{magic:08x}"
         raise DatasetError(f"{path}: bad magic number {shown}, expected 0x0000080{ndim} "
                            f"(idx, {ndim}-d ubyte); it is not this idx file or it is corrupt. "
@@ -92,7 +95,7 @@ def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
         raise DatasetError(f"{path}: truncated idx header ({len(raw)} bytes); download it again")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
     dtype = np.dtype(IDX_DTYPES[raw[2]])
-    need = int(np.prod(dims)) * dtype.itemsize
+    need = math.prod(dims) * dtype.itemsize
     if len(raw) - header != need:
         problem = "truncated" if len(raw) - header < need else "has trailing bytes"
         raise DatasetError(f"{path}: {problem}: the header announces shape {dims} "
@@ -134,8 +137,9 @@ def _read_idx_dataset(name: str, path, preprocess: Preprocess, download: bool) -
     for prefix in ("train", "t10k"):
         images_path = _idx_file(folder, f"{prefix}-images-idx3-ubyte")
         labels_path = _idx_file(folder, f"{prefix}-labels-idx1-ubyte")
-        images = read_idx(images_path, 3)
-        labels = _check_labels(labels_path, read_idx(labels_path, 1), 10, len(images))
+        images = read_idx(images_path, 3, ubyte=True)
+        labels = _check_labels(labels_path, read_idx(labels_path, 1, ubyte=True), 10,
+                               len(images))
         splits.append(ArrayDataset(images[:, None], labels, 10, preprocess=preprocess))
     return Splits(splits[0], None, splits[1])
 
@@ -266,6 +270,13 @@ def read_synthetic(*, path=None, preprocess: Preprocess, seed: int = 0,
                          f"got {shape}, {num_classes}, {num_samples}")
     test_samples = num_samples // 4 if test_samples is None else test_samples
     dtype = preprocess.dtype
+    need = (num_samples + test_samples + num_classes) * math.prod(shape) * dtype.itemsize
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > memory:  # numpy's own error would name neither option
+        raise ValueError(f"synthetic: num_samples={num_samples} (+{test_samples} test) of "
+                         f"input_shape={shape} with num_classes={num_classes} need "
+                         f"{need / 2**30:.3g} GiB, more than this machine's "
+                         f"{memory / 2**30:.3g} GiB; choose smaller values")
     means = np.random.default_rng([seed, 0]).standard_normal((num_classes, *shape), dtype=dtype)
 
     def make(stream: int, n: int) -> ArrayDataset:

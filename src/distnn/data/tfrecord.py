@@ -95,6 +95,7 @@ def read_tfrecord(path: str | os.PathLike, *, verify: bool = True) -> Iterator[b
     path = Path(path)
     with open(path, "rb") as f:
         index = 0
+        left = os.fstat(f.fileno()).st_size
         while head := f.read(12):
             if len(head) < 12:
                 raise DatasetError(f"{path}: record {index}: truncated header; the file is cut "
@@ -103,6 +104,12 @@ def read_tfrecord(path: str | os.PathLike, *, verify: bool = True) -> Iterator[b
             if verify and masked_crc32c(head[:8]) != length_crc:
                 raise DatasetError(f"{path}: record {index}: length CRC mismatch; the file is "
                                    f"corrupt or not a TFRecord file")
+            left -= 12
+            if length + 4 > left:  # before reading: a corrupt length may be huge
+                raise DatasetError(f"{path}: record {index}: truncated ({left} bytes left for "
+                                   f"a record of {length}); the file is cut short, copy it "
+                                   "again")
+            left -= length + 4
             data, footer = f.read(length), f.read(4)
             if len(data) < length or len(footer) < 4:
                 raise DatasetError(f"{path}: record {index}: truncated ({len(data)} of {length} "
@@ -176,8 +183,13 @@ def _parse_feature(buf) -> list:
                 continue
             if kind == 1 and wire == 2:
                 values.append(bytes(value))
-            elif kind == 2:
+            elif kind == 2 and wire == 2:
+                if len(value) % 4:
+                    raise ProtobufError(f"a float list of {len(value)} bytes, not a multiple "
+                                        "of 4")
                 values.extend(np.frombuffer(value, "<f4").tolist())
+            elif kind == 2 and wire == 5:
+                values.append(float(np.frombuffer(value, "<f4")[0]))
             elif kind == 3 and wire == 0:
                 values.append(_signed64(value))
             elif kind == 3 and wire == 2:
@@ -245,9 +257,12 @@ def decode_image(data: bytes, image_size: int) -> np.ndarray:
     """Decode an encoded image, resize its short side to ``image_size``, center-crop: (3, S, S)."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (image_size, image_size))  # JPEG DCT downscale, never below the size
-        img = img.convert("RGB")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (image_size, image_size))  # JPEG DCT downscale, not below the size
+            img = img.convert("RGB")
+    except Image.DecompressionBombError as exc:  # a header declaring billions of pixels
+        raise OSError(str(exc)) from None
     w, h = img.size
     scale = image_size / min(w, h)
     size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
@@ -280,15 +295,30 @@ def convert_imagenet_tfrecords(tfrecord_files: Sequence[str | os.PathLike],
     if image_size < 1 or shard_size < 1:
         raise ValueError(f"image_size and shard_size must be >= 1, got {image_size}, {shard_size}")
     folder = Path(out_dir) / split
-    folder.mkdir(parents=True, exist_ok=True)
     if any(folder.glob("*.npz")):
         raise DatasetError(f"{folder} already holds .npz shards; remove them or choose another "
                            f"out_dir, so that old and new shards do not mix")
     written: list[Path] = []
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        _convert(tfrecord_files, folder, split, image_size, shard_size, compress, written)
+    except BaseException:  # a failed conversion leaves nothing behind, not half the shards
+        for path in written:
+            path.unlink(missing_ok=True)
+        for path in made:
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        raise
+    return written
+
+
+def _convert(tfrecord_files, folder: Path, split: str, image_size: int, shard_size: int,
+             compress: bool, written: list[Path]) -> None:
     xs: list[np.ndarray] = []
     ys: list[int] = []
 
     def flush():
+        folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{split}-{len(written):05d}.npz"
         _write_shard(path, xs, ys, compress)
         written.append(path)
@@ -300,19 +330,23 @@ def convert_imagenet_tfrecords(tfrecord_files: Sequence[str | os.PathLike],
             where = f"{file}: record {index}"
             try:
                 example = parse_example(record)
-            except (ProtobufError, UnicodeDecodeError) as exc:
+            except (ProtobufError, UnicodeDecodeError, ValueError) as exc:
                 raise DatasetError(f"{where}: not a tf.train.Example ({exc})") from exc
             encoded, label = example.get("image/encoded"), example.get("image/class/label")
             if not encoded or not label:
                 raise DatasetError(f"{where}: needs features 'image/encoded' and "
                                    f"'image/class/label', has {sorted(example)}")
+            if not isinstance(encoded[0], bytes) or not isinstance(label[0], int) \
+                    or not 0 <= label[0] < 2**31:
+                raise DatasetError(f"{where}: 'image/encoded' must be the image's bytes and "
+                                   "'image/class/label' a class number, got "
+                                   f"{type(encoded[0]).__name__} and {label[0]!r:.40}")
             try:
                 xs.append(decode_image(encoded[0], image_size))
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 raise DatasetError(f"{where}: cannot decode the image ({exc})") from exc
             ys.append(int(label[0]))
             if len(xs) == shard_size:
                 flush()
     if xs:
         flush()
-    return written

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from ..fileio import atomic_open
+from ..fileio import atomic_open, read_npz
 
 _KEY = re.compile(r"^(\d+)_([A-Za-z][A-Za-z0-9]*)_(w|b|weights|biases|gamma|beta|"
                   r"running_mean|running_var)$")
@@ -39,7 +39,7 @@ def is_pydtnn_layout(keys) -> bool:
 def _file_layers(data) -> list[tuple[str, str, dict[str, np.ndarray]]]:
     """(``<id>_<Type>``, Type, {distnn array name: array}) per layer of the file, in id order."""
     layers: dict[int, tuple[str, str, dict]] = {}
-    for key in data.files:
+    for key in data:
         lid, kind, name = _KEY.match(key).groups()
         entry = layers.setdefault(int(lid), (f"{lid}_{kind}", kind, {}))
         if entry[1] != kind:
@@ -58,18 +58,19 @@ def _hwc_to_chw_rows(w: np.ndarray, chw: tuple[int, int, int]) -> np.ndarray:
     return w.reshape(h, width, c, -1).transpose(2, 0, 1, 3).reshape(w.shape)
 
 
-def load_pydtnn_weights(model, path: str | os.PathLike) -> None:
-    """Load a weights file in PyDTNN's layout into a built model of the same architecture.
+def load_pydtnn_weights(model, path: str | os.PathLike, data: dict | None = None) -> None:
+    """Load a weights file in PyDTNN's layout into a built model of the same architecture
+    (``data``: its arrays, when already read with ``fileio.read_npz``).
 
     Raises ValueError naming the file, the layer and what differs (number of layers,
     types, a missing or extra array, a shape), and what to do.
     """
     path = os.fspath(path)
-    with np.load(path) as data:
-        try:
-            file_layers = _file_layers(data)
-        except ValueError as exc:
-            raise ValueError(f"weights file {path!r} (PyDTNN's layout): {exc}") from None
+    try:
+        data = read_npz(path, finite=("",)) if data is None else data
+        file_layers = _file_layers(data)
+    except ValueError as exc:
+        raise ValueError(f"weights file {path!r} (PyDTNN's layout): {exc}") from None
     mine = _model_layers(model)
     hint = "give the --model it was trained with (PyDTNN's model of the same name)"
     if len(file_layers) != len(mine):
@@ -110,6 +111,9 @@ def load_pydtnn_weights(model, path: str | os.PathLike) -> None:
             elif value.shape != target.shape and value.size == target.size and value.ndim <= 2 \
                     and target.ndim == 1:
                 value = value.reshape(target.shape)  # (1, C) statistics and biases
+            if value.dtype.kind not in "biuf":
+                raise ValueError(f"weights file {path!r}: {fkey}_{name} holds {value.dtype}, "
+                                 f"not real numbers; {hint}")
             if value.shape != target.shape:
                 raise ValueError(f"weights file {path!r}: {fkey}_{name} has shape "
                                  f"{value.shape} but layer {layer.name!r} of {model.name!r} "

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ..fileio import atomic_open
+from ..fileio import atomic_open, read_npz
 
 
 def summary(model) -> str:
@@ -50,34 +50,35 @@ def load_weights(model, path: str | os.PathLike) -> None:
     Raises ValueError naming the first layer whose parameter is missing or differs in shape.
     """
     path = os.fspath(path)
-    try:
-        data = np.load(path)
+    try:  # plain arrays only: an entry that holds a pickle is refused, never loaded
+        data = read_npz(path, finite=("",))
     except FileNotFoundError:
         raise FileNotFoundError(f"weights file {path!r} does not exist") from None
-    except Exception as exc:
-        raise ValueError(f"weights file {path!r} is not a readable .npz file: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"weights file {exc}") from None
     from .pydtnn_weights import is_pydtnn_layout, load_pydtnn_weights
-    if is_pydtnn_layout(data.files):  # PyDTNN's own file (1_Conv2D_w, ...)
-        data.close()
-        load_pydtnn_weights(model, path)
+    if is_pydtnn_layout(data):  # PyDTNN's own file (1_Conv2D_w, ...)
+        load_pydtnn_weights(model, path, data)
         return
-    with data:
-        arrays = model.named_arrays()
-        extra = sorted(set(data.files) - set(arrays))
-        for key, target in arrays.items():
-            if key not in data.files:
-                raise ValueError(
-                    f"weights file {path!r} has no entry for {key!r} (shape {target.shape}); "
-                    f"it was saved from a different architecture (file keys start with "
-                    f"{sorted(data.files)[:4]})")
-            value = data[key]
-            if value.shape != target.shape:
-                raise ValueError(
-                    f"weights file {path!r}: {key!r} has shape {value.shape} but the model "
-                    f"expects {target.shape}; the architectures differ from layer "
-                    f"{key.split('/')[0]!r} on")
-        if extra:
-            raise ValueError(f"weights file {path!r} has entries the model lacks: {extra[:5]}; "
-                             "it was saved from a different architecture")
-        for key, target in arrays.items():
-            target[...] = data[key]
+    arrays = model.named_arrays()
+    extra = sorted(set(data) - set(arrays))
+    for key, target in arrays.items():
+        if key not in data:
+            raise ValueError(
+                f"weights file {path!r} has no entry for {key!r} (shape {target.shape}); "
+                f"it was saved from a different architecture (file keys start with "
+                f"{sorted(data)[:4]})")
+        value = data[key]
+        if value.dtype.kind not in "biuf":
+            raise ValueError(f"weights file {path!r}: {key!r} holds {value.dtype}, not real "
+                             "numbers; the file is corrupt or not a weights file")
+        if value.shape != target.shape:
+            raise ValueError(
+                f"weights file {path!r}: {key!r} has shape {value.shape} but the model "
+                f"expects {target.shape}; the architectures differ from layer "
+                f"{key.split('/')[0]!r} on")
+    if extra:
+        raise ValueError(f"weights file {path!r} has entries the model lacks: {extra[:5]}; "
+                         "it was saved from a different architecture")
+    for key, target in arrays.items():
+        target[...] = data[key]

@@ -144,7 +144,7 @@ class DataConfig(Section):
         "input); auto: nhwc when the --model file sets data_layout = 'nhwc', else nchw.")
     input_shape: tuple[int, ...] | None = option(None, Maybe(Shape()),
         "synthetic: per-sample shape C,H,W (default 1,28,28).")
-    num_classes: int | None = option(None, Maybe(Int(1)),
+    num_classes: int | None = option(None, Maybe(Int(1, 1 << 24)),
         "synthetic/hdf5: number of classes.")
     num_samples: int | None = option(None, Maybe(Int(1)),
         "synthetic: number of training samples.")
@@ -424,7 +424,7 @@ class ParallelConfig(Section):
     error_feedback: bool = option(True, Bool(),
         "topk/threshold/powersgd: add what a rank did not send to its next gradient (false: "
         "drop it).", commands=(TRAIN,))
-    threads: int = option(0, Int(0),
+    threads: int = option(0, Int(0, 1 << 12),
         "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
         "else the libraries' defaults).")
 

@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 
 from .config import PRED, TRAIN, RunConfig
-from .errors import agreed
+from .errors import RunError, agreed
 from .rule import build_rule
 
 __all__ = ["load_splits", "load_data", "build_augment", "READER_OPTIONS"]
@@ -73,6 +73,12 @@ def load_data(cfg: RunConfig, comm):
                     sizes[part] = n
             ds.set_parts(sizes, num_classes, owners=[p for p, _, _ in infos[key]],
                          job_rank=comm.rank)
+    if cfg.command == TRAIN and splits.train is not None and len(splits.train) == 0:
+        d = cfg.data  # every rank has the sizes of every part: all raise alike
+        where = (f"--train_list {d.train_list}" if d.train_list else
+                 f"--dataset_path {d.dataset_path}" if d.dataset_path else d.dataset)
+        raise RunError(f"dataset: {where}: the training split holds no samples; give files "
+                       "that hold some")
     return splits
 
 

@@ -24,18 +24,21 @@ class Kind:
 class Int(Kind):
     metavar = "N"
 
-    def __init__(self, low: int = 1):
-        self.low = low
+    def __init__(self, low: int = 1, high: int | None = None):
+        self.low, self.high = low, high
+        self.rule = (f"must be an integer >= {low}" if high is None else
+                     f"must be an integer in [{low}, {high}]")
 
     def parse(self, text):
         try:
             return self.check(int(text))
         except ValueError:
-            raise ValueError(f"must be an integer >= {self.low}, got {text!r}") from None
+            raise ValueError(f"{self.rule}, got {text!r}") from None
 
     def check(self, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.low:
-            raise ValueError(f"must be an integer >= {self.low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.low \
+                or (self.high is not None and value > self.high):
+            raise ValueError(f"{self.rule}, got {value!r}")
         return int(value)
 
 
@@ -59,7 +62,9 @@ class Float(Kind):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{self.rule}, got {value!r}")
         v = float(value)
-        ok = (not math.isnan(v) and (v > self.low if self.low_open else v >= self.low)
+        # inf only as a closed bound the rule shows (stop_at_loss_threshold's -inf)
+        ok = ((math.isfinite(v) or (v == self.low and not self.low_open))
+              and (v > self.low if self.low_open else v >= self.low)
               and (v < self.high if self.high_open else v <= self.high))
         if not ok:
             raise ValueError(f"{self.rule}, got {value!r}")

@@ -3,7 +3,8 @@ a misspelt metric or a checkpoint that does not fit is one clear line (exit stat
 every rank, not a traceback after hours of training:
 
 * ``check_outputs``: every file the run will write can be written (rank 0 looks, the
-  verdict is broadcast), and an existing checkpoint is not replaced by accident;
+  verdict is broadcast), and an existing checkpoint or output is not replaced by accident
+  (only with ``--overwrite``, or by the run that ``--resume`` continues);
 * ``check_weights_file``: ``--weights_and_bias_filename`` is a readable weights file;
 * ``check_model_outputs``: the model outputs one value per class of the dataset;
 * ``check_monitors``: metric names in callbacks exist in this run's logs;
@@ -84,6 +85,22 @@ def _existing_checkpoint(cfg: RunConfig) -> str | None:
             "that run, --overwrite to replace it, or choose another file")
 
 
+# Outputs a training run replaces only with --overwrite (or when it resumes: a continued
+# run writes its own files again). --checkpoint: _existing_checkpoint.
+_KEPT_OUTPUTS = ("--save_weights", "--history_file", "--trace", "--plot", "--cprofile")
+
+
+def _existing_output(cfg: RunConfig, paths: list[tuple[str, str]]) -> str | None:
+    t = cfg.train
+    if t.overwrite or t.resume:
+        return None
+    for option, path in paths:
+        if option in _KEPT_OUTPUTS and os.path.isfile(path) and os.path.getsize(path):
+            return (f"{option}: {path!r} already exists; pass --overwrite to replace it, or "
+                    "choose another file")
+    return None
+
+
 def missing_packages(cfg: RunConfig) -> str | None:
     """What to install for the outputs asked for (--tensorboard: tensorboardX, --plot:
     matplotlib), as one line naming the option; None when nothing is missing."""
@@ -107,7 +124,7 @@ def check_outputs(cfg: RunConfig, comm) -> None:
 
     def verdict() -> None:
         if cfg.command == TRAIN:
-            refused = _existing_checkpoint(cfg)
+            refused = _existing_checkpoint(cfg) or _existing_output(cfg, paths)
             if refused:
                 raise RunError(refused)
             missing = missing_packages(cfg)

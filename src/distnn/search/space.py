@@ -163,6 +163,9 @@ class SearchSpace:
         file in messages."""
         if not isinstance(table, Mapping):
             raise ValueError(f"{where} must be a table of parameters, got {table!r}")
+        if not table:
+            raise ValueError(f"{where}: the search space is empty; give at least one "
+                             "parameter, e.g. learning_rate = {log_uniform = [1e-4, 1e-1]}")
         return cls([_parse_param(str(k), v, where, check) for k, v in table.items()])
 
     @property

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..distributed.coordination import on_ranks
-from ..fileio import WriteError, atomic_open, guarded_write, npz_kind
+from ..fileio import WriteError, atomic_open, guarded_write, npz_kind, read_npz
+from .checkpoint_check import meta_problem
 
 __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
            "unpack"]
@@ -250,7 +251,22 @@ class Checkpoint:
     def restore(self, trainer, *, lr: float | None = None) -> None:
         """Put the model, optimizer (its learning rate included), history, callbacks and
         RNG states back; ``lr``: continue at this scheduled learning rate instead of the
-        stored one (a resumed run given a new ``--learning_rate``)."""
+        stored one (a resumed run given a new ``--learning_rate``).
+
+        Raises CheckpointError naming the file when a stored state does not fit (a
+        corrupt or foreign file whose metadata has the right entries of the wrong shape).
+        """
+        try:
+            self._restore(trainer, lr)
+        except CheckpointError:
+            raise
+        except (TypeError, KeyError, IndexError, AttributeError, ValueError) as exc:
+            what = " ".join(str(exc).split())[:200]
+            raise CheckpointError(f"checkpoint {self.path!r} is corrupt: a stored state does "
+                                  f"not fit ({type(exc).__name__}: {what}); pass the file a "
+                                  "run wrote with --checkpoint") from None
+
+    def _restore(self, trainer, lr: float | None) -> None:
         from .history import History
         meta = self.meta
         self.restore_model(trainer.model)
@@ -313,9 +329,12 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if kind != "checkpoint":
         raise CheckpointError(f"{path!r} is not a distnn checkpoint (no __meta__ entry); a "
                               "weights file goes to --weights_and_bias_filename, not --resume")
+    try:  # plain arrays only (never a pickle); the weights finite
+        arrays = read_npz(path, finite=("model/",))
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {exc}; pass the file a run wrote with "
+                              "--checkpoint") from None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
         meta = json.loads(str(arrays.pop("__meta__")))
     except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt file
         raise CheckpointError(f"checkpoint {path!r} is corrupt ({type(exc).__name__}); pass "
@@ -326,4 +345,9 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         version = meta.get("version") if isinstance(meta, dict) else None
         raise CheckpointError(f"checkpoint {path!r} has format {fmt!r} version {version!r}; "
                               f"this distnn reads {FORMAT!r} <= {VERSION}")
+    problem = meta_problem(meta, arrays)
+    if problem:
+        raise CheckpointError(f"checkpoint {path!r} is corrupt: {problem}; pass the file a "
+                              "run wrote with --checkpoint")
     return Checkpoint(path, meta, arrays)
+
