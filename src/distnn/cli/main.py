@@ -211,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(prog, str(exc), True)
     try:
         cfg = config_from_args(args)
-    except ConfigError as exc:
-        return _fail(prog, str(exc), _env_rank() == 0)
+    except ConfigError as exc:  # the same on every rank, but for a module missing here
+        return _fail(prog, str(exc), _env_rank() == 0 or getattr(exc, "local", False))
     comm = make_comm(cfg.parallel.parallel)
     from .. import distributed as dist
     show_tb = cfg.output.traceback

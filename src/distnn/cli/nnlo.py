@@ -66,11 +66,21 @@ def _checked(spec: str, name: str, value: Any) -> Any:
 def model_file_data(values: dict[str, Any], explicit: set[str]) -> list[str]:
     """Fill, in place, the data options an NNLO model file's functions give (see the
     module doc); return the notes. Raises ValueError naming the file and function."""
-    spec = _model_file(values.get("model"))
+    from ..models.keras_files import select_backend
+    model = values.get("model")
+    notes = [note for note in [select_backend()] if note]  # before any file imports Keras
+    if isinstance(model, str) and model.endswith(".json"):  # Keras's to_json()
+        from ..models.keras_files import require_keras
+        try:
+            require_keras()  # here, before any data is read
+        except ValueError as exc:
+            exc.args = (f"--model {model!r}: {exc}",)
+            raise
+        return notes
+    spec = _model_file(model)
     if spec is None or not Path(spec.rpartition(":")[0] if ":" in spec else spec).is_file():
-        return []  # a zoo name, or a file the model builder reports as missing
+        return notes  # a zoo name, or a file the model builder reports as missing
     module = _module(spec)
-    notes = []
     layout = getattr(module, "data_layout", None)
     if layout is not None and "data_layout" not in explicit:
         if layout not in ("nchw", "nhwc"):

@@ -132,7 +132,9 @@ def resolve_values(given: dict[str, Any], file_values: dict[str, Any] | None = N
     try:
         said = compat.translate(values, explicit, spelled, command, like)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        error = ConfigError(str(exc))
+        error.local = getattr(exc, "local", False)  # e.g. a module missing on this rank
+        raise error from None
     if notes is not None:
         notes += said
     return values

@@ -221,6 +221,20 @@ def _space_table(table: Any, where: str, model: str = "") -> dict:
     return out
 
 
+def _model_ranges(model: str) -> tuple[dict, str] | None:
+    """(space table, where) of a model file's NNLO ``parameter_range``, else None."""
+    if not (is_model_spec(model) and model.split(":")[0].endswith(".py")):
+        return None
+    from ..models.ranges import space_table
+    try:
+        table = space_table(model)
+    except ValueError as exc:
+        error = ConfigError(str(exc))
+        error.local = getattr(exc, "local", False)  # a module missing on this rank
+        raise error from None
+    return None if table is None else (table, f"--model {model}: parameter_range")
+
+
 def search_config(args: argparse.Namespace) -> SearchConfig:
     """The validated ``SearchConfig`` of a parsed ``distnn search`` command line."""
     from ..search import DEFAULT_SPACE, SearchSettings, SearchSpace, parse_objective
@@ -238,14 +252,20 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
     values = resolve_values(given, file_train, notes)
     base = build_config(TRAIN, values)
 
+    ranges = _model_ranges(base.model.model)
     if s["space"]:
         raw = _read_toml(s["space"], "--space")
         table, space_from = raw.get("space", raw), s["space"]
         where = f"--space {s['space']!r}"
     elif file_space is not None:
         table, space_from, where = file_space, config_file, f"[space] of --config {config_file!r}"
+    elif ranges is not None:  # NNLO's get_model.parameter_range (scikit-optimize)
+        table, space_from = ranges
+        where = space_from
     else:
         table, space_from, where = DEFAULT_SPACE, "default", "the default space"
+    if ranges is not None and table is not ranges[0]:
+        notes.append(f"{where} is searched; {ranges[1]} is not used (a space given wins)")
     try:
         space = SearchSpace.from_dict(_space_table(table, where, base.model.model), where,
                                       _check_param)

@@ -208,7 +208,7 @@ def main_search(args: argparse.Namespace, prog: str, show_config_errors: bool) -
     try:
         cfg = search_config(args)
     except ConfigError as exc:
-        if show_config_errors:
+        if show_config_errors or getattr(exc, "local", False):
             sys.stderr.write(f"{prog}: error: {exc}\n")
         return 2
     comm = make_comm(cfg.base.parallel.parallel)

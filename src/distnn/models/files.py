@@ -92,8 +92,8 @@ def _import(spec: str, target: str):
             module_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(mod_name, None)
-            raise ModelFileError(f"--model {spec!r}: importing {target!r} failed: "
-                                 f"{_why(exc)}") from None
+            raise _failed(f"--model {spec!r}: importing {target!r} failed: {_why(exc)}",
+                          exc) from None
         finally:
             if added and folder in sys.path:
                 sys.path.remove(folder)
@@ -110,9 +110,9 @@ def _import_module(spec: str, target: str, root: str):
     try:
         return importlib.import_module(target)
     except Exception as exc:
-        raise ModelFileError(f"--model {spec!r}: importing module {target!r} from {root!r} "
-                             f"failed: {_why(exc)}; give a zoo name, "
-                             "FILE.py[:NAME] or an importable MODULE:NAME") from None
+        raise _failed(f"--model {spec!r}: importing module {target!r} from {root!r} "
+                      f"failed: {_why(exc)}; give a zoo name, "
+                      "FILE.py[:NAME] or an importable MODULE:NAME", exc) from None
     finally:
         if added and root in sys.path:
             sys.path.remove(root)
@@ -204,7 +204,15 @@ def _call(spec: str, name: str, fn: Callable, offered: dict[str, Any],
     try:
         return fn(**kwargs)
     except Exception as exc:
-        raise ModelFileError(f"--model {spec!r}: {name}() failed: {_why(exc)}") from None
+        raise _failed(f"--model {spec!r}: {name}() failed: {_why(exc)}", exc) from None
+
+
+def _failed(message: str, exc: BaseException) -> ModelFileError:
+    """The error; ``local`` when a module is missing here (each rank reports its own)."""
+    from .keras_files import missing_extra
+    error = ModelFileError(message)
+    error.local = bool(getattr(exc, "local", False) or missing_extra(exc))
+    return error
 
 
 def _why(exc: BaseException) -> str:
@@ -223,7 +231,7 @@ def _keras_scope(spec: str, target: str, dtype=np.float32, seed: int = 0):
         with keras_files.keras_build(dtype, seed, needed=keras_files.mentions_keras(path)):
             yield
     except keras_files.KerasFileError as exc:
-        raise ModelFileError(f"--model {spec!r}: {exc}") from None
+        raise _failed(f"--model {spec!r}: {exc}", exc) from None
 
 
 def _is_torch_module(obj) -> bool:
@@ -262,7 +270,7 @@ def load_model_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         try:
             model = load_json_model(target, dtype=dtype, seed=seed)
         except KerasFileError as exc:
-            raise ModelFileError(str(exc)) from None
+            raise _failed(str(exc), exc) from None
         model.distnn_label = os.path.splitext(os.path.basename(target))[0]
         return model
     offered = {"input_shape": tuple(input_shape), "num_classes": int(num_classes),

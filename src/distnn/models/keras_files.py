@@ -36,7 +36,10 @@ _SAFE_PACKAGES = ("keras",)
 
 
 class KerasFileError(ValueError):
-    """A Keras model file or JSON could not give a model (one line: why, what to do)."""
+    """A Keras model file or JSON could not give a model (one line: why, what to do).
+    ``local``: a module missing on this rank (each rank reports its own)."""
+
+    local = False
 
 
 def select_backend() -> str | None:
@@ -67,6 +70,16 @@ def missing_extra(exc: BaseException) -> str | None:
         return None
     return (f"{EXTRA_MODULES[root]} is not installed (No module named {exc.name!r}); Keras "
             f"models and NNLO's search ranges need distnn's keras extra: {EXTRA}")
+
+
+def require_keras() -> None:
+    """``KerasFileError`` (``local``) naming the extra when Keras cannot be imported here."""
+    try:
+        import keras  # noqa: F401
+    except ModuleNotFoundError as exc:
+        error = KerasFileError(missing_extra(exc) or str(exc))
+        error.local = True
+        raise error from None
 
 
 def is_keras_model(obj: Any) -> bool:
@@ -118,18 +131,20 @@ def keras_build(dtype=np.float32, seed: int = 0, *, needed: bool = False,
     if not needed and importlib.util.find_spec("keras") is None:
         yield
         return
-    try:
-        import keras
-    except ModuleNotFoundError as exc:
-        raise KerasFileError(missing_extra(exc) or str(exc)) from None
-    floatx = keras.config.floatx()
+    require_keras()
+    import keras
+    # Layers take their dtype from the global dtype policy, which Keras fixes from floatx
+    # the first time it is read: both are set, and restored after.
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx(np.dtype(dtype).name)
+    keras.config.set_dtype_policy(np.dtype(dtype).name)
     keras.utils.set_random_seed(int(seed))
     try:
         with _tensorflow_alias() if alias else contextlib.nullcontext():
             yield
     finally:
         keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
 
 
 def _check_safe(node: Any, path: str) -> None:

@@ -152,6 +152,10 @@ def check_weights_file(cfg: RunConfig, comm) -> None:
     option = "--weights_and_bias_filename"
 
     def check() -> None:
+        if path.endswith(".weights.h5"):  # Keras's save_weights: a Keras model loads it
+            if not os.path.isfile(path):
+                raise ValueError(f"weights file {path!r} does not exist")
+            return
         try:
             kind = npz_kind(path)
         except FileNotFoundError:

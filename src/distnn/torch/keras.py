@@ -15,8 +15,10 @@ module that gives distnn's trainer what it expects from a torch module:
   (Keras's default) gets them transposed to NHWC, a model built for the data as read
   (``--data_layout nhwc``, or ``channels_first``) gets them as they are, and a model with a
   flat input gets them flattened;
-* *the training flag*: Keras layers (Dropout, BatchNormalization) read ``training`` from
-  their call, not from ``module.train()``: the adapter passes it;
+* *the training flag and float type*: Keras layers (Dropout, BatchNormalization) read
+  ``training`` from their call, not from ``module.train()``: the adapter passes it; a
+  float64 model computes in float64 (``_float_type``: Keras alone computes its Dense
+  layers' products in float32 on the torch backend);
 * *probabilities*: a Sequential or functional model whose last layer is a softmax outputs
   probabilities; distnn's losses take logits, so the adapter returns ``log(max(p, eps))``
   (the log-probabilities Keras's ``categorical_crossentropy`` computes from probabilities,
@@ -27,6 +29,7 @@ Weights files named ``*.weights.h5`` are Keras's (``model.save_weights`` /
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import numpy as np
@@ -91,6 +94,29 @@ def _softmax_output(model) -> bool:
     return getattr(last, "activation", None) is keras.activations.softmax
 
 
+@contextlib.contextmanager
+def _float_type(dtype: str):
+    """Keras computing in ``dtype`` for one call of the model. Keras converts constants to
+    its float type (``floatx``) in some ops, and its type promotion (which follows JAX's
+    default) turns float64 results into float32 on every backend but TensorFlow
+    (``keras.ops.matmul`` of two float64 tensors is float32, so Dense layers would compute
+    in float32): for a float64 model both are set to float64 while it runs."""
+    config = _keras().config
+    from keras.src.backend.common import dtypes
+    table = getattr(dtypes, "BIT64_TO_BIT32_DTYPE", None)
+    floatx = config.floatx()
+    narrowed = table.get("float64") if isinstance(table, dict) else None
+    config.set_floatx(dtype)
+    if dtype == "float64" and narrowed is not None:
+        table["float64"] = "float64"
+    try:
+        yield
+    finally:
+        config.set_floatx(floatx)
+        if dtype == "float64" and narrowed is not None:
+            table["float64"] = narrowed
+
+
 class KerasAdapter(torch.nn.Module):
     """The torch module ``KerasModel`` trains (see the module doc). Args: the Keras model
     (built or not; an unbuilt one is built by one inference call) and distnn's per-sample
@@ -134,7 +160,8 @@ class KerasAdapter(torch.nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.keras_model(self._arrange(x), training=self.training)
+        with _float_type(str(x.dtype).removeprefix("torch.")):
+            y = self.keras_model(self._arrange(x), training=self.training)
         if self.probabilities:
             y = torch.log(torch.clamp(y, min=self.eps))
         return y

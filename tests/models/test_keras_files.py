@@ -1,0 +1,209 @@
+"""Keras models from users' files (models/keras_files.py, models/ranges.py): every way
+NNLO takes a model (get_model/build_model/ModelBuilder, Sequential/functional/subclassed,
+tensorflow.keras imports, model.to_json()), its parameter_range, and the one line that
+names the extra to install."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distnn.models.keras_files import select_backend
+
+select_backend()
+keras = pytest.importorskip("keras")
+
+from distnn.models.files import ModelFileError, load_model_spec  # noqa: E402
+
+SHAPE = (1, 28, 28)
+
+FILES = {
+    # NNLO's spelling: tensorflow.keras imports inside get_model(**args), Sequential.add
+    "tf_style.py": '''
+def get_model(**args):
+    from tensorflow.keras.models import Sequential
+    from tensorflow.keras.layers import Activation, Convolution2D, Dense, Flatten
+    import tensorflow.keras.backend as K
+    shape = (28, 28, 1) if K.image_data_format() == "channels_last" else (1, 28, 28)
+    model = Sequential()
+    model.add(Convolution2D(args.get("filters", 4), (3, 3), input_shape=shape))
+    model.add(Activation("relu"))
+    model.add(Flatten())
+    model.add(Dense(10))
+    model.add(Activation("softmax"))
+    return model
+''',
+    "functional.py": '''
+import keras
+
+
+def build_model(num_classes):
+    x = keras.Input((28, 28, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu")(x)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(x, keras.layers.Dense(num_classes)(h))
+''',
+    "subclassed.py": '''
+import keras
+
+
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.conv = keras.layers.Conv2D(4, 3, activation="relu")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.out = keras.layers.Dense(10)
+
+    def call(self, x, training=None):
+        return self.out(self.pool(self.conv(x)))
+
+
+def build_model():
+    return Net()
+''',
+    "builder.py": '''
+import keras
+
+
+class MnistBuilder:
+    """NNLO's ModelBuilder: constructed with the communicator, build_model() gives Keras's."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def build_model(self):
+        return keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+''',
+    "tf_other.py": '''
+import tensorflow as tf
+
+
+def get_model():
+    return tf.constant(1.0)
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kerasfiles")
+    for name, text in FILES.items():
+        (path / name).write_text(text)
+    return path
+
+
+def _train(spec, dtype=np.float32):
+    """Build spec's model as distnn train does and take one SGD step on random data."""
+    from distnn.run.build import model_from_spec
+    model = model_from_spec(spec, input_shape=SHAPE, num_classes=10, dtype=dtype, seed=3)
+    x = np.random.default_rng(0).normal(size=(4, *SHAPE)).astype(dtype)
+    before = model.parameters_flat().copy()
+    y = model.forward(x, training=True)
+    model.backward(np.ones_like(y) / len(y))
+    model.parameters_flat()[:] -= 0.1 * model.gradients_flat()
+    assert y.shape == (4, 10)
+    assert np.abs(model.parameters_flat() - before).max() > 0
+    return model
+
+
+@pytest.mark.parametrize("name, layout", [("tf_style.py", "nhwc"), ("functional.py", "nhwc"),
+                                          ("subclassed.py", "nhwc"), ("builder.py:MnistBuilder",
+                                                                      "flat")])
+def test_every_kind_of_keras_model_file_trains(folder, name, layout):
+    model = _train(str(folder / name))
+    assert model.module.layout == layout
+    assert model.num_params == sum(int(np.prod(v.shape)) for v in
+                                   model.keras_model.trainable_variables)
+
+
+def test_the_tensorflow_alias_is_only_keras_and_only_while_the_file_runs(folder):
+    if "tensorflow" in sys.modules:
+        pytest.skip("TensorFlow is installed: files use it as it is")
+    _train(str(folder / "tf_style.py"))
+    assert "tensorflow" not in sys.modules and "tensorflow.keras" not in sys.modules
+    with pytest.raises(ModelFileError, match=r"tensorflow\.constant: TensorFlow is not "
+                                             r"installed; distnn provides only "
+                                             r"tensorflow\.keras"):
+        load_model_spec(str(folder / "tf_other.py"), input_shape=SHAPE, num_classes=10)
+
+
+def test_float64_models_are_built_and_run_in_float64(folder):
+    model = _train(str(folder / "functional.py"), np.float64)
+    assert {v.dtype for v in model.keras_model.variables} == {"float64"}
+    assert keras.config.floatx() == "float32"  # restored after building
+
+
+def test_keras3_json_builds_the_same_network(folder):
+    net = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(2, 3),
+                            keras.layers.Flatten(), keras.layers.Dense(10,
+                                                                       activation="softmax")])
+    (folder / "net.json").write_text(net.to_json())
+    model = _train(str(folder / "net.json"), np.float64)
+    assert model.module.probabilities and model.dtype == np.float64
+    assert [u.name for u in model.layers] == [layer.name for layer in net.layers
+                                              if layer.weights]
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"class_name": "Sequential", "keras_version": "2.4.0", "backend": "tensorflow",
+      "config": {"layers": []}}, "written by Keras 2.4.0, whose JSON Keras 3 cannot read"),
+    ({"module": "os", "class_name": "system", "config": {}}, "names module 'os'"),
+    ({"module": "keras", "class_name": "Sequential", "config": {"layers": [
+        {"module": "keras.layers", "class_name": "Lambda", "config": {}}]}},
+     "holds a Lambda layer"),
+    ([1, 2], "not a Keras model JSON"),
+])
+def test_a_json_that_keras3_cannot_or_must_not_read_is_one_line(folder, content, message):
+    (folder / "bad.json").write_text(json.dumps(content))
+    with pytest.raises(ModelFileError, match=message) as info:
+        load_model_spec(str(folder / "bad.json"), input_shape=SHAPE, num_classes=10)
+    assert "\n" not in str(info.value)
+
+
+def test_parameter_range_becomes_a_search_space(tmp_path):
+    pytest.importorskip("skopt")
+    from distnn.models.ranges import space_table
+    from distnn.search import SearchSpace
+    (tmp_path / "ranged.py").write_text('''
+from skopt.space import Categorical, Integer, Real
+
+
+def get_model(**args):
+    raise AssertionError("not built to read its ranges")
+
+
+get_model.parameter_range = [Integer(10, 50, name="nb_filters"),
+                             Real(1e-4, 1e-1, prior="log-uniform", name="learning_rate"),
+                             Real(0.0, 1.0, name="dropout"),
+                             Categorical(["relu", "tanh"], name="activation")]
+''')
+    table = space_table(str(tmp_path / "ranged.py"))
+    assert table == {"nb_filters": {"int": [10, 50]},
+                     "learning_rate": {"log_uniform": [1e-4, 1e-1]},
+                     "dropout": {"uniform": [0.0, 1.0]},
+                     "activation": {"choice": ["relu", "tanh"]}}
+    assert SearchSpace.from_dict(table).names == list(table)
+
+
+def test_a_missing_extra_is_one_line_on_every_rank_before_data_is_read(tmp_path):
+    from helpers import COMMAND, MPIEXEC, child_env
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+    fake = tmp_path / "fake" / "keras"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'keras'\", name='keras')\n")
+    (tmp_path / "net.py").write_text(FILES["functional.py"])
+    env = child_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'fake'}:{env.get('PYTHONPATH', '')}"
+    # a data set path that does not exist: reading data would be another error
+    proc = subprocess.run([MPIEXEC, "-n", "2", *COMMAND, "train", "--model", "net.py",
+                           "--dataset", "mnist", "--dataset_path", "nowhere", "--quiet"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 2, proc.stderr
+    assert all("pip install 'distnn[keras]'" in line for line in lines)
