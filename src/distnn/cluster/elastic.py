@@ -114,6 +114,10 @@ class ElasticSupervisor(Supervisor):
             found = self.discover()
             if found is None or found == world:
                 continue
+            # a new host counts once it answers (else every commit would restart the world)
+            found = {h: n for h, n in found.items() if h in world or self.probe(h)}
+            if found == world:
+                continue
             added = any(found.get(h, 0) > n for h, n in world.items()) or \
                 any(h not in world for h in found)
             removed = any(found.get(h, 0) < n for h, n in world.items())

@@ -91,9 +91,11 @@ def _carry_in(state: State) -> bool:
         if payload is not None:
             state._loads(payload)
             came = True
+            scalars = ", ".join(f"{k}={v!r}" for k, v in vars(state).items()
+                                if not k.startswith("_") and type(v) in (int, float, bool))
             print(f"hvd.elastic: world {os.environ.get(ENV_WORLD, '?')} starts from the "
-                  f"last commit ({len(payload):,} bytes) held by distnn launch",
-                  file=sys.stderr, flush=True)
+                  f"last commit ({len(payload):,} bytes) held by distnn launch"
+                  + (f": {scalars}" if scalars else ""), file=sys.stderr, flush=True)
     return bool(state._bcast_object(came))
 
 
