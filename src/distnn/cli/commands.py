@@ -15,6 +15,7 @@ from ..run import RunConfig, TrainingDiverged, build_run, threads_scope
 from ..run.errors import RunError, rank_path
 from ..run.outputs import write_predictions
 from .builders import make_comm
+from .export import run_export
 from .plot import run_plot
 
 
@@ -224,4 +225,5 @@ COMMANDS: dict[str, Callable[[RunConfig, Any], int]] = {
 }
 PLAIN_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": run_info, "convert-imagenet": run_convert, "plot": run_plot,
+    "export": run_export,
 }
