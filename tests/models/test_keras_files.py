@@ -207,3 +207,24 @@ def test_a_missing_extra_is_one_line_on_every_rank_before_data_is_read(tmp_path)
     lines = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(lines) == 2, proc.stderr
     assert all("pip install 'distnn[keras]'" in line for line in lines)
+
+
+def test_keras_callbacks_a_model_file_lists_are_refused_by_name(tmp_path, capsys):
+    from distnn.cli.main import main
+    (tmp_path / "cb.py").write_text('''
+import keras
+
+
+def get_model():
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(10)])
+
+
+def get_callbacks():
+    return [keras.callbacks.EarlyStopping(patience=2), keras.callbacks.CSVLogger("h.csv")]
+''')
+    code = main(["train", "--model", str(tmp_path / "cb.py"), "--dataset", "synthetic",
+                 "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "EarlyStopping: --early_stopping" in err and "CSVLogger: --history_file" in err
+    assert len(err.strip().splitlines()) == 1

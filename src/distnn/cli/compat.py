@@ -44,9 +44,10 @@ NOTES = {
                 "communication of every rank, gathered into one file; open it in Perfetto)",
     "max_gpus": "not applicable, this build has no GPU backend",
     "master_gpu": "not applicable, this build has no GPU backend",
-    "tf": "distnn trains its own models or torch.nn.Module ones (--model FILE.py), not "
-          "TensorFlow/Keras ones",
-    "backend": "distnn trains its own models or torch.nn.Module ones (--model FILE.py)",
+    "tf": "distnn trains its own models, torch.nn.Module ones and Keras 3 ones on Keras's "
+          "torch backend (--model FILE.py|FILE.json); TensorFlow does no training here",
+    "backend": "distnn trains its own, torch and Keras 3 models (Keras on its torch "
+               "backend; --model FILE.py|FILE.json)",
     "monitor": "use --profile for per-layer times and all-reduce waits, --trace for a "
                "timeline",
     "tensor_format": "distnn computes in NCHW; the data is read in that layout",

@@ -81,6 +81,7 @@ def model_file_data(values: dict[str, Any], explicit: set[str]) -> list[str]:
     if spec is None or not Path(spec.rpartition(":")[0] if ":" in spec else spec).is_file():
         return notes  # a zoo name, or a file the model builder reports as missing
     module = _module(spec)
+    refuse_keras_callbacks(spec, module)
     layout = getattr(module, "data_layout", None)
     if layout is not None and "data_layout" not in explicit:
         if layout not in ("nchw", "nhwc"):
@@ -110,6 +111,43 @@ def model_file_data(values: dict[str, Any], explicit: set[str]) -> list[str]:
     if unused:
         notes.append(f"--model {spec}: not used: {', '.join(unused)}")
     return notes
+
+
+# Keras callbacks a model file lists, and distnn's option that does their work on every rank
+KERAS_CALLBACKS = {
+    "EarlyStopping": "--early_stopping 'val_loss,~<,4' (NNLO's syntax) or "
+                     "--early_stopping_patience N",
+    "ReduceLROnPlateau": "--reduce_lr_on_plateau_patience N (and _factor, _min_lr)",
+    "LearningRateScheduler": "--lr_schedulers",
+    "ModelCheckpoint": "--model_checkpoint_file FILE (or --checkpoint FILE, the full state)",
+    "BackupAndRestore": "--checkpoint FILE and --resume FILE",
+    "CSVLogger": "--history_file FILE.csv",
+    "TensorBoard": "--tensorboard DIR",
+    "TerminateOnNaN": "nothing: distnn stops on a NaN loss unless --ignore_nan",
+    "ProgbarLogger": "nothing: rank 0 prints progress",
+}
+
+
+def refuse_keras_callbacks(spec: str, module) -> None:
+    """A model file's Keras callbacks (``get_callbacks()`` or a ``callbacks`` list) are
+    refused by name: distnn does not run Keras's ``fit()``, and a callback that stops
+    training or changes the learning rate on one rank would split the ranks; each has an
+    option that does its work on every rank alike."""
+    found = getattr(module, "get_callbacks", None)
+    if callable(found):
+        found = _call(spec, module, "get_callbacks")
+    elif found is None:
+        found = getattr(module, "callbacks", None)
+    if found is None or isinstance(found, (str, bytes)) or not hasattr(found, "__iter__"):
+        return
+    names = [type(cb).__name__ for cb in found
+             if "keras" in type(cb).__module__ or any("keras" in c.__module__
+                                                       for c in type(cb).__mro__)]
+    if names:
+        said = "; ".join(f"{n}: {KERAS_CALLBACKS.get(n, 'no counterpart, drop it')}"
+                         for n in names)
+        raise ValueError(f"--model {spec!r}: Keras callbacks are not run by distnn (it does "
+                         f"not call Keras's fit()); use distnn's options instead: {said}")
 
 
 def model_name(model: Any) -> str:

@@ -36,8 +36,11 @@ SEARCH_ALIASES = {"opt_restore": "resume"}  # NNLO's names of distnn search's op
 LOSS_SPELLINGS = {"categorical_crossentropy": "categorical_cross_entropy",
                   "binary_crossentropy": "binary_cross_entropy", "regression_mse": "mse",
                   "regression_mae": "mae", "mean_squared_error": "mse",
-                  "mean_absolute_error": "mae"}
-METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae"}
+                  "mean_absolute_error": "mae",
+                  # Keras: integer labels (distnn's are integers either way)
+                  "sparse_categorical_crossentropy": "categorical_cross_entropy"}
+METRIC_SPELLINGS = {"regression_mse": "mse", "regression_mae": "mae",
+                    "sparse_categorical_accuracy": "accuracy"}
 # NNLO's built-in example models (TrainingDriver --model mnist|cifar10): distnn's zoo
 # model of the same kind (with a note).
 SEED_MODELS = {"mnist": "simplecnn", "mnist_torch": "simplecnn", "cifar10": "simplecnn"}

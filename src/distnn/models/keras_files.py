@@ -186,7 +186,7 @@ def load_json_model(path: str, *, dtype=np.float32, seed: int = 0):
             config = json.load(f)
     except OSError as exc:
         raise KerasFileError(f"--model {path!r}: cannot read it: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise KerasFileError(f"--model {path!r}: not a JSON file ({exc})") from None
     if not isinstance(config, dict) or "class_name" not in config:
         raise KerasFileError(f"--model {path!r}: not a Keras model JSON (no class_name); "
@@ -210,6 +210,9 @@ def load_json_model(path: str, *, dtype=np.float32, seed: int = 0):
             raise KerasFileError(f"--model {path!r}: Keras cannot build it: "
                                  f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                                  f"{hint}") from None
+        if not isinstance(model, keras.Model):  # a JSON without its "config", say
+            raise KerasFileError(f"--model {path!r}: describes a {type(model).__name__}, not "
+                                 "a Keras model; write it with model.to_json()")
     return model
 
 
