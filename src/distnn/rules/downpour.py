@@ -47,14 +47,16 @@ class Downpour(MasterWorker):
         return {w: weights for w, _, _ in payloads}
 
     # -- with several masters (rules/masters.py): a sub-master sends how far its weights
-    # moved since its last exchange, the top master adds it to its own
+    # moved since its last exchange, the top master adds 1/M of it to its own (the top's
+    # weights move as the mean of the sub-masters' trajectories: M sub-masters, each with
+    # its own optimizer, would otherwise step M times as far as one master)
     def sub_payload(self, trainer, synced):
         return trainer.model.parameters_flat() - synced
 
     def top_apply(self, trainer, payloads):
         weights = trainer.model.parameters_flat()
         for _, delta, _ in payloads:
-            weights += delta
+            weights += delta / self.masters
         return {sub: weights for sub, _, _ in payloads}
 
     def sub_apply_reply(self, trainer, reply) -> None:

@@ -4,7 +4,7 @@ part in the rule's exchange (with a master, or with the other leaders) as one wo
 
 Each rank of a group trains on its share of the group's part of every global batch; the
 loss is divided by the group's number of samples and the gradients are summed over the
-group (one all-reduce of the flat gradient buffer, the sample count riding along), so a
+group (the one ``distributed.Reducer``, op "sum", over the group's communicator), so a
 group of K ranks with B samples each makes the updates of one worker with K·B samples
 (docs/design.md §Gradient averaging). Every rank then takes the same local step (the
 rule's), and after each exchange the leader's weights are broadcast to its group, so the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..distributed import Reducer
 from ..distributed.groups import GroupLayoutError, Groups, worker_groups
 from .base import RuleArgumentError
 
@@ -51,7 +52,10 @@ class WorkerGroup:
         order = groups.order
         self._shares = [order.index(r) for r in groups.mine]
         self._n_shares = len(order)
-        self._buf = np.zeros(model.gradients_flat().size + 1, model.dtype)
+        grads = model.gradients_flat()
+        self._reducer = Reducer(grads, [("gradients", 0, grads.size)], groups.comm, op="sum",
+                                bucket_size_mb=0, non_blocking=False)
+        self._count = np.zeros(1, np.float64)
         self.reductions = 0
 
     @property
@@ -65,14 +69,11 @@ class WorkerGroup:
 
     def reduce_gradients(self, trainer) -> int:
         """Sum the gradients over the group, in place; return the group's sample count."""
-        grads = trainer.model.gradients_flat()
-        buf = self._buf
-        buf[:-1] = grads
-        buf[-1] = trainer.batch_samples
-        self.comm.allreduce_(buf, "sum")
-        grads[...] = buf[:-1]
+        self._reducer.reduce_(trainer.model.gradients_flat())
+        self._count[0] = trainer.batch_samples
+        self.comm.allreduce_(self._count, "sum")
         self.reductions += 1
-        return int(round(float(buf[-1])))
+        return int(self._count[0])
 
     def share_weights(self, trainer) -> None:
         """Every rank of the group takes its leader's weights."""
