@@ -18,10 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import fuzz_inputs as fi
-from benchmarks.fuzz import Campaign, fuzz_settings, run_command, snapshot
-from benchmarks.fuzz_targets import TARGET_BY_NAME, TARGETS
+from benchmarks.fuzz import ALL_TARGETS, Campaign, fuzz_settings, run_command, snapshot
+from benchmarks.fuzz_keras import KERAS_TARGETS, trap_json
 
-EXAMPLES = 8  # per reader: the whole tests/fuzz set stays within about a minute
+TARGET_BY_NAME = {t.name: t for t in ALL_TARGETS}
+KERAS = {t.name for t in KERAS_TARGETS}
+EXAMPLES = 8  # per reader (Keras's: 3): the whole tests/fuzz set stays within a minute
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +31,13 @@ def campaign(tmp_path_factory):
     return Campaign(tmp_path_factory.mktemp("fuzz"))
 
 
-@pytest.mark.parametrize("name", [t.name for t in TARGETS])
+@pytest.mark.parametrize("name", [t.name for t in ALL_TARGETS])
 def test_broken_files_end_in_one_line_and_exit_2(campaign, name):
     target = TARGET_BY_NAME[name]
     seen: list[str] = []
+    examples = 3 if name in KERAS else EXAMPLES
 
-    @fuzz_settings(EXAMPLES, derandomize=True)
+    @fuzz_settings(examples, derandomize=True)
     @given(st.data())
     def one(data):
         kind, found = campaign.file_input(target, data)
@@ -42,12 +45,12 @@ def test_broken_files_end_in_one_line_and_exit_2(campaign, name):
         assert found == []
 
     one()
-    assert len(seen) == EXAMPLES
+    assert len(seen) == examples
 
 
 def test_the_valid_seeds_pass(campaign):
     # A reader that refused every file would pass the test above: the seeds must not fail.
-    for target in TARGETS:
+    for target in ALL_TARGETS:
         campaign.seed(target)  # raises when the unmutated files do not give exit status 0
 
 
@@ -98,3 +101,20 @@ def test_a_pickle_in_a_data_file_is_refused_not_run(campaign, name):
     line = result.err.strip()
     assert "\n" not in line and planted in line, line
     assert snapshot(folder) == before
+
+
+def test_a_keras_json_with_code_is_refused_not_run(campaign, tmp_path):
+    keras = pytest.importorskip("keras")
+    from keras.src.saving import serialization_lib
+    # The proof that the JSON would run code if Keras read it unsafely ...
+    with serialization_lib.SafeModeScope(False):
+        keras.models.model_from_json(trap_json(tmp_path))
+    assert (tmp_path / fi.MARKER).exists()
+    # ... and that distnn refuses it.
+    folder = campaign.fresh()
+    (folder / "m.json").write_text(trap_json(folder))
+    target = TARGET_BY_NAME["Keras model JSON"]
+    result = run_command(target.argv, folder, target.mode)
+    assert not (folder / fi.MARKER).exists(), "code ran from a JSON file"
+    assert result.error is None and result.code == 2, (result.error, result.err)
+    assert "m.json" in result.err and "\n" not in result.err.strip()
