@@ -281,10 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100, help="inputs per reader")
     parser.add_argument("--seed", type=int, default=44)
     parser.add_argument("--only", default="", help="readers whose name holds this text")
+    parser.add_argument("--skip", default="", help="not the readers whose name holds it")
     parser.add_argument("--verbose", action="store_true", help="print every failure")
     args = parser.parse_args(argv)
     names = [t.name for t in ALL_TARGETS] + ["options"]
-    names = [n for n in names if args.only.lower() in n.lower()]
+    names = [n for n in names if args.only.lower() in n.lower()
+             and not (args.skip and args.skip.lower() in n.lower())]
     tallies: dict[str, Tally] = {}
     with tempfile.TemporaryDirectory(prefix="distnn-fuzz-") as root:
         campaign = Campaign(Path(root))
