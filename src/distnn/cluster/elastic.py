@@ -151,7 +151,8 @@ class ElasticSupervisor(Supervisor):
                     self.say("interrupted: the job was stopped, nothing is left running")
                     return 130
                 if rc == 0:
-                    self.say(f"finished on {len(hosts)} hosts after {world} world"
+                    self.say(f"finished on {len(hosts)} host{'s' * (len(hosts) != 1)} "
+                             f"after {world} world"
                              f"{'s' * (world != 1)} ({restarts} restart"
                              f"{'s' * (restarts != 1)} after failures)")
                     return 0

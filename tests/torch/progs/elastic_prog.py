@@ -1,15 +1,15 @@
-"""An hvd.elastic job for tests/torch/test_elastic.py.
+"""An hvd.elastic job for tests/torch/test_elastic.py and tests/cluster/test_elastic_hosts.py.
 
 ``memory`` (under mpiexec): commit, change everything, raise HorovodInternalError inside
 ``@hvd.elastic.run``; prints per rank, as JSON, what the second call found.
 
-``job`` (under ``distnn launch``): trains a linear model on 24 samples through an
-ElasticSampler, committing every ``--commit_every`` steps; every rank logs, per world,
-the indices it consumed at each step (``OUT/r{rank}.w{world}.jsonl``), rank 0 logs each
-commit's values and what each world started from. ``--kill_at S``: in world 0, rank 1
-kills itself (SIGKILL) at step S, after the step and before its commit. ``--add_slot_at
-S``: in world 0, rank 0 writes ``localhost:2`` into ``--hosts_file`` at step S (the host
-discovery script prints that file).
+``job`` (under ``distnn launch``): trains a linear model on ``--samples`` samples (24)
+through an ElasticSampler, committing every ``--commit_every`` steps; every rank logs,
+per world, the indices it consumed at each step (``OUT/r{rank}.w{world}.jsonl``) and
+what it started from; rank 0 logs each commit's values (``OUT/events.jsonl``).
+``--kill_at S``: in world 0, rank 1 kills itself (SIGKILL) at step S, after the step and
+before its commit. ``--add_slot_at S``: in world 0, rank 0 writes ``localhost:2`` into
+``--hosts_file`` at step S (the host discovery script prints that file).
 """
 import argparse
 import json
@@ -29,17 +29,18 @@ p.add_argument("--add_slot_at", type=int, default=0)
 p.add_argument("--hosts_file", default="")
 p.add_argument("--commit_every", type=int, default=2)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--samples", type=int, default=24)
 args = p.parse_args()
 
 hvd.init()
 torch.manual_seed(0)
 WORLD = int(os.environ.get("DISTNN_ELASTIC_WORLD", "0"))
-data = torch.arange(72, dtype=torch.float64).reshape(24, 3) / 72
+data = torch.arange(3 * args.samples, dtype=torch.float64).reshape(-1, 3) / 72
 target = data.sum(1, keepdim=True) * 0.5
 model = torch.nn.Linear(3, 1).double()
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                named_parameters=model.named_parameters())
-sampler = hvd.elastic.ElasticSampler(list(range(24)), shuffle=True, seed=3)
+sampler = hvd.elastic.ElasticSampler(list(range(args.samples)), shuffle=True, seed=3)
 resets = []
 
 
@@ -101,6 +102,8 @@ def train(state):
                 f.write("localhost:2\n")
         time.sleep(args.sleep)
         if state.step % args.commit_every == 0:
+            if hvd.rank() == 0:  # what this commit holds, logged before it can be lost
+                log("events.jsonl", committing=state.step, world=WORLD, weights=weights())
             try:
                 state.commit()
             except hvd.elastic.HostsUpdatedInterrupt:

@@ -24,6 +24,7 @@ Example (Horovod's, with the import changed)::
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable
 
@@ -86,7 +87,6 @@ def _carry_in(state: State) -> bool:
     lk.carried = True
     came = False
     if state._rank() == 0:
-        import os
         payload = lk.client().get()
         if payload is not None:
             state._loads(payload)

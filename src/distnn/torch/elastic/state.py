@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import pickle
 from typing import Any, Callable, Iterable
 
@@ -41,7 +42,6 @@ class _Link:
     """This process's view of the supervisor: rank 0 holds the connection."""
 
     def __init__(self):
-        import os
         self.supervised = bool(os.environ.get(ENV_STORE))
         self.start_version = int(os.environ.get(ENV_VERSION, "0") or 0)
         self._client: StoreClient | None = None
