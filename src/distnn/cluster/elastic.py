@@ -190,7 +190,8 @@ class ElasticSupervisor(Supervisor):
         store.new_world()
         ranks = sum(hosts.values())
         self.say(f"world {world}: {len(hosts)} host{'s' * (len(hosts) > 1)} ({_names(hosts)}), "
-                 f"{ranks} ranks" + (f", from commit #{store.commits}" if store.commit else ""))
+                 f"{ranks} rank{'s' * (ranks != 1)}"
+                 + (f", from commit #{store.commits}" if store.commit else ""))
         cmd = [self.mpiexec, *self.launcher_args, "-hosts",
                ",".join(f"{h}:{n}" for h, n in hosts.items()), "-n", str(ranks),
                *self.command]
