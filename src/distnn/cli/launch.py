@@ -1,5 +1,6 @@
 """``distnn launch``: a supervisor that keeps a training run going when hosts die
-(``distnn.cluster.supervisor``): parse, build the Supervisor, run it."""
+(``distnn.cluster.supervisor``), or an ``hvd.elastic`` job going as hosts come and go
+(``distnn.cluster.elastic``): parse, build the supervisor, run it."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,8 @@ from ..run.build import RunError
 
 def add_launch_parser(sub) -> None:
     text = ("run distnn train under mpiexec on hosts and restart it from its checkpoint on the "
-            "hosts that still answer when a rank or host dies")
+            "hosts that still answer when a rank or host dies; or an hvd.elastic script, "
+            "restarted from its last commit when hosts die, are added or are removed")
     p = sub.add_parser("launch", help=text, description=text[0].upper() + text[1:] + ".",
                        allow_abbrev=False)
     p.add_argument("--hosts", default=None, metavar="H1,H2,...",
