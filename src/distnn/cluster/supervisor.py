@@ -300,9 +300,10 @@ def _read_progress(path: str) -> tuple[int, ...] | None:
     """(global_step, epoch, epoch_step, global_batch) the last job wrote, or None."""
     try:
         with open(path) as f:
-            return tuple(int(v) for v in f.read().split())
+            values = tuple(int(v) for v in f.read().split())
     except (OSError, ValueError):
         return None
+    return values if len(values) == 4 else None  # empty: read while being rewritten
 
 
 def launcher_words(text: str) -> list[str]:
