@@ -153,3 +153,24 @@ def test_a_killed_sub_master_ends_the_job(tmp_path):
     assert (tmp_path / "pid.rank2").is_file()
     assert "BAD TERMINATION" in out and "Killed (signal 9)" in out, out
     assert elapsed < 60, out
+
+
+@pytest.mark.parametrize("n,rule,opts", [
+    (4, "localsgd", {"sync_every": 3}),
+    (4, "gossip", {"synchronous": True, "probability": 0.5}),
+    (3, "easgd", {"sync_every": 2}),   # one group: the master's order is fixed
+    (3, "downpour", {}),
+], ids=["localsgd", "gossip", "easgd", "downpour"])
+def test_groups_resume_exactly(tmp_path, n, rule, opts):
+    ckpt = str(tmp_path / "ck.npz")
+    base = {**COMMON, "batch": 3, "rule": rule, "options": {**opts, "group_size": 2},
+            "shuffle": True}
+    res = run_jobs(n, [{**base, "name": "straight", "epochs": 2},
+                       {**base, "name": "first", "epochs": 1, "checkpoint": ckpt},
+                       {**base, "name": "resumed", "epochs": 2, "resume": ckpt}], tmp_path)
+    for r in range(n):
+        np.testing.assert_allclose(res["resumed"][r]["final"], res["straight"][r]["final"],
+                                   rtol=0, atol=1e-12)
+        np.testing.assert_allclose(res["resumed"][r]["local"], res["straight"][r]["local"],
+                                   rtol=0, atol=1e-12)
+    assert np.abs(res["first"][0]["final"] - res["straight"][0]["final"]).max() > 1e-4
