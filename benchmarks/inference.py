@@ -176,9 +176,13 @@ def _cells(a):
     peers = ["onnxruntime"] + [f"torch-{m}" if m != "eager" else "torch" for m in a.torch_modes]
     for model in a.models:
         for config in a.configs:
-            ranks, _ = CONFIGS[config]
+            ranks, threads = CONFIGS[config]
             for system in ["distnn"] + (peers if ranks == 1 else []):
                 yield model, config, system
+            peer_config = f"1p{ranks * threads}t"  # a multi-rank row's peers, same cores
+            if ranks > 1 and peer_config not in a.configs:
+                for system in peers:
+                    yield model, peer_config, system
 
 
 def main(argv=None) -> int:
@@ -239,16 +243,18 @@ def main(argv=None) -> int:
             med = statistics.median(mine) if mine else None
             peers = {s: statistics.median(v) for (m, c, s), v in rates.items()
                      if m == model and c == peer_config and s != "distnn"}
-            rows = [("distnn", mine)] + ([(s, rates[(model, config, s)]) for s in sorted(peers)]
-                                         if config == peer_config else [])
-            for system, values in rows:
+            own = config == peer_config or peer_config not in a.configs
+            rows = [("distnn", config, mine)] + (
+                [(s, peer_config, rates[(model, peer_config, s)]) for s in sorted(peers)]
+                if own else [])
+            for system, where, values in rows:
                 if not values:
-                    print(f"| {model} | {config} | {system} | failed | - | - |")
+                    print(f"| {model} | {where} | {system} | failed | - | - |")
                     continue
                 m = statistics.median(values)
                 q = statistics.quantiles(values, n=4) if len(values) > 1 else [m, m, m]
                 ratio = f"{med / m:.2f}" if med and system != "distnn" else "-"
-                print(f"| {model} | {config} | {system} | {m:,.0f} | {q[2] - q[0]:,.0f} | "
+                print(f"| {model} | {where} | {system} | {m:,.0f} | {q[2] - q[0]:,.0f} | "
                       f"{ratio} |")
             if peers and med:
                 best = max(peers, key=peers.get)

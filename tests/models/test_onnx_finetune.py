@@ -64,11 +64,11 @@ def test_resnet18_onnx_fine_tunes_on_two_ranks(onnx_file, tmp_path, rule):
 
 @pytest.mark.slow
 @needs_mpi
-def test_evaluate_and_predict_read_the_tuned_weights(onnx_file, tmp_path):
+def test_evaluate_reads_the_tuned_weights(onnx_file, tmp_path):
     proc = distnn("train", "--model", onnx_file, *DATA, "--save_weights", "tuned.npz",
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = DATA[:DATA.index("--batch_size")]
+    data = DATA[:DATA.index("--validation_split")]
     proc = distnn("evaluate", "--model", onnx_file, *data, "--weights", "tuned.npz",
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
