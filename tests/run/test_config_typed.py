@@ -49,7 +49,7 @@ def _is_instance(value, hint) -> bool:
 
 def test_the_option_table_is_the_dataclass_fields():
     assert [o.name for o in OPTIONS] == [f.name for _, f in FIELDS]
-    assert len(OPTIONS) == 116
+    assert len(OPTIONS) > 100  # the whole table (116 when it was typed; new options add rows)
     for (section, f), o in zip(FIELDS, OPTIONS):
         assert (o.section, o.group) == (section, section), o.name
         assert o.default is f.default or o.default == f.default, o.name

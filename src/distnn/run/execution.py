@@ -1,0 +1,163 @@
+"""The sections of a run's configuration that say how it runs and what it writes: the
+parallel training (the rule, its arguments, compression, threads, the stall inspector),
+the outputs, and ``distnn predict``'s. The other sections are in ``sections``; import
+them all from ``config``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from .kinds import (Bool, CompressionSpec, Float, Int, Maybe,
+                    Str, optimizers,
+                    parallel_modes)
+from .sections import PRED, TRAIN, Section, option
+
+
+@dataclass(frozen=True)
+class ParallelConfig(Section):
+    """Data parallelism over MPI: training rule and its options, all-reduce, threads."""
+
+    title: ClassVar[str] = "Parallel execution"
+    parallel: str = option("auto", Str(parallel_modes),
+        "Training rule: data (synchronous all-reduce, alias bsp), localsgd (periodic "
+        "averaging), downpour (asynchronous parameter server on rank 0), easgd (elastic "
+        "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
+        "(local steps, one chunk of the weights averaged per step); sequential (one process) or "
+        "auto (data).")
+    stall_warning: float = option(60.0, Float(0.0, low_open=True),
+        "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
+        "that have not arrived and where each last was (step, phase).", commands=(TRAIN,))
+    stall_timeout: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "Seconds of such waiting after which the job ends with exit status 4, naming those "
+        "ranks (default: never); the last checkpoint stays resumable.", commands=(TRAIN,))
+    sync_every: int | None = option(None, Maybe(Int(1)),
+        "Batches between two exchanges: downpour/gem pushes, easgd's tau, localsgd's averaging "
+        "period (default: 1, 1, 4, 8).", commands=(TRAIN,), aliases=("localsgd_period",))
+    synchronous: bool = option(False, Bool(),
+        "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
+        "without a master; gossip: shared, deterministic push schedule.", commands=(TRAIN,))
+    group_size: int = option(1, Int(1),
+        "downpour, easgd, gem, localsgd, gossip: ranks per worker (NNLO's --n-processes). A "
+        "group's ranks train synchronously (gradients summed inside it, as --parallel data) and "
+        "its first rank exchanges for it (with the master, or the other groups' first ranks); "
+        "groups are cut host by host. Under data every rank "
+        "already trains synchronously with all the others: it changes nothing.",
+        commands=(TRAIN,))
+    masters: int = option(1, Int(1),
+        "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
+        "serve the workers and exchange with rank 0 every --sync_every of their updates.",
+        commands=(TRAIN,))
+    elastic_force: float = option(0.9, Float(0.0, 1.0),
+        "easgd: rho; the moving rate is elastic_force x elastic_lr (0: independent workers).",
+        commands=(TRAIN,))
+    elastic_lr: float | None = option(None, Maybe(Float(0.0, 1.0, low_open=True)),
+        "easgd: eta (default 1 / number of workers).", commands=(TRAIN,))
+    elastic_momentum: float = option(0.0, Float(0.0, 1.0, high_open=True),
+        "easgd: momentum of the centre's moves.", commands=(TRAIN,))
+    worker_optimizer: str | None = option(None, Maybe(Str(optimizers)),
+        "easgd: optimizer of the workers' local steps (default: --optimizer).", commands=(TRAIN,))
+    gem_lr: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "gem: learning rate eta (default: --learning_rate and its schedule).", commands=(TRAIN,))
+    gem_momentum: float = option(0.9, Float(0.0, 1.0, high_open=True),
+        "gem: momentum of the energy proxy.", commands=(TRAIN,))
+    gem_kappa: float = option(1.0, Float(0.0, low_open=True),
+        "gem: proxy amplification kappa.", commands=(TRAIN,))
+    gossip_probability: float = option(0.25, Float(0.0, 1.0, low_open=True),
+        "gossip: probability that a rank pushes its weights to a random peer after a step.",
+        commands=(TRAIN,), aliases=("gossip_p",), argument="probability")
+    gossip_alpha: float | None = option(None, Maybe(Float(0.0, 1.0, low_open=True)),
+        "gossip: initial mixing weight of each rank (default 1 / ranks).", commands=(TRAIN,),
+        argument="alpha")
+    partial_chunks: int = option(4, Int(1),
+        "partial: cut the flat weights into this many contiguous chunks; after each local step "
+        "one chunk is averaged over the ranks, in turn (each once every N steps; 1: all, every "
+        "step).", commands=(TRAIN,), argument="chunks")
+    non_blocking_mpi: bool = option(True, Bool(),
+        "Overlap the gradient all-reduce with backward.", commands=(TRAIN,),
+        argument="non_blocking")
+    bucket_size_mb: float = option(4.0, Float(0.0),
+        "Gradient all-reduce bucket size in MiB.", commands=(TRAIN,))
+    sync_batchnorm: bool = option(False, Bool(),
+        "Batch-norm statistics over the global batch.", commands=(TRAIN,))
+    gradient_compression: str = option("none", CompressionSpec(),
+        "Gradients travel as: none (own dtype), fp16, topk:RATIO (each tensor's largest RATIO "
+        "share), threshold:VALUE (entries with |g| >= VALUE) or powersgd:RANK (low-rank "
+        "factors); --parallel data only. topk/threshold/powersgd keep what they did not send "
+        "(--error_feedback) and send 1-D and small tensors dense.", commands=(TRAIN,),
+        argument="compression")
+    compression_warmup_steps: int = option(0, Int(0),
+        "Dense steps before --gradient_compression topk/threshold/powersgd starts (PowerSGD's "
+        "start_powerSGD_iter).", commands=(TRAIN,))
+    error_feedback: bool = option(True, Bool(),
+        "topk/threshold/powersgd: add what a rank did not send to its next gradient (false: "
+        "drop it).", commands=(TRAIN,))
+    threads: int = option(0, Int(0, 1 << 12),
+        "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
+        "else the libraries' defaults).")
+
+    def rule_arguments(self) -> dict[str, Any]:
+        """Every field by the name of the training rules' constructor argument it sets
+        (``rules.build_rule`` takes those its rule has)."""
+        return {f.metadata.get("argument", f.name): getattr(self, f.name)
+                for f in fields(self)}
+
+    @staticmethod
+    def option_of(argument: str | None) -> str | None:
+        """The option that sets a training rule's constructor ``argument``, if any."""
+        for f in fields(ParallelConfig):
+            if f.metadata.get("argument", f.name) == argument:
+                return f.name
+        return None
+
+
+@dataclass(frozen=True)
+class OutputConfig(Section):
+    """Verbosity, profiling and tracing."""
+
+    title: ClassVar[str] = "Output, profiling and tracing"
+    quiet: bool = option(False, Bool(),
+        "No progress bars, parameters or summary; only results.")
+    verbose: bool = option(False, Bool(),
+        "Print every option's value and the model summary (by default: one summary line).")
+    profile: bool = option(False, Bool(),
+        "Per-layer forward/backward time and all-reduce wait per epoch, and (PyDTNN's meaning) "
+        "the cProfile functions with the most cumulative time at the end (rank 0); --cprofile "
+        "FILE keeps the full statistics.", commands=(TRAIN,))
+    trace: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Write a Chrome-trace JSON of layer forward/backward and communication (rank r writes "
+        "FILE.rank{r}).", commands=(TRAIN,))
+    trace_merged: bool = option(False, Bool(),
+        "Gather the traces of all ranks into the one --trace FILE.", commands=(TRAIN,))
+    tensorboard: str | None = option(None, Maybe(Str(lower=False, metavar="DIR")),
+        "Write TensorBoard event files in DIR (rank 0): training loss, metrics, learning rate, "
+        "samples/s and communication per step, every logged value per epoch, the options as "
+        "text (needs tensorboardX: pip install 'distnn[tensorboard]'; then tensorboard --logdir "
+        "DIR).", commands=(TRAIN,))
+    tensorboard_every: int = option(10, Int(0),
+        "--tensorboard: write the per-step values every N steps (0: per epoch only).",
+        commands=(TRAIN,))
+    plot: str | None = option(None, Maybe(Str(lower=False, metavar="FILE.png")),
+        "At the end, draw the loss and every metric per epoch, training and validation, into "
+        "this PNG (needs matplotlib; distnn plot compares the history files of several runs).",
+        commands=(TRAIN,))
+    cprofile: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Dump cProfile statistics here (FILE.rank{r} with several ranks).")
+    traceback: bool = option(False, Bool(),
+        "Show Python tracebacks for user errors too.")
+
+
+@dataclass(frozen=True)
+class PredictConfig(Section):
+    """What ``distnn predict`` writes."""
+
+    title: ClassVar[str] = "Prediction"
+    split: str = option("test", Str(("train", "val", "test")),
+        "Split to predict.", commands=(PRED,))
+    output: str | None = option(None, Maybe(Str(metavar="FILE")),
+        "Predictions file: .npy (logits), .npz (logits, predicted, labels) or .csv (index, "
+        "predicted, label).", commands=(PRED,))
+    predictions_per_rank: bool = option(False, Bool(),
+        "Every rank writes its own rows (with their dataset index) to --output with '{rank}' "
+        "replaced, or .rank<r> before the extension; nothing is gathered on rank 0 (outputs "
+        "too big for one rank). .npz or .csv only.", commands=(PRED,))
