@@ -172,3 +172,13 @@ def test_imported_weights_are_the_files(tmp_path):
     want = [l for l in model.walk() if isinstance(l, Conv2D)]
     assert all(np.array_equal(a.params["w"], b.params["w"]) for a, b in zip(convs, want))
     assert isinstance(back.layers[-1], Dense)
+
+
+def test_a_missing_onnx_package_names_the_extra(tmp_path, monkeypatch):
+    path = get_model("lenet", rng=0).to_onnx(tmp_path / "l.onnx")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    with pytest.raises(ModelFileError, match=r"pip install 'distnn\[onnx\]'") as err:
+        load_onnx_model(path, input_shape=(1, 28, 28))
+    assert "\n" not in str(err.value) and path in str(err.value)
+    with pytest.raises(ImportError, match=r"pip install 'distnn\[onnx\]'"):
+        get_model("lenet", rng=0).to_onnx(tmp_path / "again.onnx")
