@@ -69,6 +69,8 @@ class MasterWorker(Rule):
     or, with ``synchronous``, one round at a time: it waits for one message from every
     worker still training, combines them and answers all. Subclasses define the arithmetic:
     ``worker_accumulate``, ``worker_payload``, ``worker_apply_reply``, ``master_apply``.
+    A worker may be a group of ranks (``group_size``, rules/groups.py) and the master a
+    top master over sub-masters (``masters``, rules/masters.py).
     """
 
     default_sync_every = 1
