@@ -56,7 +56,9 @@ def read_cifar_pickle(path: str | os.PathLike,
     try:
         batch = _BatchUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        raise DatasetError(f"{path}: not a pickled CIFAR-10 batch ({exc}); the file is "
+        # the error may quote the file's bytes: printable escapes keep the message one line
+        reason = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc)[:200])
+        raise DatasetError(f"{path}: not a pickled CIFAR-10 batch ({reason}); the file is "
                            "truncated or of another kind. Download cifar-10-python.tar.gz "
                            "again") from exc
     if not isinstance(batch, dict):

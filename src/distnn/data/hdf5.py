@@ -121,8 +121,21 @@ def _read_h5_list(list_file: Path, features_name: str, labels_name: str,
     else:
         chosen, part = files, (rank, size)
     where = "the list of files given" if isinstance(list_file, tuple) else list_file
-    return [(f, *_h5_rows(f, where, features_name, labels_name, part, layout))
+    return [(f, *_h5_rows_checked(f, where, features_name, labels_name, part, layout))
             for f in chosen]
+
+
+def _h5_rows_checked(file: Path, *args):
+    """``_h5_rows``, where h5py's errors on a corrupt file (KeyError, OSError... raised
+    when an object header or a chunk cannot be read) name the file."""
+    try:
+        return _h5_rows(file, *args)
+    except DatasetError:
+        raise
+    except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
+        reason = " ".join(str(exc).split())[:160]
+        raise DatasetError(f"{file}: cannot read it as HDF5 ({reason}); the file is "
+                           "corrupt") from None
 
 
 def read_hdf5(*, path=None, preprocess: Preprocess, seed: int = 0, train_list=None,
