@@ -182,3 +182,16 @@ def test_a_missing_onnx_package_names_the_extra(tmp_path, monkeypatch):
     assert "\n" not in str(err.value) and path in str(err.value)
     with pytest.raises(ImportError, match=r"pip install 'distnn\[onnx\]'"):
         get_model("lenet", rng=0).to_onnx(tmp_path / "again.onnx")
+
+
+@pytest.mark.slow
+def test_the_default_dynamo_exporters_resnet18_imports(resnet18, tmp_path):
+    """torch.onnx.export's default exporter (torch.export based; opset 18+, ReduceMean and
+    Reshape where the TorchScript exporter writes GlobalAveragePool and Flatten)."""
+    pytest.importorskip("onnxscript")
+    path = export(resnet18, tmp_path / "dynamo.onnx", dynamo=True)
+    assert "ReduceMean" in {n.op_type for n in onnx.load(path).graph.node}
+    x = np.random.default_rng(2).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    with torch.inference_mode():
+        want = resnet18(torch.from_numpy(x)).numpy()
+    _close(load_onnx_model(path, input_shape=(3, 32, 32)).predict(x), want)

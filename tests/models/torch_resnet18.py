@@ -61,10 +61,19 @@ def randomize_statistics(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-def export(model: nn.Module, path, input_shape=(3, 32, 32), training: bool = False) -> str:
-    """``torch.onnx.export`` (the TorchScript exporter: offline, no onnxscript); eval mode
-    folds each batch norm into its convolution, ``training=True`` keeps them."""
+def export(model: nn.Module, path, input_shape=(3, 32, 32), training: bool = False,
+           dynamo: bool = False) -> str:
+    """``torch.onnx.export``: the TorchScript exporter (offline, no onnxscript), where eval
+    mode folds each batch norm into its convolution and ``training=True`` keeps them; or
+    ``dynamo=True``, torch's default exporter (needs onnxscript; eval mode)."""
     import warnings
+    if dynamo:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model.eval(), (torch.zeros(2, *input_shape),), str(path),
+                              input_names=["input"], verbose=False,
+                              dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+        return str(path)
     mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
     model.train(training)
     with warnings.catch_warnings():
