@@ -28,14 +28,19 @@ def job(request, tmp_path_factory):
 @needs_mpi
 def test_fractional_scale_factors_on_integers_and_float16(job):
     n, results = job
-    half = (torch.tensor(1.5, dtype=torch.float16).float() * 0.3).half().float().item()
+    half = (torch.tensor(1.5, dtype=torch.float16).float() * 0.3).half()  # scaled in float32
+    acc = half
+    for _ in range(n - 1):  # summed as Horovod's MPI float16 sum: in float32, rounded each step
+        acc = (acc.float() + half.float()).half()
+    half_sum = acc.float().item()  # 3 ranks: 1.3496, not 3 * 0.45 (Horovod's test expects that)
     for res in results:
         s = res["scale"]
         assert s["int_pre"] == [5 * n] * 4  # int(10 * 0.5) per rank, then summed
         assert s["int_post"] == [int(10 * n * 0.25)] * 4  # truncated toward zero
         assert s["int64_pre"] == [int(10 * 0.37) * n] * 4
         assert s["half_dtype"] == "torch.float16"
-        assert s["half_pre"] == pytest.approx([half * n] * 3, rel=1e-3)
+        assert s["half_pre"] == [half_sum] * 3  # exactly
+        assert s["rs_half_pre"] == [half_sum] * 2
         assert s["rs_int_pre"] == [5 * n] * 2
         assert s["rs_int_post"] == [int(10 * n * 0.25)]
         assert s["grouped_int_pre"] == [[5 * n] * 4] * 2

@@ -25,6 +25,8 @@ out["scale"] = {
     "int64_pre": hvd.allreduce(ten.long(), op=hvd.Sum, prescale_factor=0.37).tolist(),
     "half_pre": hvd.allreduce(half, op=hvd.Sum, prescale_factor=0.3).float().tolist(),
     "half_dtype": str(hvd.allreduce(half, op=hvd.Sum, prescale_factor=0.3).dtype),
+    "rs_half_pre": hvd.reducescatter(torch.full((2 * size,), 1.5, dtype=torch.float16),
+                                     op=hvd.Sum, prescale_factor=0.3).float().tolist(),
     "rs_int_pre": hvd.reducescatter(torch.full((2 * size,), 10, dtype=torch.int64), op=hvd.Sum,
                                     prescale_factor=0.5).tolist(),
     "rs_int_post": hvd.reducescatter(torch.full((size,), 10, dtype=torch.int32), op=hvd.Sum,
