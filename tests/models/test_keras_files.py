@@ -228,3 +228,31 @@ def get_callbacks():
     assert code == 2, err
     assert "EarlyStopping: --early_stopping" in err and "CSVLogger: --history_file" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("code, expected", [
+    # another backend chosen in the environment: overridden, with a note
+    ("from distnn.models.keras_files import select_backend\n"
+     "print(select_backend())\nimport keras\nprint(keras.backend.backend())",
+     "KERAS_BACKEND=numpy in the environment: distnn runs Keras models on its torch backend"),
+])
+def test_the_backend_is_torch_or_one_line_says_why_not(code, expected):
+    import os
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout, proc.stdout + proc.stderr
+    if "torch backend" in expected:
+        assert proc.stdout.strip().endswith("torch")
+
+
+def test_keras_imported_on_another_backend_is_one_line(monkeypatch):
+    import types
+
+    from distnn.models.keras_files import KerasFileError
+    other = types.SimpleNamespace(backend=types.SimpleNamespace(backend=lambda: "jax"))
+    monkeypatch.setitem(sys.modules, "keras", other)  # as if imported with KERAS_BACKEND=jax
+    with pytest.raises(KerasFileError, match="Keras was imported with its 'jax' backend "
+                                             "before distnn could select 'torch'"):
+        select_backend()
