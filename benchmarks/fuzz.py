@@ -212,8 +212,9 @@ class Campaign:
         kind = mutate(folder / name)
         before = snapshot(folder)
         result = run_command(target.argv, folder, target.mode)
-        found = problems(result, (Path(name).name, *target.culprit), target.outputs, before,
-                         snapshot(folder), folder)
+        named = getattr(mutate, "culprit", None)  # the option a config mutation set
+        culprits = (Path(name).name, *target.culprit, *((named,) if named else ()))
+        found = problems(result, culprits, target.outputs, before, snapshot(folder), folder)
         story = f"{target.name}: {name} <- {kind}; {result.error or result.err.strip()[-300:]}"
         shutil.rmtree(folder, ignore_errors=True)
         self.last_code = result.code

@@ -91,9 +91,7 @@ def _idx_mutations(name: str) -> st.SearchStrategy:
 
 def _cifar_bin_mutations(name: str) -> st.SearchStrategy:
     def label(path: Path) -> str:
-        raw = bytearray(path.read_bytes())
-        raw[0] = 77
-        path.write_bytes(bytes(raw))
+        path.write_bytes(b"\x4d" + path.read_bytes()[1:])  # label 77
         return "label out of range"
     return st.just(label)
 
@@ -320,10 +318,15 @@ def _toml_mutations(draw, name: str) -> fi.Mutate:
                                      "grid", ""]))
         value = f"{{{kind} = {value}}}" if kind else value
         line = f"{key} = {value}\n"
-        return fi._bytes_mutation("option value", lambda raw: raw + line.encode())
+        return _naming(key, fi._bytes_mutation("option value", lambda raw: raw + line.encode()))
     table = draw(st.sampled_from(["", "[extra]\n", "[a.b]\n"]))
     line = f"{table}{key} = {value}\n"
-    return fi._bytes_mutation("option value", lambda raw: raw + line.encode())
+    return _naming(key, fi._bytes_mutation("option value", lambda raw: raw + line.encode()))
+
+
+def _naming(key: str, mutate: fi.Mutate) -> fi.Mutate:  # the line may name the option set
+    mutate.culprit = key  # type: ignore[attr-defined]
+    return mutate
 
 
 @st.composite
@@ -338,7 +341,7 @@ def _session_mutations(draw, name: str) -> fi.Mutate:
                                             "nccl16"]), st.text(max_size=10).filter(
         lambda s: "\n" not in s and "\r" not in s)))
     line = f"{key}={value}\n"
-    return fi._bytes_mutation("option value", lambda raw: raw + line.encode())
+    return _naming(key, fi._bytes_mutation("option value", lambda raw: raw + line.encode()))
 
 
 def _plus_bytes(format_aware):
@@ -394,4 +397,3 @@ TARGETS = [
            ["train", "--config", "session.cfg", *SYNTH, "--parallel", "sequential"],
            mode="build", mutations=_session_mutations, culprit=("--config",)),
 ]
-TARGET_BY_NAME = {t.name: t for t in TARGETS}
