@@ -152,10 +152,15 @@ class Supervisor:
             return False
 
     # -- one launch -------------------------------------------------------------------------
-    def _launch(self, hosts: list[str], resume: bool, progress: str) -> tuple[int, set[str]]:
+    def _launch(self, hosts: list[str], resume: bool, progress: str,
+                again: bool = False) -> tuple[int, set[str]]:
         argv = list(self.train_argv)
         if resume:
             argv += ["--resume", self.checkpoint]
+        elif again and "--overwrite" not in argv:
+            # starting over (no checkpoint yet): the failed attempt's outputs (history,
+            # trace) are replaced, as a resume would replace them
+            argv += ["--overwrite"]
         argv += ["--progress_file", progress]
         hostlist = ",".join(f"{h}:{self.ranks_per_host}" for h in hosts)
         cmd = [self.mpiexec, *self.launcher_args, "-hosts", hostlist,
@@ -225,7 +230,7 @@ class Supervisor:
                 self.say(f"starting on {len(hosts)} host{'s' * (len(hosts) > 1)} "
                          f"({','.join(hosts)}), {self.ranks_per_host * len(hosts)} ranks"
                          + (f", resuming {self.checkpoint}" if resume else ""))
-                rc, lost = self._launch(hosts, resume, progress)
+                rc, lost = self._launch(hosts, resume, progress, again=restarts > 0)
                 if self._stopping:
                     self.say("interrupted: the job was stopped, nothing is left running")
                     return 130
