@@ -226,7 +226,8 @@ class EmulatedCluster:
             mounts = "".join(f"mount --bind {shlex.quote(self.backing(h.name, d))} "
                              f"{shlex.quote(d)} && " for d in self.private_dirs)
             cpus = ",".join(map(str, h.cores))
-            cases.append(f'  {h.name}) pre="hostname {h.name} && {mounts}"; cpus={cpus} ;;')
+            cases.append(f'  {h.name}) pre="hostname {h.name} && {mounts}"; cpus={cpus}; '
+                         f'link={h.link} ;;')
         script = "\n".join([
             "#!/bin/sh",
             f"# {MARK}: hydra runs this as it would run ssh: [options] host command...",
@@ -235,6 +236,11 @@ class EmulatedCluster:
             'case "$host" in', *cases,
             '  *) echo "emulated cluster: no host $host" >&2; exit 255 ;;',
             "esac",
+            # ssh needs the network: a host whose link is down does not answer (a probe,
+            # a launch), as a real one would not
+            'if [ "$(cat /sys/class/net/$link/operstate 2>/dev/null)" = down ]; then echo '
+            '"ssh: connect to host $host: Network is unreachable (emulated link $link down)"'
+            ' >&2; exit 255; fi',
             # The command arrives as words for a remote shell (hydra quotes the proxy's
             # path): the inner sh joins and re-parses them, as sshd's shell would.
             'ip netns exec "$host" unshare --uts --mount --propagation private -- '

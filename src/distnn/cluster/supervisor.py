@@ -243,10 +243,17 @@ class Supervisor:
                              f"the last checkpoint: --resume {self.checkpoint}")
                     return rc
                 reached = _read_progress(progress)
-                alive = [h for h in hosts if h not in lost and self.probe(h)]
+                # every host given is probed again: one dropped earlier that answers now
+                # (its power or link back) is taken again, in its place in --hosts
+                # (not with node-local checkpoints: its own copy may be older)
+                pool = hosts if _node_local(self.train_argv) else self.hosts
+                alive = [h for h in pool if h not in lost and self.probe(h)]
                 dropped = [h for h in hosts if h not in alive]
+                back = [h for h in alive if h not in hosts]
                 why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
                        else f"the job failed (exit {rc}), every host still answers")
+                if back:
+                    why += f"; host{'s' * (len(back) > 1)} {','.join(back)} back"
                 if rc == EXIT_STALL:
                     why = f"a rank hung (exit {EXIT_STALL}): " + why
                 if restarts >= self.max_restarts:
@@ -299,6 +306,19 @@ class Supervisor:
             redo = "redoing the steps after it"
         return True, f"resuming from {state.where()} (global step {step}) of " \
                      f"{self.checkpoint}", redo
+
+
+def _node_local(argv: Sequence[str]) -> bool:
+    """Whether the train command keeps a checkpoint per node (--every_rank_writes, or
+    PyDTNN's --shared_storage false)."""
+    words = [w.replace("-", "_").lstrip("_") for w in argv]
+    for i, w in enumerate(words):
+        value = words[i + 1].lower() if i + 1 < len(words) else ""
+        if w.startswith("every_rank_writes"):
+            return not (w.endswith("=false") or value in ("false", "0", "no"))
+        if w.startswith("shared_storage"):
+            return w.endswith("=false") or value in ("false", "0", "no")
+    return False
 
 
 def _read_progress(path: str) -> tuple[int, ...] | None:
