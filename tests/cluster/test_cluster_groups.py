@@ -10,7 +10,7 @@ from cluster_util import DISTNN, PREFIX, make_cluster, needs_cluster
 from distnn.cluster import total_sent
 from helpers import have_fashion_mnist
 
-pytestmark = [needs_cluster, pytest.mark.mpi, pytest.mark.slow,
+pytestmark = [needs_cluster, pytest.mark.mpi, pytest.mark.long,
               pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST")]
 
 MODEL = ("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"

@@ -16,7 +16,7 @@ MODEL = ("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
 
 
 @needs_mpi
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST on disk")
 def test_two_masters_learn_fashion_mnist_and_the_top_one_gets_fewer_messages(tmp_path):
     # 7 ranks: the top master, 2 sub-masters, 4 workers (2 per sub-master)

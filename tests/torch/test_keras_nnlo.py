@@ -101,7 +101,7 @@ def test_search_takes_its_space_from_parameter_range(folder):
 
 
 @needs_mpi
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST on disk")
 @pytest.mark.parametrize("mode", ["data", "easgd", "downpour", "gem"])
 def test_a_keras_model_file_reaches_85_percent_on_fashion_mnist(folder, mode):
