@@ -181,7 +181,7 @@ def test_save_load_roundtrip_and_mismatch(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         a.load_weights(tmp_path / "missing.npz")
     (tmp_path / "bad.npz").write_bytes(b"garbage")
-    with pytest.raises(ValueError, match="not a readable"):
+    with pytest.raises(ValueError, match="bad.npz' is truncated or corrupt"):
         a.load_weights(tmp_path / "bad.npz")
 
 

@@ -161,7 +161,8 @@ def test_distnn_model_file_with_a_named_callable(files):
     ("import no_such_module_xyz\n", "bad.py", "importing 'bad.py' failed: ModuleNotFoundError"),
     ("x = 1\n", "bad.py", "defines neither build_model() nor get_model()"),
     ("def build_model():\n    return [1]\n", "bad.py",
-     "build_model() returned a list; expected a distnn.nn.Sequential or a torch.nn.Module"),
+     "build_model() returned a list; expected a distnn.nn.Sequential, a torch.nn.Module or a "
+     "keras.Model"),
     ("def build_model():\n    return 1\n", "bad.py:other", "'bad.py' defines no 'other'"),
     ("", "missing.py", "file 'missing.py' does not exist"),
     ("import torch\ndef build_model():\n    return torch.nn.Linear(5, 2)\n", "bad.py",
