@@ -7,7 +7,7 @@ import pytest
 
 from datafiles import make_images, write_cifar, write_idx, write_mnist
 from distnn.data import ArrayDataset, DATASETS, DatasetError, load_dataset, read_idx
-from distnn.data import fetch
+from distnn.data import fetch, readers
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -84,6 +84,31 @@ def test_idx_truncated_gzip(tmp_path):
     folder = tmp_path / "mnist"
     write_mnist(folder, gz=True)
     path = folder / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DatasetError, match=r"idx3-ubyte.gz: cannot decompress"):
+        load_dataset("mnist", path=folder, download=False)
+
+
+def test_a_large_gzip_is_decompressed_once_and_a_changed_file_read_anew(no_default_places):
+    """Every rank of every run decompressed Fashion-MNIST again; a gzip of 1 MB and more is
+    decompressed once into ~/.cache/distnn/decompressed. The entry is the file's, not its
+    name's: a file rewritten in place is read anew, and a corrupt file still fails."""
+    folder = no_default_places / "mnist"
+    train = write_mnist(folder, n_train=1400, gz=True)["x_train"]
+    path = folder / "train-images-idx3-ubyte.gz"
+    assert path.stat().st_size >= readers.CACHE_MIN_BYTES
+    cache = no_default_places / "home" / ".cache" / "distnn" / "decompressed"
+    first = load_dataset("mnist", path=folder, download=False)
+    assert [p.name[:23] for p in cache.iterdir()] == ["train-images-idx3-ubyte"]
+    np.testing.assert_array_equal(np.rint(collect(first.train)[0][:, 0] * 255), train)
+    again = load_dataset("mnist", path=folder, download=False)
+    np.testing.assert_array_equal(collect(again.train)[0], collect(first.train)[0])
+
+    changed = 255 - train
+    write_idx(path, changed)
+    np.testing.assert_array_equal(
+        np.rint(collect(load_dataset("mnist", path=folder, download=False).train)[0][:, 0] * 255),
+        changed)
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(DatasetError, match=r"idx3-ubyte.gz: cannot decompress"):
         load_dataset("mnist", path=folder, download=False)
