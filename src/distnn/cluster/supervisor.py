@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -32,6 +33,9 @@ NO_RESTART = {2: "a user error (exit 2)", 3: "the loss diverged (exit 3)"}
 _LOST = re.compile(r"^\[([^\]\s]+)\] lost:")
 _RANK_HOST = re.compile(r"rank (\d+) \(host ([^)]+)\)")
 _TIMEOUT = re.compile(r"\] stall timeout: ranks? ([\d, ]+) did not arrive")
+# a rank's watcher (rankwatch.py) saw its rank end by a signal
+_DIED = re.compile(r"^distnn: rank (\d+) \(pid \d+, host ([^)]+)\) ended by (signal .*)$")
+_WATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankwatch.py")
 STALL_TIMEOUT = 600.0  # --stall_timeout the supervisor gives a run that sets none
 EXIT_STALL = 4
 
@@ -164,7 +168,8 @@ class Supervisor:
         argv += ["--progress_file", progress]
         hostlist = ",".join(f"{h}:{self.ranks_per_host}" for h in hosts)
         cmd = [self.mpiexec, *self.launcher_args, "-hosts", hostlist,
-               "-n", str(self.ranks_per_host * len(hosts)), self.distnn, "train", *argv]
+               "-n", str(self.ranks_per_host * len(hosts)), sys.executable, _WATCH, self.distnn,
+               "train", *argv]
         return self._run_job(cmd, self.env)
 
     def _run_job(self, cmd: list[str], env: dict) -> tuple[int, set[str]]:
@@ -172,6 +177,7 @@ class Supervisor:
         lost: set[str] = set()
         stalled: list[str] = []
         where: dict[int, str] = {}
+        self.dead: list[tuple[str, ...]] = []
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
 
@@ -182,6 +188,9 @@ class Supervisor:
                     lost.add(m.group(1))
                 for rank, host in _RANK_HOST.findall(line):
                     where[int(rank)] = host
+                m = _DIED.match(line)
+                if m and not self.dead:  # the first: the others are hydra's clean-up
+                    self.dead.append(m.groups())
                 m = _TIMEOUT.search(line)
                 if m and not stalled:  # the first (the lowest waiting rank's) verdict
                     stalled[:] = [where.get(int(r), "?") for r in m.group(1).split(",")]
@@ -196,6 +205,21 @@ class Supervisor:
         if rc == EXIT_STALL:
             lost.update(h for h in stalled if h != "?")
         return rc, lost
+
+    def _name_dead(self, ranks_file: str) -> None:
+        """One line naming the rank whose end (by a signal) ended the job, with its role
+        (the job's ``--progress_file``.ranks holds each rank's host, pid and role)."""
+        if not self.dead:
+            return
+        rank, host, how = self.dead[0]
+        role = ""
+        try:
+            with open(ranks_file) as f:
+                role = next((r[3] for r in json.load(f) if r[0] == int(rank)), "")
+        except (OSError, ValueError, TypeError, IndexError):
+            pass
+        self.say(f"lost rank {rank} (host {host}){', ' + role if role else ''}: ended by "
+                 f"{how}")
 
     def _reap(self) -> None:
         """Nothing of the job left running (its whole process group)."""
@@ -231,6 +255,8 @@ class Supervisor:
                          f"({','.join(hosts)}), {self.ranks_per_host * len(hosts)} ranks"
                          + (f", resuming {self.checkpoint}" if resume else ""))
                 rc, lost = self._launch(hosts, resume, progress, again=restarts > 0)
+                if rc and not self._stopping:
+                    self._name_dead(progress + ".ranks")
                 if self._stopping:
                     self.say("interrupted: the job was stopped, nothing is left running")
                     return 130

@@ -15,7 +15,7 @@ import numpy as np
 from ..distributed.coordination import Backoff, lazy_barrier, wait_all
 from .base import Rule
 from .groups import WorkerGroup, check_group_size, layout_of
-from .masters import MasterTree, check_masters
+from .masters import MasterTree, check_masters, role_of
 
 TAG_GRAD, TAG_DONE, TAG_REPLY, TAG_GOSSIP = 71, 72, 73, 74
 
@@ -112,6 +112,8 @@ class MasterWorker(Rule):
         return groups.leaders, groups.order
 
     # -- roles ---------------------------------------------------------------------------
+    role = role_of
+
     def is_master(self, trainer) -> bool:
         """The master, or with several masters any of them."""
         return trainer.comm.rank < self.first_worker

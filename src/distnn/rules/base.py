@@ -110,6 +110,11 @@ class Rule:
         if state:
             raise ValueError(f"rule {self.name!r} keeps no state, got keys {sorted(state)}")
 
+    def role(self, rank: int) -> str:
+        """What rank ``rank`` does in this rule, in words, once bound ('' where every rank
+        does the same): the line that names a lost rank (``distnn launch``) says it."""
+        return ""
+
     def stats(self) -> dict[str, float]:
         """Communication counters for the profile: messages, bytes, seconds waiting."""
         return {}

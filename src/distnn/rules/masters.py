@@ -18,7 +18,7 @@ import numpy as np
 
 from .base import RuleArgumentError
 
-__all__ = ["MasterTree", "check_masters"]
+__all__ = ["MasterTree", "check_masters", "role_of"]
 
 
 def check_masters(rule: str, masters, synchronous: bool) -> int:
@@ -30,6 +30,30 @@ def check_masters(rule: str, masters, synchronous: bool) -> int:
                                 f"workers; masters={masters} with synchronous=True is not "
                                 "built: drop one of them")
     return int(masters)
+
+
+def _ranks(ranks) -> str:
+    return ",".join(map(str, ranks))
+
+
+def role_of(rule, rank: int) -> str:
+    """This rank's (``rank``'s) role under a bound master/worker ``rule``
+    (``Rule.role``): the master, the top master, a sub-master and whom it serves, a worker
+    (in a group) and who serves it."""
+    tree, leaders, many = rule._tree, rule._leaders, rule.group_size > 1
+
+    def workers(ranks) -> str:
+        s = "s" * (len(ranks) > 1)
+        return (f"worker group{s} led by rank{s} " if many else f"worker{s} ") + _ranks(ranks)
+
+    if rank == 0:
+        return "top master" if tree is not None else f"master of {workers(leaders)}"
+    if tree is not None and rank in tree.clients:
+        return (f"sub-master of {workers(tree.clients[rank])} (master group {rank - 1} of "
+                f"{len(tree.clients)})")
+    group = rule._group.groups.mine if rule._group is not None else (rank,)
+    served = "" if tree is None else f", served by sub-master {tree.master_of(group[0])}"
+    return (f"worker in group {_ranks(group)}" if many else "worker") + served
 
 
 class MasterTree:

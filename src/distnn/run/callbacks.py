@@ -113,8 +113,8 @@ SCHEDULERS: dict[str, Callable] = {
 def build_callbacks(cfg: RunConfig, size: int) -> list:
     """The callbacks of ``cfg.sched`` (in ``lr_schedulers`` order, then early_stopping and
     target_metric specs) and the checkpoint of ``cfg.train``."""
-    from ..training.callbacks import (ProgressFile, TrainingCheckpoint, parse_early_stopping,
-                                      parse_target_metric)
+    from ..training.callbacks import (ProgressFile, RankRoles, TrainingCheckpoint,
+                                      parse_early_stopping, parse_target_metric)
     s = cfg.sched
     ctx = {"size": size, "scaled": cfg.optim.learning_rate_scaling}
     names = list(dict.fromkeys(s.lr_schedulers))
@@ -142,4 +142,5 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
                                             per_node=cfg.train.every_rank_writes))
     if cfg.train.progress_file:
         callbacks.append(ProgressFile(cfg.train.progress_file))
+        callbacks.append(RankRoles(cfg.train.progress_file + ".ranks"))
     return callbacks

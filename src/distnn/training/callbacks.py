@@ -29,7 +29,7 @@ from .stopping import (EarlyStopping, ModelCheckpoint, ProgressFile, TargetMetri
 __all__ = [
     "Callback", "WarmUp", "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs",
     "ModelCheckpoint", "TargetMetric", "ProgressFile", "TrainingCheckpoint", "ValidateEvery",
-    "CALLBACKS",
+    "RankRoles", "CALLBACKS",
     "parse_early_stopping", "parse_target_metric", "resolve_key", "metric_mode",
 ]
 
@@ -171,6 +171,36 @@ class ValidateEvery(Callback):
         self.records.append({"step": step + 1, **result})
         text = " ".join(f"{k}={v:.4f}" for k, v in result.items())
         trainer.print(f"Validation after {step + 1} updates: {text}", force=True)
+
+
+class RankRoles(Callback):
+    """Rank 0 writes ``path``: a JSON list of ``[rank, host, pid, role]``, one per rank
+    (``Rule.role``), so that a supervisor that sees a process die (mpiexec names its pid
+    and host) can say which rank it was and what it did (``distnn launch``: "rank 2,
+    sub-master of workers 4,5 ..."). Collective (every rank gives its own).
+
+    Args:
+        path: the file (replaced atomically at the start of training).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_begin(self, trainer):
+        import json
+        import os
+        import socket
+
+        from ..fileio import atomic_open
+        mine = [trainer.comm.rank, socket.gethostname(), os.getpid(),
+                trainer.rule.role(trainer.comm.rank)]
+        ranks = trainer.comm.allgather_obj(mine)
+        if trainer.comm.rank == 0:
+            try:
+                with atomic_open(self.path, "w") as f:
+                    json.dump(ranks, f)
+            except OSError:
+                pass  # only a lost rank's description is missing then
 
 
 CALLBACKS: dict[str, type[Callback]] = {

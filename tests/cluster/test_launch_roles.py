@@ -1,0 +1,88 @@
+"""A rank killed under ``distnn launch`` is named with its role: the rank's watcher
+(cluster/rankwatch.py) says which rank ended by which signal before hydra kills the others,
+and the job's ranks file (beside its progress file) says what that rank did. Runs on this
+machine (a launcher program that runs the command in place of ssh), no emulated cluster."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from helpers import MPIEXEC, child_env, needs_mpi
+
+
+pytestmark = needs_mpi
+
+MODEL = ("from distnn.nn import Dense, Flatten, Sequential\n\n\n"
+         "def get_model():\n"
+         "    return Sequential([Flatten(), Dense(3)])\n")
+# hydra runs this as it would run ssh ([options] host command...); a probe too
+LAUNCHER = ('#!/bin/sh\nwhile [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; '
+            'done\nshift\nexec sh -c "$*"\n')
+
+
+def pids_of_rank(rank: int, mark: str) -> list[int]:
+    """Pids of the ``distnn train`` processes of MPI rank ``rank`` (not their watchers)
+    whose environment holds ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                watcher = b"rankwatch.py" in f.read()
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and mark.encode() in env and not watcher:
+            found.append(int(pid))
+    return found
+
+
+def test_a_killed_sub_master_is_named_with_its_role(tmp_path):
+    (tmp_path / "mlp.py").write_text(MODEL)
+    (tmp_path / "ssh").write_text(LAUNCHER)
+    os.chmod(tmp_path / "ssh", 0o755)
+    ck = tmp_path / "ck.npz"
+    mark = f"DISTNN_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    # 5 ranks, NNLO's spellings: top master 0, sub-masters 1 and 2, workers 3 and 4
+    train = ["--model", "mlp.py", "--dataset", "synthetic", "--input_shape", "1,4,4",
+             "--num_classes", "3", "--num_samples", "200", "--batch_size", "4",
+             "--num_epochs", "1000", "--mode", "downpour", "--n-masters", "2",
+             "--validation_split", "0", "--evaluate", "false", "--checkpoint", str(ck),
+             "--quiet"]
+    env = child_env(**dict([mark.split("=", 1)]))
+    env["PATH"] = os.path.dirname(MPIEXEC) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(MPIEXEC), "distnn"), "launch", "--hosts", "localhost",
+         "--ranks_per_host", "5", "--max_restarts", "0", "--mpiexec", MPIEXEC,
+         "--launcher_args", f"-launcher ssh -launcher-exec {tmp_path / 'ssh'}", "--", "train",
+         *train], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        if not ck.exists():
+            proc.kill()
+            raise AssertionError("no checkpoint was written: " + "".join(proc.communicate()))
+        pids = pids_of_rank(2, mark)
+        assert pids, "sub-master rank 2 not found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = out + err
+    assert proc.returncode == 9, text[-3000:]
+    lines = [ln for ln in err.splitlines() if "lost rank" in ln]
+    assert lines == [f"distnn launch: lost rank 2 (host {socket.gethostname()}), sub-master "
+                     "of worker 4 (master group 1 of 2): ended by signal 9 (Killed)"], \
+        text[-3000:]
+    assert "the restart budget (--max_restarts 0) is spent" in err, text[-3000:]
