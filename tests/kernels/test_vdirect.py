@@ -133,6 +133,33 @@ def test_threads_give_the_same_results(anywhere, threads, n, c, f, h):
         np.testing.assert_array_equal(g, a)
 
 
+@pytest.mark.parametrize("f", [16, 32, 48, 64])
+@pytest.mark.parametrize("k,stride,dil", [((3, 3), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)),
+                                          ((1, 3), (1, 1), (1, 2)), ((3, 3), (1, 1), (2, 1))])
+def test_dw_with_filters_in_the_lanes(anywhere, monkeypatch, f, k, stride, dil):
+    """Filters a multiple of 16 and kernel rows of 3 taps take ``weight_grad_t``: it gives
+    the float64 loops' dw and db, and the other dw kernel's to float32 rounding."""
+    from distnn.kernels import _vdirect
+    assert _vdirect.lanes_apply(f, k[1])
+    rng = np.random.default_rng(f)
+    x = rng.standard_normal((3, 16, 13, 12))
+    w = rng.standard_normal((f, 16) + k) / np.sqrt(16 * k[0] * k[1])
+    b = rng.standard_normal(f)
+    pads = (1, 0, 2, 1)
+    y_ref = ref_conv(x, w, b, stride, pads, dil)
+    dy = rng.standard_normal(y_ref.shape)
+    refs = ref_conv(x, w, b, stride, pads, dil, dy)[1:]
+    args = [a.astype(np.float32) for a in (x, w, b)] + [stride, pads, dil,
+                                                        dy.astype(np.float32)]
+    got = run(*args)
+    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
+        assert _rel(g, r) < 2e-6, name
+    monkeypatch.setattr(_vdirect, "lanes_apply", lambda f, kw: False)
+    other = run(*args)
+    for g, o in zip(got[2:], other[2:]):
+        assert _rel(g, o) < 1e-6
+
+
 def test_no_dx_for_first_layers(anywhere):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)

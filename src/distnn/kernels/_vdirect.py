@@ -12,6 +12,11 @@ between output rows are computed and dropped (2 of 34 on a 32x32 'same' plane).
 dw is the sum over positions of dy (as flat rows of Wp, zeros between rows) times the
 shifted input rows: ``_vgemm._tile_nt`` 4 x 4 tiles of 16-lane partial sums per tap, summed
 per sample into float64 (so the result does not depend on how the batch is split).
+With filters a multiple of 16, dw instead keeps the filters in the vector lanes
+(``weight_grad_t``): dy of a sample transposed to (positions, F), and a tile of 24 (or 12)
+(channel, tap) rows x 16 (or 32) filters stays in registers over all positions of the
+sample: per position one or two vector loads of dy and 24 broadcasts of the input, no
+horizontal sums, no long rows in L1. Each sample's float32 sums go to float64 as above.
 dx is the forward kernel over dy padded for a full correlation with the flipped weights.
 
 The input buffers carry SLACK zeros past their last plane: a tile reads up to 31
@@ -21,12 +26,14 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_runtime import _U
-from ._vgemm import _accumulators, _broadcast_step, _data, _store_tile, _tile_nt
+from ._vgemm import (_I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
+                     _store_tile, _tile_nt, _vptr)
 
 _jit = nb.njit(cache=True, nogil=True)
 # reassoc: the row sums of db vectorize
@@ -174,3 +181,102 @@ def weight_grad(xpf, c_, cs, wp, dy, n0, n1, offs, dyw, dw64, db64):
                 for i in range(4):
                     for j in range(4):
                         dw64[f0 + i, (c0 + j) * ntaps + t] += s[i * 4 + j]
+
+
+DW1, DW2 = 4, 2  # input rows of a dw tile, 16 and 32 filters
+
+
+def _make_tile_dw(npr: int, ncol: int, nj: int):
+    """The intrinsic c[co + ((p*ncol + q)*nj + j)*16 + l] = sum over k < nk of
+    a[ao + k*aks + 16*j + l] * b[bo + roffs[ro + p] + cols[q] + k], p < npr, q < ncol,
+    j < nj, l < 16 (the column offsets are read at run time: LLVM, seeing constants, would
+    keep inputs across positions in registers and broadcast them there, on the FMAs' port)."""
+    @intrinsic
+    def tile(typingctx, a, ao, aks, b, bo, roffs, ro, cols, nk, c, co):
+        sig = types.void(a, ao, aks, b, bo, roffs, ro, cols, nk, c, co)
+
+        def codegen(context, builder, sig, args):
+            _, ao_, aks_, _, bo_, _, ro_, _, nk_, _, co_ = args
+            ap, bp, rp, qp, cp = (_data(context, builder, sig, args, i)
+                                  for i in (0, 3, 5, 7, 9))
+            qs = [builder.load(builder.gep(qp, [ir.Constant(_I64, q)])) for q in range(ncol)]
+            ptrs = [builder.gep(bp, [builder.add(builder.add(bo_, builder.load(builder.gep(
+                rp, [builder.add(ro_, ir.Constant(_I64, r))]))), q)])
+                for r in range(npr) for q in qs]
+            acc = _accumulators(builder, npr * ncol, nj)
+            with cgutils.for_range(builder, nk_) as loop:
+                k = loop.index
+                ak = builder.add(ao_, builder.mul(k, aks_))
+                av = [builder.load(_vptr(builder, ap, builder.add(ak, ir.Constant(_I64, 16 * j))),
+                                   align=4) for j in range(nj)]
+                bv = [_splat(builder, builder.load(builder.gep(ptr, [k]))) for ptr in ptrs]
+                _outer_fma(builder, acc, bv, av)
+            for r in range(npr * ncol):
+                for j in range(nj):
+                    builder.store(builder.load(acc[r][j]), _vptr(builder, cp, builder.add(
+                        co_, ir.Constant(_I64, (r * nj + j) * 16))), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile_dw1 = _make_tile_dw(DW1, 3, 1)  # input rows x 3 taps x 16 filters
+_tile_dw2 = _make_tile_dw(DW2, 3, 2)  # input rows x 3 taps x 32 filters
+DW_ROWS = 24  # input rows are padded to a multiple of this
+
+
+def lanes_apply(f: int, kw: int) -> bool:
+    """Whether ``weight_grad_t`` takes dw: F a multiple of 16, kernel rows of 3 taps."""
+    return f % 16 == 0 and kw == 3
+
+
+def row_offsets(c_: int, cs: int, rows: np.ndarray) -> np.ndarray:
+    """The offset of every (channel, kernel row) input row of dw in a sample's planes
+    (``rows``: each kernel row's), padded to a multiple of DW_ROWS with the last one (read,
+    never kept)."""
+    r = (np.arange(c_)[:, None] * cs + rows[None, :]).ravel().astype(np.int64)
+    return np.concatenate([r, np.full(-len(r) % DW_ROWS, r[-1], np.int64)])
+
+
+@_jit_sums
+def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dw64, db64):
+    """``weight_grad`` where ``lanes_apply``, filters in the vector lanes: dyt (F*L) and
+    s (3*DW_ROWS*16) work; roffs from ``row_offsets``, cols: the 3 taps' offsets in a
+    kernel row."""
+    _, f_, oh, ow = dy.shape
+    ll = (oh - 1) * wp + ow
+    nrow = dw64.shape[1]
+    plane = oh * ow
+    df = dy.ravel()
+    for n in range(n0, n1):
+        src = n * f_ * plane
+        for f in range(f_):
+            row = np.float32(0)
+            for k in range(plane):
+                row += df[_U(src + f * plane + k)]
+            db64[f] += row
+        for p in range(oh):
+            for q0 in range(0, ow, 16):  # 16 positions x F: reads of whole lines
+                q1 = min(ow, q0 + 16)
+                for f in range(f_):
+                    sp = src + f * plane + p * ow
+                    for q in range(q0, q1):
+                        dyt[_U((p * wp + q) * f_ + f)] = df[_U(sp + q)]
+            if p < oh - 1:
+                for k in range((p * wp + ow) * f_, (p + 1) * wp * f_):
+                    dyt[_U(k)] = 0
+        base = (n - n0) * c_ * cs
+        if f_ % 32 == 0:
+            for f0 in range(0, f_, 32):
+                for r0 in range(0, roffs.shape[0], DW2):
+                    _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
+                    for r in range(min(3 * DW2, nrow - 3 * r0)):
+                        for j in range(32):
+                            dw64[f0 + j, 3 * r0 + r] += s[r * 32 + j]
+        else:
+            for f0 in range(0, f_, 16):
+                for r0 in range(0, roffs.shape[0], DW1):
+                    _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
+                    for r in range(min(3 * DW1, nrow - 3 * r0)):
+                        for j in range(16):
+                            dw64[f0 + j, 3 * r0 + r] += s[r * 16 + j]

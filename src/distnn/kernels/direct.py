@@ -241,8 +241,17 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
         lx = max(v.tiles_of(ph, pw, wq) for _, _, ph, pw, _, _, _ in parts)
         nobias = np.zeros(g.c, dy.dtype)
 
+    lanes = v.lanes_apply(f, g.kw)
+    if lanes:  # tap (i, j) at offs[i*kw + j] = offs[i*kw] + offs[j]
+        roffs = v.row_offsets(g.c, lay.cs, lay.offs[::g.kw])
+        cols = np.ascontiguousarray(lay.offs[:g.kw])
+
     def body(indices, serial):
-        dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
+        if lanes:
+            dyt = scratch("vdirect_dyt", (f * l16,), dy.dtype)
+            s = scratch("vdirect_dws", (3 * v.DW_ROWS * 16,), dy.dtype)
+        else:
+            dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
         xpf = scratch("vdirect_xp", (k * g.c * lay.cs + v.SLACK,), dy.dtype)
         if need_dx:
             dypf = scratch("vdirect_dyp", (k * f * hq * wq + v.SLACK,), dy.dtype)
@@ -252,9 +261,13 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
         for i in indices:
             n0, n1 = blocks[i]
             lay.pad(x, n0, n1, xpf)
-            for m0 in range(n0, n1, nb):
-                v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy, m0,
-                              min(n1, m0 + nb), lay.offs, dyw, dw64, db64)
+            if lanes:
+                v.weight_grad_t(xpf, g.c, lay.cs, lay.rows, dy, n0, n1, roffs, cols, dyt, s,
+                                dw64, db64)
+            else:
+                for m0 in range(n0, n1, nb):
+                    v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy,
+                                  m0, min(n1, m0 + nb), lay.offs, dyw, dw64, db64)
             if need_dx:
                 _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
