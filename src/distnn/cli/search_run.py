@@ -179,6 +179,33 @@ def _header(cfg: SearchConfig, size: int, study) -> str:
     return "\n".join(lines)
 
 
+def _check_block_topology(cfg: SearchConfig) -> None:
+    """A trial's block of ranks runs the rule as ``mpiexec -n BLOCK distnn train`` would:
+    a block too small for the masters and worker groups asked for (NNLO's --n-masters,
+    --n-processes), or whose workers make no whole groups, is refused before any trial."""
+    from types import SimpleNamespace
+
+    from ..run.rule import build_rule
+    b, p = cfg.settings.block_size, cfg.base.parallel
+    if p.group_size == 1 and p.masters == 1:
+        return
+    rule = build_rule(cfg.base, SimpleNamespace(size=1 << 20))
+    first = getattr(rule, "first_worker", 0)
+    if getattr(rule, "group_size", 1) == 1 and getattr(rule, "masters", 1) == 1:
+        return  # --parallel data: groups change nothing (a note says so)
+    what = (f"--parallel {p.parallel} with --masters {p.masters} (--n-masters) and "
+            f"--group_size {p.group_size} (--n-processes)")
+    fits = [n for n in range(rule.min_ranks, rule.min_ranks + 4 * p.group_size)
+            if (n - first) % p.group_size == 0][:3]
+    if b < rule.min_ranks or (b - first) % p.group_size:
+        need = (f"at least {rule.min_ranks} ranks" if b < rule.min_ranks else
+                f"{first} master rank{'s' * (first != 1)} + a multiple of {p.group_size} "
+                "worker ranks")
+        raise RunError(f"--block_size {b}: each trial runs on one block of {b} ranks, and "
+                       f"{what} needs {need} there; give --block_size "
+                       f"{' or '.join(map(str, fits))} (and mpiexec -n 1 + a multiple of it)")
+
+
 def run_search_command(cfg: SearchConfig, comm) -> int:
     """``distnn search`` on every rank of ``comm``."""
     from ..search import LayoutError, block_count, run_search
@@ -186,6 +213,7 @@ def run_search_command(cfg: SearchConfig, comm) -> int:
         block_count(comm.size, cfg.settings.block_size)
     except LayoutError as exc:
         raise RunError(str(exc)) from None
+    _check_block_topology(cfg)
     started = time.time()
     study = agreed(comm, "--checkpoint", lambda: _prepare_study(cfg), root=0, lazy=True)
     if comm.rank == 0 and not cfg.base.output.quiet:
