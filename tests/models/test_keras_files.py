@@ -256,3 +256,30 @@ def test_keras_imported_on_another_backend_is_one_line(monkeypatch):
     with pytest.raises(KerasFileError, match="Keras was imported with its 'jax' backend "
                                              "before distnn could select 'torch'"):
         select_backend()
+
+
+def test_a_missing_scikit_optimize_is_one_line_on_every_rank_of_a_search(tmp_path):
+    from helpers import COMMAND, MPIEXEC, child_env
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+    fake = tmp_path / "fake" / "skopt"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'skopt'\", name='skopt')\n")
+    # NNLO's way: the file imports scikit-optimize for its parameter_range
+    (tmp_path / "net.py").write_text(
+        "from skopt.space import Integer\n\nfrom distnn.nn import Dense, Flatten, Sequential\n"
+        "\n\ndef get_model(units=4):\n    return Sequential([Flatten(), Dense(units), "
+        "Dense(3)])\n\n\nget_model.parameter_range = [Integer(2, 6, name='units')]\n")
+    env = child_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'fake'}:{env.get('PYTHONPATH', '')}"
+    # a data set path that does not exist: reading data would be another error
+    proc = subprocess.run([MPIEXEC, "-n", "2", *COMMAND, "search", "--model", "net.py",
+                           "--dataset", "mnist", "--dataset_path", "nowhere", "--block_size",
+                           "1", "--num_iterations", "1", "--quiet"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 2, proc.stderr
+    assert all("scikit-optimize is not installed" in line
+               and "pip install 'distnn[keras]'" in line for line in lines), proc.stderr
