@@ -1,6 +1,7 @@
 """distnn launch with several masters (NNLO's --n-masters) on the emulated cluster: a
-killed sub-master ends the job on every rank and the supervisor restarts the run from its
-last checkpoint like any lost rank, on the same hosts (which still answer)."""
+killed sub-master ends the job on every rank, the supervisor names it with its role and
+restarts the run from its last checkpoint like any lost rank, on the same hosts (which
+still answer)."""
 from __future__ import annotations
 
 import os
@@ -21,16 +22,19 @@ MODEL = ("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
 
 
 def rank_pids(cluster, rank: int) -> list[int]:
-    """The pids of the processes of MPI rank ``rank`` (hydra's PMI_RANK) on the cluster."""
+    """The pids of the ``distnn train`` processes of MPI rank ``rank`` (hydra's PMI_RANK) on
+    the cluster, not their watchers (cluster/rankwatch.py)."""
     found = []
     for host in cluster.hosts:
         for pid in cluster.pids(host.name):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    watcher = b"rankwatch.py" in f.read()
             except OSError:
                 continue
-            if f"PMI_RANK={rank}".encode() in env:
+            if f"PMI_RANK={rank}".encode() in env and not watcher:
                 found.append(pid)
     return found
 
@@ -65,6 +69,10 @@ def test_a_killed_sub_master_is_restarted_from_the_last_checkpoint(tmp_path):
                 proc.communicate()
     text = out + err
     assert proc.returncode == 0, text[-3000:]
+    assert "distnn launch: lost rank 1 (host " in text and ("), sub-master of workers 3,4 "
+                                                           "(master group 0 of 2): ended by "
+                                                           "signal 9 (Killed)") in text, \
+        text[-3000:]
     assert "restart 1/2: the job failed" in text and "every host still answers" in text, \
         text[-3000:]
     assert "finished on 2 hosts after 1 restart" in text, text[-3000:]
