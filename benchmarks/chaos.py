@@ -249,7 +249,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint_steps", type=int, default=20)
     p.add_argument("--stall_timeout", type=float, default=20)
     p.add_argument("--max_restarts", type=int, default=60)
-    p.add_argument("--disk_mb", type=int, default=16)
+    p.add_argument("--disk_mb", type=int, default=64,
+                   help="the checkpoint tmpfs: room for 3 checkpoints (newest, previous, "
+                        "the one being written)")
     p.add_argument("--json", default=None)
     p.add_argument("--table", default=None, metavar="JSON",
                    help="print the table of a saved run and exit")

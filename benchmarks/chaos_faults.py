@@ -25,10 +25,10 @@ KINDS = {
     "link_down_60s": "ip link set down for 60 s",
     "throttle": "link at 10 Mbit/s (tc tbf) for 60 s",
     "disk_full": "checkpoint storage (tmpfs) full for 30 s",
-    "corrupt_ck": "checkpoint truncated, then a rank killed",
+    "corrupt_ck": "newest checkpoint truncated, then a rank killed",
     "host_back": "a dropped host comes back (taken at the next restart)",
 }
-GOES_ON = {"stop_short", "link_down_5s", "throttle"}
+GOES_ON = {"stop_short", "link_down_5s", "throttle", "disk_full"}
 
 
 @dataclass
@@ -118,8 +118,8 @@ def inject(ctx, f: Fault) -> None:
         f.host = rank0
         end = time.monotonic() + 120
         while time.monotonic() < end and not ctx.stopping:
-            tmp = [n for n in os.listdir(ctx.ck_dir) if n != os.path.basename(ctx.ck)
-                   and not n.startswith("filler")]
+            tmp = [n for n in os.listdir(ctx.ck_dir)
+                   if n.startswith(".") and n.endswith(".part")]
             if tmp and _rank_pids(ctx, rank0):
                 break
             time.sleep(0.005)

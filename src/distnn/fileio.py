@@ -79,10 +79,13 @@ def _remove_stale_parts(folder: str, base: str) -> None:
 
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", *, fsync: bool = False,
-                newline: str | None = None) -> Iterator[IO]:
+                newline: str | None = None,
+                before_replace: Callable[[], None] | None = None) -> Iterator[IO]:
     """Open a temporary file in ``path``'s folder (created if missing); when the block ends
     without an exception it is flushed (and fsync'ed if asked) and renamed over ``path``
     with ``os.replace``; on an exception it is removed and the exception propagates.
+    ``before_replace()`` runs once the new file is whole, just before the rename (a
+    checkpoint keeps the file it replaces as its previous copy there).
 
     Example:
         with atomic_open("weights.npz") as f:
@@ -106,6 +109,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, fsync: bool = Fals
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

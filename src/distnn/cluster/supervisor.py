@@ -4,8 +4,10 @@ still answer, drops the others, and relaunches on the rest with ``--resume`` of 
 checkpoint, until the run finishes or it runs out of restarts or hosts (``distnn launch``).
 
 It never restarts what a restart cannot fix: exit status 2 (a user error), 3 (a diverged
-loss) or a checkpoint that will not load. Each restart is one line on stderr: the host
-lost, where it resumes (epoch/step), how many samples are redone. SIGINT/SIGTERM stop the
+loss) or a checkpoint that will not load (neither the newest nor the previous one kept
+beside it, ``ck.prev.npz``; a newest that will not load is named and the previous one
+used). Each restart is one line on stderr: the host lost, where it resumes (epoch/step),
+how many samples are redone. SIGINT/SIGTERM stop the
 job (its whole process group) and the supervisor, leaving nothing running.
 
 Example:
@@ -243,7 +245,7 @@ class Supervisor:
     def run(self) -> int:
         """Launch, restart as needed; returns the exit status (the job's, or 1 when the
         restarts or hosts ran out, 130 when interrupted)."""
-        from ..training.checkpoint import load_checkpoint
+        from ..training.checkpoint import load_latest as load_checkpoint
         previous = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         hosts, restarts = list(self.hosts), 0
         resume = _option(self.train_argv, "resume") is not None
@@ -270,10 +272,10 @@ class Supervisor:
                     return rc
                 reached = _read_progress(progress)
                 # every host given is probed again: one dropped earlier that answers now
-                # (its power or link back) is taken again, in its place in --hosts
-                # (not with node-local checkpoints: its own copy may be older)
-                pool = hosts if _node_local(self.train_argv) else self.hosts
-                alive = [h for h in pool if h not in lost and self.probe(h)]
+                # (its power or link back) is taken again, in its place in --hosts (with
+                # node-local checkpoints its copy may be older: the ranks agree on the
+                # newest, run/resume.py)
+                alive = [h for h in self.hosts if h not in lost and self.probe(h)]
                 dropped = [h for h in hosts if h not in alive]
                 back = [h for h in alive if h not in hosts]
                 why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
@@ -312,16 +314,21 @@ class Supervisor:
             state = load(self.checkpoint)
         except (OSError, ValueError):
             return f"none ({self.checkpoint} missing or unreadable)"
-        return f"{self.checkpoint} ({state.where()}, global step {state.meta['global_step']})"
+        return f"{state.path} ({state.where()}, global step {state.meta['global_step']})"
 
     def _resume_point(self, load, reached):
         """(resume?, 'resuming from ...', 'redoing N samples') or (None, reason, '')."""
-        if not os.path.exists(self.checkpoint):
+        from ..training.checkpoint import previous_path
+        if not os.path.exists(self.checkpoint) and not os.path.exists(
+                previous_path(self.checkpoint)):
             done = f"{reached[0] * reached[3]} samples" if reached else "what was done"
             return False, "no checkpoint yet: starting over", f"redoing {done}"
         try:
             state = load(self.checkpoint)
         except (OSError, ValueError) as exc:
+            if _node_local(self.train_argv):  # the ranks take the newest copy any loads
+                return True, f"this host's copy will not load ({exc}); resuming from the " \
+                             "newest node-local copy a rank loads", "redoing the steps after it"
             return None, f"the checkpoint will not load: {exc}", ""
         step = int(state.meta["global_step"])
         gbs = int(state.meta.get("global_batch_size") or 0)
@@ -330,8 +337,10 @@ class Supervisor:
             redo = f"redoing {n} step{'s' * (n != 1)} ({n * gbs} samples)"
         else:
             redo = "redoing the steps after it"
-        return True, f"resuming from {state.where()} (global step {step}) of " \
-                     f"{self.checkpoint}", redo
+        where = f"resuming from {state.where()} (global step {step}) of {state.path}"
+        if state.bad_newest is not None:
+            where = f"{self.checkpoint} {state.bad_newest}: {where}, the previous one"
+        return True, where, redo
 
 
 def _node_local(argv: Sequence[str]) -> bool:

@@ -296,8 +296,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     # Cheap checks first: a bad path or file ends the run before any data is read.
     state = None
     if training and t.resume:
-        from ..training.checkpoint import load_checkpoint
-        state = agreed(comm, "--resume", lambda: load_checkpoint(t.resume))
+        from .resume import load_resume
+        state = load_resume(comm, t.resume, t.every_rank_writes)
     if cfg.command == PRED and not cfg.predict.output.lower().endswith((".npy", ".npz",
                                                                           ".csv")):
         raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "

@@ -13,9 +13,11 @@ A checkpoint is an ``.npz`` file holding:
 ``save_checkpoint`` is collective (every rank calls it; RNG states are gathered) and only
 rank 0 writes, through a temporary file in the target folder and ``os.replace``, so a
 crash (even SIGKILL) never leaves a half-written checkpoint and the previous one stays
-intact; a write error is raised on every rank. The metadata also records the number of
-ranks, the global batch size and the ``run`` settings of the command that wrote it, so a
-resume can keep the global batch and compare its settings.
+intact; a write error is raised on every rank. The file it replaces is kept, whole, as
+the previous checkpoint (``ck.npz`` -> ``ck.prev.npz``, ``previous_path``), and
+``load_latest`` falls back to it when the newest will not load. The metadata also
+records the number of ranks, the global batch size and the ``run`` settings of the
+command that wrote it, so a resume can keep the global batch and compare its settings.
 ``load_checkpoint(path).restore(trainer)`` puts everything back, so that training 2 epochs
 equals training 1 epoch, saving, and resuming for 1 more (bit-identical weights).
 """
@@ -31,9 +33,11 @@ import numpy as np
 from ..distributed.coordination import on_ranks
 from ..fileio import WriteError, atomic_open, guarded_write, npz_kind, read_npz
 from .checkpoint_check import meta_problem
+from . import checkpoint_files
+from .checkpoint_files import keep_previous, previous_path
 
-__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "CheckpointError", "pack",
-           "unpack"]
+__all__ = ["save_checkpoint", "load_checkpoint", "load_latest", "previous_path", "Checkpoint",
+           "CheckpointError", "pack", "unpack"]
 
 # callbacks that keep no state: a resume may add or drop them
 STATELESS = ("TrainingCheckpoint", "ProgressFile")
@@ -101,7 +105,7 @@ def _base_optimizer(optimizer):
 
 def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None = None,
                     run: dict[str, Any] | None = None, epoch_step: int = 0,
-                    per_node: bool = False) -> None:
+                    per_node: bool = False, keep_previous: bool = True) -> None:
     """Write the trainer's full state to ``path`` (collective; rank 0 writes atomically,
     or with ``per_node`` the first rank of every node, for node-local disks).
 
@@ -113,6 +117,9 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
             here, so a resume can compare them); kept as ``meta["run"]``.
         epoch_step: batches done of epoch ``epochs_done`` (0: at an epoch's end); a
             mid-epoch checkpoint also keeps the epoch's metric sums over all ranks.
+        keep_previous: the file it replaces becomes ``previous_path(path)``; False (the
+            first write of a run that did not resume): a previous file there, of another
+            run, is removed instead.
 
     Raises:
         fileio.WriteError (an OSError), on every rank, when rank 0 could not write the file;
@@ -135,8 +142,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
         position = (int(epoch_step), sums)
 
     def write():
-        guarded_write(path, lambda: _write(path, trainer, all_rng, done, run, position),
-                      "checkpoint")
+        guarded_write(path, lambda: _write(path, trainer, all_rng, done, run, position,
+                                           keep_previous), "checkpoint")
 
     if per_node and comm.size > 1:
         # every node keeps its own copy: a resume reads the file on its own node
@@ -145,7 +152,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
         on_ranks(comm, write, root=0, catch=WriteError)
 
 
-def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=None) -> None:
+def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=None,
+           keep: bool = True) -> None:
     arrays: dict[str, np.ndarray] = {}
     if position is not None:
         arrays["epoch_sums"] = position[1]
@@ -170,7 +178,10 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=No
         "run": dict(run or {}),
     }
     arrays["__meta__"] = np.array(json.dumps(meta))
-    with atomic_open(path, fsync=True) as f:
+    if not keep and os.path.lexists(previous_path(path)):
+        os.unlink(previous_path(path))
+    with atomic_open(path, fsync=True,
+                     before_replace=(lambda: keep_previous(path)) if keep else None) as f:
         np.savez(f, **arrays)
 
 
@@ -201,6 +212,23 @@ class Checkpoint:
     path: str
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray] = field(repr=False)
+    bad_newest: str | None = None  # load_latest: why the newest file would not load
+
+    @property
+    def global_step(self) -> int:
+        return int(self.meta["global_step"])
+
+    def describe(self) -> str:
+        """"'ck.npz' (epoch 3 step 40, global step 140)"."""
+        return f"{self.path!r} ({self.where()}, global step {self.global_step})"
+
+    def fallback_note(self, newest: str) -> str | None:
+        """One line when this is the previous checkpoint because ``newest`` would not load."""
+        if self.bad_newest is None:
+            return None
+        return (f"checkpoint {newest!r} {self.bad_newest}; using the previous one, "
+                f"{self.describe()}: the steps after global step {self.global_step} are "
+                "redone")
 
     @property
     def epochs_done(self) -> int:
@@ -351,3 +379,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               "run wrote with --checkpoint")
     return Checkpoint(path, meta, arrays)
 
+
+
+
+def load_latest(path: str | os.PathLike) -> Checkpoint:
+    """``load_checkpoint(path)``, or the previous checkpoint kept beside it (``ck.prev.npz``)
+    when that one is missing, truncated or corrupt; ``Checkpoint.bad_newest`` says why."""
+    return checkpoint_files.load_latest(path, load_checkpoint)

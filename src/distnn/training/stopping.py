@@ -5,6 +5,7 @@ syntax for the first two (``parse_early_stopping``, ``parse_target_metric``).
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -222,9 +223,18 @@ class TrainingCheckpoint(Callback):
     with ``steps``, every ``steps`` training steps) so the run can continue with
     ``Trainer.fit(resume=path)`` / ``distnn train --resume``.
 
-    Collective: every rank takes part (RNG states are gathered), rank 0 writes atomically.
+    Collective: every rank takes part (RNG states are gathered), rank 0 writes atomically,
+    keeping the file it replaces as the previous checkpoint (``ck.prev.npz``).
     A step checkpoint records the position in the epoch (batches done, partial metric
     sums); a resume skips those batches of the same shuffle, so it redoes at most ``steps``.
+
+    A write that fails (a full disk, a quota, an I/O error) leaves no partial file and the
+    previous checkpoints intact; every rank learns it (the error is agreed) and training
+    goes on: rank 0 prints one warning line naming the file, the error, what to do and the
+    last good checkpoint, and the next checkpoint tries again (a warning each time it
+    fails). The last save of a run (after its last epoch, or when it stops early) is
+    never given up silently: its failure raises ``WriteError`` on every rank, naming the
+    last good checkpoint (``distnn train``: exit 2).
 
     Args:
         path: the checkpoint file (replaced atomically at every save).
@@ -246,6 +256,16 @@ class TrainingCheckpoint(Callback):
         self.path, self.every, self.steps = os.fspath(path), int(every), int(steps)
         self.run = dict(run or {})
         self.per_node = bool(per_node)
+        self.failures = 0          # writes failed in a row
+        self.fresh = True
+        self.last_good: str | None = None
+
+    def on_train_begin(self, trainer):
+        resumed = getattr(trainer, "resumed", None)
+        self.failures = 0
+        self.fresh = resumed is None  # its first write drops a ck.prev.npz of another run
+        self.last_good = (f"{resumed.path} ({resumed.where()}, global step "
+                          f"{resumed.global_step})" if resumed is not None else None)
 
     def on_batch_end(self, trainer, step, logs):
         if not self.steps or (step + 1) % self.steps:
@@ -253,17 +273,37 @@ class TrainingCheckpoint(Callback):
         done = trainer.epoch_step
         if done >= trainer.steps_per_epoch:
             return  # the epoch-end save follows, with the epoch's metrics
-        from .checkpoint import save_checkpoint
-        save_checkpoint(self.path, trainer, epochs_done=trainer.epoch, run=self.run,
-                        epoch_step=done, per_node=self.per_node)
+        self._save(trainer, False, epochs_done=trainer.epoch, epoch_step=done)
 
     def on_epoch_end(self, trainer, epoch, logs):
         # The trainer calls this after the other callbacks so their state is current.
         last = trainer.stop_training or epoch + 1 == trainer.num_epochs
         if (epoch + 1) % self.every == 0 or last:
-            from .checkpoint import save_checkpoint
-            save_checkpoint(self.path, trainer, epochs_done=epoch + 1, run=self.run,
-                            per_node=self.per_node)
+            self._save(trainer, last, epochs_done=epoch + 1)
+
+    def _save(self, trainer, last: bool, **where) -> None:
+        from .checkpoint import save_checkpoint
+        try:
+            save_checkpoint(self.path, trainer, run=self.run, per_node=self.per_node,
+                            keep_previous=not self.fresh, **where)
+        except WriteError as exc:  # the same on every rank (agreed in save_checkpoint)
+            self.failures += 1
+            good = f"--resume {self.last_good}" if self.last_good else "none yet"
+            if last:
+                raise WriteError(exc.path, f"{exc.reason}; the last good checkpoint: {good}",
+                                 exc.what) from None
+            if trainer.comm.rank == 0:
+                at = f"[rank {exc.rank} on host {exc.host}] " if self.per_node and \
+                    getattr(exc, "host", None) else ""
+                print(f"warning: {at}could not write checkpoint {exc.path!r} at global step "
+                      f"{trainer.global_step}: {exc.reason}; training goes on and the next "
+                      f"checkpoint tries again ({self.failures} failed in a row); the last "
+                      f"good checkpoint: {good}", file=sys.stderr, flush=True)
+            return
+        self.failures, self.fresh = 0, False
+        done, step = where["epochs_done"], where.get("epoch_step", 0)
+        at = f"epoch {done + 1} step {step}" if step else f"epoch {done}"
+        self.last_good = f"{self.path} ({at}, global step {trainer.global_step})"
 
 
 class ProgressFile(Callback):

@@ -252,10 +252,14 @@ class Trainer(EpochLoop):
         self.log_keys += ["lr", "time", "samples_per_s"]
 
         start_epoch = 0
+        self.resumed = None
         if resume is not None:
-            from .checkpoint import Checkpoint, load_checkpoint
-            state = resume if isinstance(resume, Checkpoint) else load_checkpoint(resume)
+            from .checkpoint import Checkpoint, load_latest
+            state = resume if isinstance(resume, Checkpoint) else load_latest(resume)
+            if state.bad_newest is not None and not isinstance(resume, Checkpoint):
+                self.print(state.fallback_note(resume))
             state.restore(self, lr=resume_lr)
+            self.resumed = state  # TrainingCheckpoint names it as the last good one
             start_epoch = state.epochs_done
             if state.epoch_step:
                 sums = state.arrays["epoch_sums"]
