@@ -62,6 +62,14 @@ def launcher(ranks: int) -> list[str]:
     return [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []
 
 
+def run_distnn(*args, cwd, ranks: int = 1, timeout: float = 300, **env: str):
+    """``distnn ARGS`` on ``ranks`` ranks (a plain process for one), in ``cwd``, with
+    one BLAS thread per rank; the finished process, output captured as text."""
+    import subprocess
+    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=child_env(**env))
+
+
 # Skip markers (the reasons are the ones the suite has always reported).
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec")
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or not have_mpi4py(),

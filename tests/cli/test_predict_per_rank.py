@@ -1,19 +1,14 @@
 """``distnn predict`` and ``evaluate`` report samples/s; ``--predictions_per_rank`` has every
 rank write its own rows with their dataset indices, which together are the gathered
 predictions (1 and 2 ranks, an odd number of samples so a global batch splits unevenly)."""
-import subprocess
 
 import numpy as np
 import pytest
-from helpers import COMMAND, child_env, launcher, needs_mpi
+from helpers import needs_mpi
+from helpers import run_distnn as distnn  # one rank by default
 
 DATA = ["--dataset", "synthetic", "--input_shape", "1,8,8", "--num_samples", "148",
         "--batch_size", "5", "--quiet"]
-
-
-def distnn(*args, cwd, ranks=1):
-    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=300, cwd=cwd, env=child_env())
 
 
 @pytest.fixture(scope="module")

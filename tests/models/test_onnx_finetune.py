@@ -3,13 +3,12 @@ ranks with ``distnn train --model resnet18.onnx`` under every training rule (CIF
 synthetic data, a few steps each), and ``distnn evaluate`` reads the weights it saved; a
 torch module file trains on distnn's engine with ``--engine distnn``."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import COMMAND, child_env, launcher, needs_mpi
+from helpers import needs_mpi, run_distnn
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
@@ -26,8 +25,7 @@ DATA = ["--dataset", "synthetic", "--input_shape", "3,32,32", "--num_samples", "
 
 
 def distnn(*args, cwd, ranks=2):
-    return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd, env=child_env())
+    return run_distnn(*args, cwd=cwd, ranks=ranks, timeout=600)
 
 
 @pytest.fixture(scope="module")
