@@ -1,13 +1,15 @@
 """A rank killed under ``distnn launch`` is named with its role: the rank's watcher
-(cluster/rankwatch.py) says which rank ended by which signal before hydra kills the others,
-and the job's ranks file (beside its progress file) says what that rank did. Runs on this
-machine (a launcher program that runs the command in place of ssh), no emulated cluster."""
+(cluster/rankwatch.py) says which rank ended by which signal, and what it did, before hydra
+kills the others. Runs on this machine (a launcher program that runs the command in place
+of ssh), no emulated cluster; and the watcher alone under plain mpiexec."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 from helpers import MPIEXEC, child_env, needs_mpi
@@ -81,8 +83,32 @@ def test_a_killed_sub_master_is_named_with_its_role(tmp_path):
             proc.communicate()
     text = out + err
     assert proc.returncode == 9, text[-3000:]
+    assert f"distnn: rank 2 (pid {pids[0]}, host {socket.gethostname()}), sub-master" in err
     lines = [ln for ln in err.splitlines() if "lost rank" in ln]
     assert lines == [f"distnn launch: lost rank 2 (host {socket.gethostname()}), sub-master "
                      "of worker 4 (master group 1 of 2): ended by signal 9 (Killed)"], \
         text[-3000:]
     assert "the restart budget (--max_restarts 0) is spent" in err, text[-3000:]
+
+
+# a rank that writes its role where its watcher says, then is killed
+KILLED = ("import os, signal, sys\n"
+          "from mpi4py import MPI\n"
+          "MPI.COMM_WORLD.Barrier()\n"
+          "if MPI.COMM_WORLD.rank == 1:\n"
+          "    fd = int(os.environ['DISTNN_ROLE_FD'].split(':')[0])\n"
+          "    os.write(fd, b'worker\\nsub-master of workers 3,4\\n')\n"
+          "    os.kill(os.getpid(), signal.SIGKILL)\n"
+          "MPI.COMM_WORLD.Barrier()\n")
+
+
+def test_under_plain_mpiexec_the_watcher_names_the_rank_a_signal_ended(tmp_path):
+    (tmp_path / "prog.py").write_text(KILLED)
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "distnn.cluster.rankwatch",
+                           sys.executable, "prog.py"], cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "ended by" in ln]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"distnn: rank 1 \(pid \d+, host {re.escape(socket.gethostname())}\), sub-master of "
+        r"workers 3,4: ended by signal 9 \(Killed\)", lines[0]), proc.stderr

@@ -16,7 +16,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -36,7 +35,8 @@ _LOST = re.compile(r"^\[([^\]\s]+)\] lost:")
 _RANK_HOST = re.compile(r"rank (\d+) \(host ([^)]+)\)")
 _TIMEOUT = re.compile(r"\] stall timeout: ranks? ([\d, ]+) did not arrive")
 # a rank's watcher (rankwatch.py) saw its rank end by a signal
-_DIED = re.compile(r"^distnn: rank (\d+) \(pid \d+, host ([^)]+)\) ended by (signal .*)$")
+_DIED = re.compile(r"^distnn: rank (\d+) \(pid \d+, host ([^)]+)\)(?:, (.*))?: ended by "
+                   r"(signal .*)$")
 _WATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankwatch.py")
 STALL_TIMEOUT = 600.0  # --stall_timeout the supervisor gives a run that sets none
 EXIT_STALL = 4
@@ -208,20 +208,13 @@ class Supervisor:
             lost.update(h for h in stalled if h != "?")
         return rc, lost
 
-    def _name_dead(self, ranks_file: str) -> None:
-        """One line naming the rank whose end (by a signal) ended the job, with its role
-        (the job's ``--progress_file``.ranks holds each rank's host, pid and role)."""
-        if not self.dead:
-            return
-        rank, host, how = self.dead[0]
-        role = ""
-        try:
-            with open(ranks_file) as f:
-                role = next((r[3] for r in json.load(f) if r[0] == int(rank)), "")
-        except (OSError, ValueError, TypeError, IndexError):
-            pass
-        self.say(f"lost rank {rank} (host {host}){', ' + role if role else ''}: ended by "
-                 f"{how}")
+    def _name_dead(self) -> None:
+        """One line naming the rank whose end (by a signal) ended the job, and its role
+        (its watcher's line, rankwatch.py)."""
+        if self.dead:
+            rank, host, role, how = self.dead[0]
+            self.say(f"lost rank {rank} (host {host}){', ' + role if role else ''}: ended by "
+                     f"{how}")
 
     def _reap(self) -> None:
         """Nothing of the job left running (its whole process group)."""
@@ -258,7 +251,7 @@ class Supervisor:
                          + (f", resuming {self.checkpoint}" if resume else ""))
                 rc, lost = self._launch(hosts, resume, progress, again=restarts > 0)
                 if rc and not self._stopping:
-                    self._name_dead(progress + ".ranks")
+                    self._name_dead()
                 if self._stopping:
                     self.say("interrupted: the job was stopped, nothing is left running")
                     return 130

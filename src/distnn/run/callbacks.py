@@ -4,6 +4,7 @@ callback (``SCHEDULERS``); both registries, so a new one is one entry.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from .config import ConfigError, RunConfig
@@ -113,7 +114,7 @@ SCHEDULERS: dict[str, Callable] = {
 def build_callbacks(cfg: RunConfig, size: int) -> list:
     """The callbacks of ``cfg.sched`` (in ``lr_schedulers`` order, then early_stopping and
     target_metric specs) and the checkpoint of ``cfg.train``."""
-    from ..training.callbacks import (ProgressFile, RankRoles, TrainingCheckpoint,
+    from ..training.callbacks import (ProgressFile, RoleFile, TrainingCheckpoint,
                                       parse_early_stopping, parse_target_metric)
     s = cfg.sched
     ctx = {"size": size, "scaled": cfg.optim.learning_rate_scaling}
@@ -142,5 +143,6 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
                                             per_node=cfg.train.every_rank_writes))
     if cfg.train.progress_file:
         callbacks.append(ProgressFile(cfg.train.progress_file))
-        callbacks.append(RankRoles(cfg.train.progress_file + ".ranks"))
+    if os.environ.get("DISTNN_ROLE_FD"):  # the rank's watcher (cluster/rankwatch.py)
+        callbacks.append(RoleFile(os.environ["DISTNN_ROLE_FD"]))
     return callbacks

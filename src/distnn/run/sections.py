@@ -195,8 +195,7 @@ class TrainConfig(Section):
         "(synchronous rules).", commands=(TRAIN,))
     progress_file: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Rank 0 keeps this file holding 'global_step epoch epoch_step global_batch' after every "
-        "step (distnn launch reads it to say how many samples a restart redoes), and "
-        "FILE.ranks each rank's host, pid and role (to name a rank that dies).",
+        "step (distnn launch reads it to say how many samples a restart redoes).",
         commands=(TRAIN,))
     resume: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Continue the run saved in this checkpoint (same model, optimizer and schedulers; keeps "

@@ -29,7 +29,7 @@ from .stopping import (EarlyStopping, ModelCheckpoint, ProgressFile, TargetMetri
 __all__ = [
     "Callback", "WarmUp", "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs",
     "ModelCheckpoint", "TargetMetric", "ProgressFile", "TrainingCheckpoint", "ValidateEvery",
-    "RankRoles", "CALLBACKS",
+    "RoleFile", "CALLBACKS",
     "parse_early_stopping", "parse_target_metric", "resolve_key", "metric_mode",
 ]
 
@@ -173,34 +173,32 @@ class ValidateEvery(Callback):
         trainer.print(f"Validation after {step + 1} updates: {text}", force=True)
 
 
-class RankRoles(Callback):
-    """Rank 0 writes ``path``: a JSON list of ``[rank, host, pid, role]``, one per rank
-    (``Rule.role``), so that a supervisor that sees a process die (mpiexec names its pid
-    and host) can say which rank it was and what it did (``distnn launch``: "rank 2,
-    sub-master of workers 4,5 ..."). Collective (every rank gives its own).
+class RoleFile(Callback):
+    """This rank writes its role (``Rule.role``, e.g. "sub-master of worker 4 (master group
+    1 of 2)"), one line, to its watcher's pipe at the start of training, so that the watcher
+    (``distnn.cluster.rankwatch``, which every rank of ``distnn launch`` runs under) can
+    name it if a signal ends it. Local: no communication.
 
     Args:
-        path: the file (replaced atomically at the start of training).
+        spec: ``FD:INODE``, the pipe's write end and its inode (``DISTNN_ROLE_FD``); a
+            descriptor that is not that pipe (a process that inherited the variable but not
+            the descriptor) is left alone.
     """
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, spec: str):
+        fd, _, inode = str(spec).partition(":")
+        self.fd = int(fd) if fd.isdigit() and inode.isdigit() else -1
+        self.inode = int(inode) if inode.isdigit() else -1
 
     def on_train_begin(self, trainer):
-        import json
         import os
-        import socket
-
-        from ..fileio import atomic_open
-        mine = [trainer.comm.rank, socket.gethostname(), os.getpid(),
-                trainer.rule.role(trainer.comm.rank)]
-        ranks = trainer.comm.allgather_obj(mine)
-        if trainer.comm.rank == 0:
-            try:
-                with atomic_open(self.path, "w") as f:
-                    json.dump(ranks, f)
-            except OSError:
-                pass  # only a lost rank's description is missing then
+        import stat
+        try:
+            st = os.fstat(self.fd)
+            if stat.S_ISFIFO(st.st_mode) and st.st_ino == self.inode:
+                os.write(self.fd, (trainer.rule.role(trainer.comm.rank) + "\n").encode())
+        except OSError:
+            pass  # only the role is missing from the line that names a lost rank
 
 
 CALLBACKS: dict[str, type[Callback]] = {
