@@ -33,7 +33,15 @@ def check_masters(rule: str, masters, synchronous: bool) -> int:
 
 
 def _ranks(ranks) -> str:
-    return ",".join(map(str, ranks))
+    """'1,2' or, for three and more in a row, '3-9'."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run))
+                    for run in runs)
 
 
 def role_of(rule, rank: int) -> str:
