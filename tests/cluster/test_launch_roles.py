@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from helpers import MPIEXEC, child_env, needs_mpi
 
 
@@ -45,6 +46,8 @@ def pids_of_rank(rank: int, mark: str) -> list[int]:
     return found
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_a_killed_sub_master_is_named_with_its_role(tmp_path):
     (tmp_path / "mlp.py").write_text(MODEL)
     (tmp_path / "ssh").write_text(LAUNCHER)
@@ -102,6 +105,7 @@ KILLED = ("import os, signal, sys\n"
           "MPI.COMM_WORLD.Barrier()\n")
 
 
+@pytest.mark.mpi
 def test_under_plain_mpiexec_the_watcher_names_the_rank_a_signal_ended(tmp_path):
     (tmp_path / "prog.py").write_text(KILLED)
     proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "distnn.cluster.rankwatch",

@@ -32,6 +32,7 @@ def search(n: int, *args, cwd) -> subprocess.CompletedProcess:
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_each_trial_runs_with_two_masters_on_its_block(tmp_path):
     # 6 ranks = the coordinator + one block of 5: top master, 2 sub-masters, 2 workers
     proc = search(6, "--mode", "downpour", "--n-masters", "2", "--block_size", "5",
