@@ -185,6 +185,8 @@ class RoleFile(Callback):
             the descriptor) is left alone.
     """
 
+    checkpointed = False  # a run under the watcher resumes a checkpoint of one without it
+
     def __init__(self, spec: str):
         fd, _, inode = str(spec).partition(":")
         self.fd = int(fd) if fd.isdigit() and inode.isdigit() else -1
