@@ -64,7 +64,10 @@ def main(argv: list[str]) -> int:
                              close_fds=False, preexec_fn=_die_with_parent)
     os.close(w)
 
+    asked: list[int] = []
+
     def forward(signum, frame):  # Ctrl-C, a supervisor's SIGTERM: the rank decides
+        asked.append(signum)
         try:
             child.send_signal(signum)
         except ProcessLookupError:
@@ -77,6 +80,9 @@ def main(argv: list[str]) -> int:
         return rc
     role = _read_role(r)
     sig = -rc
+    if sig in asked:  # stopped as asked (Ctrl-C, the supervisor): nothing to name
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     name = signal.strsignal(sig) or f"signal {sig}"
     rank = os.environ.get("PMI_RANK", "?")
     sys.stderr.write(f"distnn: rank {rank} (pid {child.pid}, host {socket.gethostname()})"
