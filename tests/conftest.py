@@ -7,6 +7,14 @@
 - Before the first test of a session that launches processes (mpiexec jobs, the distnn
   command), numba's disk cache is filled once (tests/warm_kernels.py), so that the ranks of
   a job do not all compile the same kernels at once. ``DISTNN_TEST_WARM=0`` skips it.
+- Processes launched by the tests of those folders run the NumPy kernels
+  (``DISTNN_KERNELS=numpy`` in their environment), unless the test is marked ``compiled``.
+  Those tests check what the ranks do together (options, rules, failures, files), on a few
+  steps of small models: there numba's start (about 1 s of CPU in every rank, loading its
+  registries and the cached kernels) cost more than the steps it speeds up. Tests marked
+  ``compiled`` (real data for hundreds of steps, the README main job, the planner's choices
+  across ranks) run what users run by default; the kernels themselves are tested in
+  tests/kernels on both backends. The suite's own process keeps its default backend.
 - ``slow`` (registered in pyproject.toml) marks tests of 15 s and more on 2 cores: real-data
   training and tests of several launches. Nothing is deselected by default:
   ``pytest -m "not slow"`` is the quick pass.
@@ -41,6 +49,17 @@ def kernel_backend(request):
     kernels.set_backend(previous)
 
 
+# The backend of this process is decided now, before any test sets DISTNN_KERNELS for the
+# processes it launches.
+kernels.backend()
+
+
+@pytest.fixture(autouse=True)
+def _launched_kernels(request, monkeypatch):
+    if _launches(request.node) and request.node.get_closest_marker("compiled") is None:
+        monkeypatch.setenv("DISTNN_KERNELS", "numpy")
+
+
 def _launches(item: pytest.Item) -> bool:
     try:
         parts = Path(item.path).resolve().relative_to(HERE).parts
@@ -52,7 +71,8 @@ def _launches(item: pytest.Item) -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if os.environ.get("DISTNN_TEST_WARM", "1") == "0" or session.config.option.collectonly:
         return
-    if importlib.util.find_spec("numba") is None or not any(map(_launches, session.items)):
+    compiled = [i for i in session.items if _launches(i) and i.get_closest_marker("compiled")]
+    if importlib.util.find_spec("numba") is None or not compiled:
         return
     if os.environ.get("DISTNN_KERNELS", "").strip().lower() == "numpy":
         return  # the launched processes will not compile anything

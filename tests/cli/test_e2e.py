@@ -15,7 +15,7 @@ def distnn(*args, cwd, timeout=300):
                           cwd=cwd, timeout=timeout)
 
 
-pytestmark = [pytest.mark.slow, needs_fashion_mnist]
+pytestmark = [pytest.mark.slow, pytest.mark.compiled, needs_fashion_mnist]
 
 TEST_LINE = re.compile(r"^Test: loss=(\S+) accuracy=(\S+) \((\d+) samples")
 

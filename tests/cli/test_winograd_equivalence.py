@@ -7,6 +7,7 @@ from helpers import MPIEXEC
 from test_cli import _history, distnn
 
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
+pytestmark = pytest.mark.compiled  # the ranks must run the planner's Winograd kernels
 
 
 def test_resnet20_at_32x32_takes_winograd4():

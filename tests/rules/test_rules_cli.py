@@ -12,6 +12,7 @@ from helpers import have_fashion_mnist, needs_mpi
 @needs_mpi
 @pytest.mark.slow
 @pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST on disk")
+@pytest.mark.compiled  # Fashion-MNIST for 120 steps
 def test_downpour_on_fashion_mnist_with_profile_checkpoint_and_resume(tmp_path):
     ckpt = str(tmp_path / "ck.npz")
     common = ["--mode", "downpour", "--sync-every", "2", "--dataset", "fashion_mnist",

@@ -89,6 +89,7 @@ def test_threads_are_handed_to_torch(clean_env):
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.compiled  # the compiled kernels' threads are what it reads
 def test_a_script_under_mpiexec_shares_the_node_from_init(tmp_path):
     """A script that calls ``distnn.distributed.init()`` and never builds a run: its ranks
     share the node's cores from the start (cores // ranks on this node), not all of them

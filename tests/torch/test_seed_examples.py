@@ -28,6 +28,7 @@ def _have_fashion_mnist() -> bool:
 @needs_mpi
 @pytest.mark.slow
 @pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")
+@pytest.mark.compiled  # a CNN on Fashion-MNIST, evaluated on its 10,000 test images
 @pytest.mark.parametrize("ranks,option", [(2, "plain"), (3, "half")])
 def test_singa_cnn_example_trains_on_n_ranks(tmp_path, ranks, option):
     proc = mpirun(ranks, sys.executable, EXAMPLES / "singa_mnist_cnn.py", "cnn", "mnist",
