@@ -6,10 +6,12 @@ src/distnn/kernels/__pycache__), so a process after the first loads them in abou
 On a cold cache (a fresh clone, or a kernel file just edited) every rank of the first
 ``mpiexec -n 2`` or ``-n 3`` job compiles the same kernels at once, on 2 cores: measured
 here, simplecnn float64 on 2 ranks took 34.8 CPU-s cold against 7.5 warm, both ranks saving
-the same 8 kernels. This compiles the common paths once instead: simplecnn float32 and
-float64 at 1 thread (a rank sharing the cores) and at the default threads (one process),
-at 8x8 (the synthetic runs and digits) and 28x28 (Fashion-MNIST), forward, backward and
-evaluation. On a warm cache it costs one short process.
+the same 8 kernels. This compiles the paths of the tests marked ``compiled`` (the only
+launched processes that run the compiled kernels, tests/conftest.py) once instead:
+simplecnn at 28x28 (Fashion-MNIST) at 1 thread (a rank sharing the cores) and at the
+default threads (one process), and resnet20 at 32x32 (its Winograd and vector-direct
+layers) at 1 thread, float32, forward, backward and evaluation. On a warm cache it costs
+one short process.
 """
 from __future__ import annotations
 
@@ -20,13 +22,11 @@ import sys
 import tempfile
 
 RUNS = [
-    [*shape, *dtype, *threads]
-    for shape in (["--input_shape", "1,8,8"], ["--input_shape", "1,28,28"])
-    for dtype in (["--dtype", "float32"], ["--dtype", "float64"])
+    ["--model", "simplecnn", "--input_shape", "1,28,28", *threads]
     for threads in ([], ["--threads", "1"])
-]
-COMMON = ["train", "--dataset", "synthetic", "--model", "simplecnn", "--num_samples", "64",
-          "--batch_size", "16", "--num_epochs", "1", "--steps_per_epoch", "2", "--quiet"]
+] + [["--model", "resnet20", "--input_shape", "3,32,32", "--threads", "1"]]
+COMMON = ["train", "--dataset", "synthetic", "--num_samples", "64", "--batch_size", "16",
+          "--num_epochs", "1", "--steps_per_epoch", "2", "--quiet"]
 
 
 def main() -> int:
