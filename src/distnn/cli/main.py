@@ -1,4 +1,4 @@
-"""The ``distnn`` command: train, evaluate, predict, info, convert-imagenet, plot.
+"""The ``distnn`` command: train, evaluate, predict, info, convert-imagenet, plot, plan.
 
 This is the only module that reads ``sys.argv`` and calls ``sys.exit`` (through the
 console script). Options come from ``distnn.run.OPTIONS`` (with ``_`` or ``-``) and the
@@ -28,6 +28,7 @@ from ..run.options import ALL
 from . import compat
 from .builders import make_comm, threads
 from .cluster import add_cluster_parser, run_cluster
+from .plan import add_plan_parser
 from .plot import add_plot_parser
 from .export import add_export_parser
 from .launch import add_launch_parser, run_launch
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(sub)
     add_cluster_parser(sub)
     add_plot_parser(sub)
+    add_plan_parser(sub)
     add_export_parser(sub)
     add_launch_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
@@ -195,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet, search, cluster, plot, launch, export", True)
+                     "convert-imagenet, search, cluster, plot, plan, launch, export", True)
     prog = f"{PROG} {args.command}"
     if args.command == SEARCH:
         return main_search(args, prog, _env_rank() == 0)

@@ -1,0 +1,298 @@
+"""A cost model of one training step on N hosts x 1 rank: what each rule and compression
+sends (taken from the code that sends it), what MPICH's collectives cost on a link of a
+given latency and bandwidth, and how much of it hides behind backward. Equations,
+assumptions and what it leaves out: docs/costmodel.md. Not yet validated against the
+2/4/8-host measurements of benchmarks/cluster.py.
+
+    model = ModelCost(compute_s=0.012, tensors=parameter_tensors(net), batch=64)
+    predict(Config("data", "topk:0.01"), model, hosts=64, link=Link(gbits=10))
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..distributed.compressors import (FP16Compressor, PowerSGD, Threshold, TopK,
+                                       parse_compression)
+from ..distributed.powersgd import matrix_dims
+from ..distributed.reducer import make_buckets
+from ..distributed.sparse import payload_bytes, sparse_is_cheaper
+
+# MPICH's defaults (src/mpi/coll/allreduce, allgather: MPI_T cvars of the same names).
+ALLREDUCE_SHORT_MSG_SIZE = 2048      # MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE
+ALLGATHER_SHORT_MSG_SIZE = 81920     # MPIR_CVAR_ALLGATHER_SHORT_MSG_SIZE
+ALLGATHER_LONG_MSG_SIZE = 524288     # MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE
+
+
+@dataclass(frozen=True)
+class Link:
+    """One host's link: ``gbits`` Gbit/s each way, ``latency_s`` per message (alpha)."""
+    gbits: float
+    latency_s: float = 50e-6
+
+    def __post_init__(self):
+        if not self.gbits > 0:
+            raise ValueError(f"link gbits must be > 0, got {self.gbits!r}")
+        if not self.latency_s >= 0:
+            raise ValueError(f"link latency_s must be >= 0, got {self.latency_s!r}")
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbits * 1e9 / 8
+
+    def send(self, nbytes: float) -> float:
+        """alpha + n / beta: one message of ``nbytes``."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+def _pof2(p: int) -> int:
+    return 1 << (p.bit_length() - 1)
+
+
+def allreduce_time(nbytes: float, hosts: int, link: Link, *, itemsize: int = 4,
+                   builtin_op: bool = True) -> tuple[float, str]:
+    """Seconds of one all-reduce of ``nbytes`` per rank over ``hosts`` ranks, and MPICH's
+    algorithm for it: recursive doubling when the buffer is at most
+    MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE bytes, the op is user-defined (fp16: MPI has no
+    float16 sum) or the count is below the largest power of two p' <= P; otherwise
+    Rabenseifner's reduce-scatter + all-gather. A P that is not a power of two first folds
+    the P - p' extra ranks into partners and hands them the result at the end (2 messages of
+    the whole buffer)."""
+    if hosts <= 1 or nbytes <= 0:
+        return 0.0, "none"
+    p = _pof2(hosts)
+    steps = p.bit_length() - 1
+    fold = 2 * link.send(nbytes) if hosts != p else 0.0
+    if nbytes <= ALLREDUCE_SHORT_MSG_SIZE or not builtin_op or nbytes / itemsize < p:
+        return steps * link.send(nbytes) + fold, "recursive doubling"
+    t = 2 * steps * link.latency_s + 2 * (p - 1) / p * nbytes / link.bytes_per_s
+    return t + fold, "reduce-scatter + all-gather"
+
+
+def allgather_time(total_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
+    """Seconds of an all-gather that delivers ``total_bytes`` (all ranks' parts) to every
+    rank: recursive doubling below MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE on a power of two,
+    Bruck below MPIR_CVAR_ALLGATHER_SHORT_MSG_SIZE otherwise, else a ring. Each rank
+    receives (P-1)/P of the total in all three; they differ in latency terms."""
+    if hosts <= 1 or total_bytes <= 0:
+        return 0.0, "none"
+    bw = (hosts - 1) / hosts * total_bytes / link.bytes_per_s
+    if total_bytes < ALLGATHER_LONG_MSG_SIZE and hosts == _pof2(hosts):
+        return math.log2(hosts) * link.latency_s + bw, "recursive doubling"
+    if total_bytes < ALLGATHER_SHORT_MSG_SIZE:
+        return math.ceil(math.log2(hosts)) * link.latency_s + bw, "bruck"
+    return (hosts - 1) * link.latency_s + bw, "ring"
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What the model needs from the user's model.
+
+    Args:
+        compute_s: forward + loss + backward + optimizer step of one rank's batch, measured
+            (a rank alone, no communication).
+        tensors: [(name, start, stop, shape)] of the flat gradient buffer
+            (``distnn.distributed.optimizer.parameter_tensors(model)``).
+        batch: samples per rank per step.
+        segments: [(name, start, stop)] of the top-level layers (the Reducer's buckets are
+            made of these); None: one segment per tensor.
+        backward_share: share of ``compute_s`` after forward, in which the gradients
+            become ready (assumed 2/3: backward costs about twice forward).
+        itemsize: bytes per gradient element (float32: 4).
+    """
+    compute_s: float
+    tensors: list
+    batch: int = 64
+    segments: list | None = None
+    backward_share: float = 2 / 3
+    itemsize: int = 4
+
+    def __post_init__(self):
+        if not self.compute_s > 0:
+            raise ValueError(f"compute_s must be > 0 seconds, got {self.compute_s!r}")
+        if not 0 <= self.backward_share <= 1:
+            raise ValueError(f"backward_share must be in [0, 1], got {self.backward_share!r}")
+
+    @property
+    def size(self) -> int:
+        return max((hi for _, _, hi, _ in self.tensors), default=0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A rule and its options, with ``compression`` for ``data`` (a --gradient_compression
+    spec). Defaults as in the code: localsgd sync_every 8, partial 4 chunks, easgd sync_every
+    4, downpour sync_every 1, gossip probability 0.25, buckets of 4 MiB."""
+    rule: str = "data"
+    compression: str = "none"
+    every: int | None = None
+    probability: float = 0.25
+    bucket_size_mb: float = 4.0
+
+    @property
+    def label(self) -> str:
+        if self.rule == "data":
+            return "data" if self.compression == "none" else f"data+{self.compression}"
+        k = self.period
+        return {"localsgd": f"localsgd (every {k})", "partial": f"partial ({k} chunks)",
+                "easgd": f"easgd (every {k})", "downpour": f"downpour (every {k})",
+                "gossip": f"gossip (p={self.probability:g})"}[self.rule]
+
+    @property
+    def period(self) -> int:
+        default = {"localsgd": 8, "partial": 4, "easgd": 4, "downpour": 1}.get(self.rule, 1)
+        return int(self.every or default)
+
+
+DEFAULT_CONFIGS = [Config("data"), Config("data", "fp16"), Config("data", "topk:0.01"),
+                   Config("data", "powersgd:2"), Config("partial"), Config("localsgd"),
+                   Config("easgd"), Config("downpour"), Config("gossip")]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One configuration on ``hosts`` hosts.
+
+    step_s: wall time of a step; exposed_s: of it, time no rank computes (waiting on the
+    network); bytes_per_step: what a rank hands to MPI a step (the code's own count,
+    ``bytes_reduced`` / ``Traffic``), averaged over the period; ranks_computing: ranks
+    that train (a master does not); samples_per_s; efficiency: samples/s against
+    ``hosts`` ranks computing alone; messages: [(what, bytes, seconds, algorithm)]."""
+    config: Config
+    hosts: int
+    step_s: float
+    exposed_s: float
+    bytes_per_step: float
+    ranks_computing: int
+    samples_per_s: float
+    efficiency: float
+    messages: list = field(default_factory=list)
+
+
+def _compressed(spec: str, tensors) -> tuple[list, list]:
+    """(compressed tensors, dense tensors) as ``CompressedReduction`` splits them."""
+    cfg = parse_compression(spec)
+    comp = [t for t in tensors if cfg.compresses(t[3])]
+    return comp, [t for t in tensors if t not in comp]
+
+
+def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> list:
+    """The exchanges of ``--parallel data`` a step: [(what, bytes, seconds, algorithm,
+    ready)] with ``ready`` the share of backward done when it can start (None: after
+    backward, blocking)."""
+    cfg = parse_compression(config.compression)
+    n, item = model.size, model.itemsize
+    if cfg is None or isinstance(cfg, FP16Compressor) or config.compression == "none":
+        wire = 2 if isinstance(cfg, FP16Compressor) else item
+        builtin = not isinstance(cfg, FP16Compressor)
+        segs = model.segments or [(name, lo, hi) for name, lo, hi, _ in model.tensors]
+        ranges = [(type("L", (), {"name": name})(), lo, hi) for name, lo, hi in segs]
+        out, done = [], 0
+        for lo, hi, _ in make_buckets(ranges, item, config.bucket_size_mb):
+            done += hi - lo  # buckets come in backward order
+            t, alg = allreduce_time((hi - lo) * wire, hosts, link, itemsize=wire,
+                                    builtin_op=builtin)
+            out.append(("bucket", (hi - lo) * wire, t, alg, done / n))
+        return out
+    if isinstance(cfg, PowerSGD):
+        comp, dense = _compressed(config.compression, model.tensors)
+        dims = [matrix_dims(s) for _, _, _, s in comp]
+        ranks = [min(cfg.rank, d[0]) for d in dims]
+        n_dense = sum(hi - lo for _, lo, hi, _ in dense)
+        p_bytes = (n_dense + sum(d[0] * r for d, r in zip(dims, ranks))) * item
+        q_bytes = sum(d[1] * r for d, r in zip(dims, ranks)) * item
+        return [("P + dense", p_bytes, *allreduce_time(p_bytes, hosts, link), None),
+                ("Q", q_bytes, *allreduce_time(q_bytes, hosts, link), None)]
+    if isinstance(cfg, Threshold):
+        raise ValueError("the cost model cannot know how many entries a threshold keeps; "
+                         "use topk:RATIO with the share you expect")
+    assert isinstance(cfg, TopK)
+    comp, dense = _compressed(config.compression, model.tensors)
+    pairs = sum(max(1, int(cfg.ratio * (hi - lo))) for _, lo, hi, _ in comp)
+    n_dense = sum(hi - lo for _, lo, hi, _ in dense)
+    if comp and cfg.exchange != "dense" and (cfg.exchange == "sparse" or sparse_is_cheaper(
+            [pairs] * hosts, n, item)):
+        payload = payload_bytes(pairs, n, item)
+        out = [("dense tensors", n_dense * item,
+                *allreduce_time(n_dense * item, hosts, link), None)] if n_dense else []
+        return out + [("sparse pairs", payload, *allgather_time(payload * hosts, hosts, link),
+                       None)]
+    return [("selected, dense", n * item, *allreduce_time(n * item, hosts, link), None)]
+
+
+def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Prediction:
+    """The step of ``config`` on ``hosts`` hosts x 1 rank joined by ``link``s."""
+    if hosts < 1:
+        raise ValueError(f"hosts must be >= 1, got {hosts!r}")
+    c, n, item = model.compute_s, model.size, model.itemsize
+    weights = n * item
+    computing, msgs = hosts, []
+    if hosts == 1:
+        step = c
+    elif config.rule == "data":
+        msgs = data_messages(config, model, hosts, link)
+        overlapped = [m for m in msgs if m[4] is not None]
+        fwd = c * (1 - model.backward_share)
+        end = 0.0
+        for _, _, t, _, ready in overlapped:  # one at a time, in order, once ready
+            end = max(end, fwd + model.backward_share * c * ready) + t
+        step = max(c, end) + sum(m[2] for m in msgs if m[4] is None)
+    elif config.rule in ("localsgd", "partial"):
+        k = config.period
+        if config.rule == "localsgd":  # every k steps: the weights and a sample count
+            nbytes, per = weights + item, 1 / k
+        else:  # every step: the largest chunk and its count
+            nbytes, per = (-(-n // k) + 1) * item, 1.0
+        t, alg = allreduce_time(nbytes, hosts, link, itemsize=item)
+        msgs = [("weights" if per < 1 else "chunk", nbytes * per, t, alg, None)]
+        step = c + t * per
+    elif config.rule in ("downpour", "easgd"):
+        k, computing = config.period, hosts - 1
+        # each worker, every k steps: its update to the master and the weights back; the
+        # master's link carries that for every worker, one after another
+        worker = k * c + 2 * link.send(weights)
+        master = computing * weights / link.bytes_per_s
+        step = max(worker, master) / k
+        msgs = [("to/from master", 2 * weights / k, 2 * link.send(weights), "point to point",
+                 None)]
+    elif config.rule == "gossip":
+        p = config.probability
+        # an asynchronous push of the weights with probability p; the link carries it while
+        # the rank computes the next step, so only a link slower than that shows
+        t = link.send(weights)
+        step = max(c, p * t) + p * link.latency_s
+        msgs = [("push", p * weights, t, "point to point", None)]
+    else:
+        raise ValueError(f"the cost model has no rule {config.rule!r}; choose from data, "
+                         "localsgd, partial, easgd, downpour, gossip")
+    sps = computing * model.batch / step
+    return Prediction(config, hosts, step, max(0.0, step - c), sum(m[1] for m in msgs),
+                      computing, sps, sps / (hosts * model.batch / c), msgs)
+
+
+def table(configs, model: ModelCost, hosts_list, link: Link) -> list[Prediction]:
+    """Every config at every host count (rows in that order)."""
+    return [predict(cfg, model, h, link) for h in hosts_list for cfg in configs]
+
+
+def tier(config: Config) -> int:
+    """How far a configuration is from exact synchronous SGD: 0 the same updates (dense or
+    fp16 gradients), 1 approximate gradients (top-k, PowerSGD, with error feedback),
+    2 replicas that drift apart between averages (partial, localsgd, easgd, downpour,
+    gossip)."""
+    if config.rule != "data":
+        return 2
+    return 0 if config.compression in ("none", "fp16") else 1
+
+
+def pick(predictions: list[Prediction], efficiency: float = 0.9) -> Prediction:
+    """The configuration to use: the fastest of the lowest ``tier`` whose fastest reaches
+    ``efficiency``; when none does, the fastest of all (the first of equals: the list's
+    order). The model counts time, not what a step learns: the tiers stand in for that."""
+    def fastest(rows):
+        return max(rows, key=lambda p: (p.samples_per_s, -predictions.index(p)))
+    for t in sorted({tier(p.config) for p in predictions}):
+        best = fastest([p for p in predictions if tier(p.config) == t])
+        if best.efficiency >= efficiency:
+            return best
+    return fastest(predictions)

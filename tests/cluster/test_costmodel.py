@@ -1,0 +1,151 @@
+"""The cost model of a step (distnn/cluster/costmodel.py): hand-computed times on 2 and 4
+hosts, MPICH's algorithm by size, monotonicity in bandwidth, and the compressions' bytes as
+the code counts them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distnn.cluster.costmodel import (DEFAULT_CONFIGS, Config, Link, ModelCost,
+                                      allgather_time, allreduce_time, pick, predict, table,
+                                      tier)
+
+# 1 Gbit/s = 125e6 bytes/s; 1 MB = 1e6 bytes takes 8 ms; latency 100 us
+LINK = Link(gbits=1, latency_s=100e-6)
+N = 250_000  # one (500, 500) matrix: 1 MB of float32
+ONE = ModelCost(compute_s=0.010, tensors=[("fc/w", 0, N, (500, 500))], batch=32)
+
+
+def test_allreduce_hand_computed():
+    # 2 hosts, 1 MB, reduce-scatter + all-gather: 2*1*alpha + 2*(1/2)*1MB/beta
+    t, alg = allreduce_time(1e6, 2, LINK)
+    assert alg == "reduce-scatter + all-gather"
+    assert t == pytest.approx(2 * 100e-6 + 8e-3)
+    # 4 hosts: 2*2*alpha + 2*(3/4)*8 ms
+    assert allreduce_time(1e6, 4, LINK)[0] == pytest.approx(4 * 100e-6 + 12e-3)
+    # 3 hosts: 2 hosts' algorithm plus the fold of the extra rank (2 whole messages)
+    assert allreduce_time(1e6, 3, LINK)[0] == pytest.approx(
+        2 * 100e-6 + 8e-3 + 2 * (100e-6 + 8e-3))
+    # short message (<= MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE): recursive doubling
+    t, alg = allreduce_time(2048, 4, LINK)
+    assert alg == "recursive doubling"
+    assert t == pytest.approx(2 * (100e-6 + 2048 / 125e6))
+    # a user-defined op (fp16) is recursive doubling at every size
+    t, alg = allreduce_time(1e6, 4, LINK, itemsize=2, builtin_op=False)
+    assert (alg, t) == ("recursive doubling", pytest.approx(2 * (100e-6 + 8e-3)))
+    assert allreduce_time(1e6, 1, LINK) == (0.0, "none")
+
+
+def test_allgather_by_size():
+    assert allgather_time(4000, 4, LINK) == (pytest.approx(2 * 100e-6 + 0.75 * 4000 / 125e6),
+                                             "recursive doubling")
+    assert allgather_time(4000, 3, LINK)[1] == "bruck"
+    t, alg = allgather_time(1e6, 4, LINK)
+    assert alg == "ring" and t == pytest.approx(3 * 100e-6 + 0.75 * 8e-3)
+
+
+def test_data_on_two_and_four_hosts_hand_computed():
+    # one bucket of 1 MB, ready when backward ends: nothing to overlap with
+    p2 = predict(Config("data"), ONE, 2, LINK)
+    assert p2.step_s == pytest.approx(0.010 + 2 * 100e-6 + 8e-3)
+    assert p2.bytes_per_step == 1e6
+    assert p2.efficiency == pytest.approx(0.010 / p2.step_s)
+    assert p2.samples_per_s == pytest.approx(2 * 32 / p2.step_s)
+    p4 = predict(Config("data"), ONE, 4, LINK)
+    assert p4.step_s == pytest.approx(0.010 + 4 * 100e-6 + 12e-3)
+
+
+def test_buckets_overlap_backward():
+    # two 1 MB layers, buckets of 1 MiB: the last layer's bucket is ready half-way through
+    # backward (backward = 2/3 of 30 ms = 20 ms) and its 8.2 ms hide behind the other 10 ms
+    two = ModelCost(compute_s=0.030, batch=32,
+                    tensors=[("a/w", 0, N, (500, 500)), ("b/w", N, 2 * N, (500, 500))])
+    p = predict(Config("data", bucket_size_mb=1), two, 2, LINK)
+    t = 2 * 100e-6 + 8e-3
+    assert p.step_s == pytest.approx(max(0.030, 0.020 + t) + t)
+    one_bucket = predict(Config("data", bucket_size_mb=4), two, 2, LINK)
+    assert one_bucket.step_s == pytest.approx(0.030 + 2 * 100e-6 + 16e-3)
+    assert p.step_s < one_bucket.step_s
+
+
+def test_rules_hand_computed():
+    t_w = 2 * 100e-6 + 2 * (1 / 2) * (N + 1) * 4 / 125e6  # weights + 1 count, 2 hosts
+    assert predict(Config("localsgd"), ONE, 2, LINK).step_s == pytest.approx(0.010 + t_w / 8)
+    chunk = (N // 4 + 1) * 4
+    assert predict(Config("partial"), ONE, 2, LINK).step_s == pytest.approx(
+        0.010 + 2 * 100e-6 + chunk / 125e6)
+    # downpour, 4 hosts: 3 workers, each 10 ms + 2 messages of 1 MB; the master's link
+    # carries 3 MB a round (24 ms) > 10 + 16.2 ms
+    d = predict(Config("downpour"), ONE, 4, LINK)
+    assert d.ranks_computing == 3
+    assert d.step_s == pytest.approx(max(0.010 + 2 * (100e-6 + 8e-3), 3 * 8e-3))
+
+
+def test_faster_links_never_slow_a_step():
+    for cfg in DEFAULT_CONFIGS:
+        for hosts in (2, 3, 8, 64, 1024):
+            steps = [predict(cfg, ONE, hosts, Link(g)).step_s for g in (0.1, 1, 10, 100)]
+            assert steps == sorted(steps, reverse=True), (cfg.label, hosts, steps)
+
+
+def test_compression_sends_what_the_code_says():
+    from distnn.distributed.sparse import payload_bytes
+    b = ModelCost(compute_s=0.01, tensors=[("fc/w", 0, N, (500, 500)),
+                                          ("fc/b", N, N + 500, (500,))])
+    dense = predict(Config("data"), b, 2, LINK)
+    assert dense.bytes_per_step == (N + 500) * 4
+    fp16 = predict(Config("data", "fp16"), b, 2, LINK)
+    assert fp16.bytes_per_step == (N + 500) * 2
+    topk = predict(Config("data", "topk:0.01"), b, 2, LINK)
+    # the bias (1-D) goes dense; 2500 pairs of the matrix travel block-encoded
+    assert [m[1] for m in topk.messages] == [500 * 4, payload_bytes(2500, N + 500, 4)]
+    assert payload_bytes(2500, N + 500, 4) == 4 * 4 + 2500 * 6
+    psgd = predict(Config("data", "powersgd:2"), b, 2, LINK)
+    assert [m[1] for m in psgd.messages] == [(500 + 500 * 2) * 4, 500 * 2 * 4]
+    for p in (fp16, topk, psgd):
+        assert p.bytes_per_step < dense.bytes_per_step
+        assert p.step_s < dense.step_s
+    # past the crossover (ratio ~1.33/N) top-k's selection goes through a dense all-reduce
+    wide = predict(Config("data", "topk:0.01"), b, 256, LINK)
+    assert [m[0] for m in wide.messages] == ["selected, dense"]
+
+
+def test_the_bytes_match_the_reducer_on_one_process():
+    # the dense path's bytes are the Reducer's count of what it handed to MPI
+    from distnn.distributed import LocalComm
+    from distnn.distributed.reducer import Reducer
+    flat = np.ones(N + 500, np.float32)
+    red = Reducer(flat, [("fc", 0, N + 500)], LocalComm(), compression="fp16",
+                  non_blocking=False)
+    assert red.wire == np.float16
+    b = ModelCost(compute_s=0.01, tensors=[("fc/w", 0, N, (500, 500)),
+                                          ("fc/b", N, N + 500, (500,))])
+    assert predict(Config("data", "fp16"), b, 2, LINK).bytes_per_step == \
+        flat.size * np.dtype(red.wire).itemsize
+
+
+def test_table_and_pick():
+    rows = table(DEFAULT_CONFIGS, ONE, [2, 4], LINK)
+    assert [(r.hosts, r.config) for r in rows] == [(h, c) for h in (2, 4)
+                                                   for c in DEFAULT_CONFIGS]
+    two = rows[:len(DEFAULT_CONFIGS)]
+    exact = max((r for r in two if tier(r.config) == 0), key=lambda r: r.samples_per_s)
+    # 1 Gbit/s, 1 MB of gradients, 10 ms of compute: dense data scales ~55%, fp16 ~70%
+    assert exact.efficiency < 0.9
+    assert pick(two).config.label in ("data+topk:0.01", "data+powersgd:2")
+    assert pick(two).samples_per_s == max(r.samples_per_s for r in two
+                                          if tier(r.config) == 1)
+    assert pick(two, efficiency=0.5) == exact  # exact updates when they scale well enough
+    assert pick(two, efficiency=1.0) == max(two, key=lambda r: r.samples_per_s)
+    assert predict(Config("data"), ONE, 1, LINK).efficiency == 1.0
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="gbits"):
+        Link(gbits=0)
+    with pytest.raises(ValueError, match="compute_s"):
+        ModelCost(compute_s=0, tensors=[])
+    with pytest.raises(ValueError, match="threshold"):
+        predict(Config("data", "threshold:0.001"), ONE, 2, LINK)
+    with pytest.raises(ValueError, match="no rule"):
+        predict(Config("gem"), ONE, 2, LINK)
