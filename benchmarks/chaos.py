@@ -44,6 +44,7 @@ class Chaos:
         self.progress: list[tuple[float, int]] = []    # (monotonic, global step)
         self.relaunches: list[tuple[float, str]] = []
         self.ck_checked = self.ck_bad = 0
+        self.truncated: set[int] = set()  # mtimes of the checkpoints corrupt_ck truncated
         self.proc = None
         self.work = tempfile.mkdtemp(prefix="distnn-chaos-")
         self.ck_dir = os.path.join(self.work, "ck")
@@ -111,6 +112,8 @@ class Chaos:
                 if not self.progress or self.progress[-1][1] != step:
                     self.progress.append((time.monotonic(), step))
             m = self.ck_mtime()
+            if m in self.truncated:  # truncated on purpose; the run resumes the previous
+                seen = m
             if m and m != seen and not self.corrupting:
                 seen = m
                 try:

@@ -152,6 +152,7 @@ def inject(ctx, f: Fault) -> None:
         if os.path.exists(ctx.ck):
             size = os.path.getsize(ctx.ck)
             os.truncate(ctx.ck, size // 2)
+            ctx.truncated.add(os.stat(ctx.ck).st_mtime_ns)  # not a checkpoint the run lost
             f.notes.append(f"truncated {size} -> {size // 2} bytes")
         _signal(_rank_pids(ctx, host), signal.SIGKILL)
     f.ended = time.monotonic()
