@@ -24,8 +24,10 @@ BASE = ["--model", "mlp.py", "--loss", "categorical_crossentropy", "--dataset", 
 
 
 def search(n: int, *args, cwd) -> subprocess.CompletedProcess:
+    """``distnn search`` on n ranks (n = 0: one process, no mpiexec)."""
     (cwd / "mlp.py").write_text(MODEL)
-    return subprocess.run([MPIEXEC, "-n", str(n), *COMMAND, "search", *BASE, *args],
+    launcher = [MPIEXEC, "-n", str(n)] if n else []
+    return subprocess.run([*launcher, *COMMAND, "search", *BASE, *args],
                           capture_output=True, text=True, cwd=cwd, timeout=300,
                           env=child_env())
 
@@ -47,8 +49,8 @@ def test_each_trial_runs_with_two_masters_on_its_block(tmp_path):
 @needs_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("n, args, need", [
-    (4, ["--mode", "downpour", "--masters", "2", "--block_size", "3"],
-     "--block_size 3: each trial runs on one block of 3 ranks, and --parallel downpour with "
+    (0, ["--mode", "downpour", "--masters", "2", "--block_size", "1"],
+     "--block_size 1: each trial runs on one block of 1 rank, and --parallel downpour with "
      "--masters 2 (--n-masters) and --group_size 1 (--n-processes) needs at least 5 ranks "
      "there; give --block_size 5 or 6 or 7"),
     (5, ["--mode", "easgd", "--n-processes", "2", "--block_size", "4"],

@@ -201,7 +201,8 @@ def _check_block_topology(cfg: SearchConfig) -> None:
         need = (f"at least {rule.min_ranks} ranks" if b < rule.min_ranks else
                 f"{first} master rank{'s' * (first != 1)} + a multiple of {p.group_size} "
                 "worker ranks")
-        raise RunError(f"--block_size {b}: each trial runs on one block of {b} ranks, and "
+        ranks = f"{b} rank{'s' * (b != 1)}"
+        raise RunError(f"--block_size {b}: each trial runs on one block of {ranks}, and "
                        f"{what} needs {need} there; give --block_size "
                        f"{' or '.join(map(str, fits))} (and mpiexec -n 1 + a multiple of it)")
 
