@@ -25,6 +25,14 @@ links (benchmarks/workers/ddp_main_job.py, one torchrun per host, c10d rendezvou
         --rules data,data+fp16,data+topk,data+powersgd,partial,localsgd,ddp,ddp+powersgd
     python benchmarks/cluster.py --part accuracy --smoke --rates 1gbit --rules partial,ddp
 
+Options of issue 43 (benchmarks/cluster_opts.py): ``--eval-every K`` evaluates rank 0's
+replica on a fixed held-out set (the first ``--eval-samples`` test images) every K steps, so
+the time to target is located within K steps (column "time to target, every K steps");
+every table starts with the network-free rows (the same ranks on one host, shared memory;
+``--no-network-free`` drops them); ``--scale-links`` shapes the links of N hosts on C cores
+to rate x C/N (8 hosts on 2 cores: "1gbit as 250mbit"), the compute-to-communication ratio
+of one-core nodes; ``--hosts 2 4 8`` sets the throughput part's host counts.
+
 Every measurement checks that its data crossed the links (bytes sent >= what the
 gradients alone need); a run that did not is reported as failed, never as a number.
 """
@@ -39,6 +47,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:
+    from benchmarks import cluster_opts as opts
+except ImportError:  # run as a script: benchmarks/ is on sys.path
+    import cluster_opts as opts
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -104,10 +117,12 @@ def crossed(sent: int, least: float, what: str) -> str | None:
 
 
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
+    if rate == opts.NETWORK_FREE:
+        return opts.run_throughput_local(model, hosts, args)
     cmd = [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
            "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
            "--steps", str(args.steps)]
-    with cluster(hosts, rate) as c:
+    with cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
         before = c.link_bytes()
         t0 = host_load()
         proc = subprocess.run(c.mpiexec(cmd), env=c.env(), capture_output=True, text=True,
@@ -139,7 +154,8 @@ def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) ->
     out = tmp / f"{name}_{rate}.json"
     cmd = [sys.executable, str(HERE / "rules.py"), "--run", rule, "--out", str(out),
            "--epochs", str(args.epochs), "--batch", str(BATCH), "--lr", "0.01",
-           "--options", json.dumps(options), "--steps-per-epoch", str(args.steps_per_epoch)]
+           "--options", json.dumps(options), "--steps-per-epoch", str(args.steps_per_epoch),
+           *opts.eval_args(args)]
     with cluster(2, rate) as c:
         before = c.link_bytes()
         t = time.perf_counter()
@@ -168,7 +184,8 @@ def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) ->
                                             if h["epoch"] <= reach["epoch"]),
             "final_acc": hist[-1]["val_accuracy"], "wall": wall, "epochs": len(hist),
             "bytes_per_epoch": sent / len(hist), "bytes_per_step": sent / steps,
-            "counted_per_epoch": counted / len(hist)}
+            "counted_per_epoch": counted / len(hist),
+            **opts.time_to_target(res.get("step_evals", []), args.target)}
 
 
 def run_ddp(name: str, extra: list[str], rate: str, args, tmp: Path) -> dict:
@@ -223,10 +240,10 @@ def throughput_part(args) -> dict:
     configs = []
     for model in args.models:
         configs.append((model, 1, None))
-        for rate in args.rates:
-            configs.append((model, 2, rate))
-            if model == "simplecnn" and not args.no_four:
-                configs.append((model, 4, rate))
+        hosts = args.hosts or ([2, 4] if model == "simplecnn" and not args.no_four else [2])
+        if args.network_free:
+            configs += [(model, h, opts.NETWORK_FREE) for h in hosts]
+        configs += [(model, h, rate) for rate in args.rates for h in hosts]
     runs: dict = {c: [] for c in configs}
     for rep in range(args.reps):
         for conf in configs:
@@ -256,7 +273,8 @@ def throughput_part(args) -> dict:
             wait = med([med(r["comm_wait_s"]) for r in ok]) * 1e3
             mb = med([r["bytes_per_step"] for r in ok]) / 1e6
             steal = max(r["steal"] for r in ok)
-            print(f"| {model} | {conf[1]} x 1 | {conf[2] or 'one host'} | {m:.0f} | "
+            link = opts.rate_label(conf[2], conf[1], args.scale_links)
+            print(f"| {model} | {conf[1]} x 1 | {link} | {m:.0f} | "
                   f"{q[2] - q[0]:.0f} | {scale} | {wait:.1f} | {mb:.2f} | {steal:.1%} |")
     return {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in runs.items()}
 
@@ -264,6 +282,9 @@ def throughput_part(args) -> dict:
 def accuracy_part(args) -> dict:
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.network_free:  # the reference: the same 2 ranks on one host, no network
+            results[f"data/{opts.NETWORK_FREE}"] = opts.run_rule_local(
+                2, "data", {}, args, Path(tmp) / "data_shm.json")
         for rate in args.rates:
             for name, rule, options in [r for r in RULE_RUNS if r[0] in args.rules]:
                 results[f"{name}/{rate}"] = run_rule(name, rule, options, rate, args, Path(tmp))
@@ -279,18 +300,22 @@ def accuracy_part(args) -> dict:
           f"{args.target:.0%} test accuracy{steps}\n")
     print("| system | link | epochs to target | training time to target s | final acc "
           f"({args.epochs} epochs) | wall s (launch to exit) | MB on the wire/epoch | "
-          "kB on the wire/step |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"kB on the wire/step | time to target, every {args.eval_every} steps s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         name, rate = key.split("/")
         name = LABELS.get(name, name)
         if "error" in r:
-            print(f"| {name} | {rate} | failed: {r['error']} | | | | | |")
+            print(f"| {name} | {rate} | failed: {r['error']} | | | | | | |")
             continue
         tt = f"{r['time_to_target']:.1f}" if r["time_to_target"] else "not reached"
-        print(f"| {name} | {rate} | {r['epochs_to_target'] or '-'} | {tt} | "
-              f"{r['final_acc']:.4f} | {r['wall']:.1f} | {r['bytes_per_epoch'] / 1e6:.0f} | "
-              f"{r['bytes_per_step'] / 1e3:.1f} |")
+        fine = r.get("time_to_target_steps")
+        fine = (f"{fine:.1f} (step {r['step_to_target']})" if fine else
+                "not reached" if r.get("evals") else "-")
+        print(f"| {name} | {opts.rate_label(rate, 2, False)} | "
+              f"{r['epochs_to_target'] or '-'} | {tt} | {r['final_acc']:.4f} | "
+              f"{r['wall']:.1f} | {r['bytes_per_epoch'] / 1e6:.0f} | "
+              f"{r['bytes_per_step'] / 1e3:.1f} | {fine} |")
     return results
 
 
@@ -329,6 +354,16 @@ def main() -> None:
                     "prefix (its namespaces and links)")
     ap.add_argument("--net", type=int, default=CLUSTER["net"], help="its addresses: "
                     "198.18.NET.0/24")
+    ap.add_argument("--hosts", nargs="+", type=int, default=None, help="throughput part: "
+                    "host counts (default 2, and 4 for simplecnn)")
+    ap.add_argument("--scale-links", action="store_true", help="shape N hosts' links on C "
+                    "cores to rate x C/N (compute-to-communication of one-core nodes)")
+    ap.add_argument("--no-network-free", dest="network_free", action="store_false",
+                    help="drop the rows of the same ranks on one host (shared memory)")
+    ap.add_argument("--eval-every", type=int, default=0, metavar="K", help="accuracy part: "
+                    "evaluate on a fixed held-out set every K steps (0: at epoch ends only)")
+    ap.add_argument("--eval-samples", type=int, default=2000, help="held-out test images "
+                    "of --eval-every")
     ap.add_argument("--json", help="write every run's raw results here")
     args = ap.parse_args()
     args.rules = listed(args.rules, ROWS, "--rules")
@@ -345,6 +380,9 @@ def main() -> None:
         sys.exit(f"benchmarks/cluster.py: {why}")
     print(f"emulated cluster: {os.cpu_count()} cores, cores split between hosts, MPI over "
           f"TCP (UCX_TLS=tcp); load before: {host_load()['loadavg']}")
+    if args.scale_links:
+        print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
+              f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
     raw = {}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)

@@ -26,6 +26,35 @@ from pathlib import Path
 RULES = ["data", "localsgd", "downpour", "easgd", "gossip", "gem", "partial"]
 
 
+def step_evaluator(every: int, x, y):
+    """A callback that, on rank 0, every ``every`` global steps, measures the accuracy of
+    rank 0's replica on the fixed held-out ``x, y`` (no communication: the other ranks go
+    on) and records (step, training seconds so far without the evaluations, accuracy), so
+    that time to a target is located within ``every`` steps instead of at epoch ends."""
+    import numpy as np
+
+    from distnn.training.callback_base import Callback
+
+    class StepEval(Callback):
+        def __init__(self):
+            self.records, self.eval_s, self.t0 = [], 0.0, None
+
+        def on_train_begin(self, trainer):
+            self.t0 = time.perf_counter()
+
+        def on_batch_end(self, trainer, step, logs):
+            if trainer.comm.rank != 0 or trainer.global_step % every:
+                return
+            t = time.perf_counter()
+            pred = trainer.model.predict(x, batch_size=500).argmax(axis=1)
+            acc = float(np.mean(pred == y))
+            now = time.perf_counter()
+            self.eval_s += now - t
+            self.records.append({"step": trainer.global_step, "accuracy": acc,
+                                 "train_s": t - self.t0 - (self.eval_s - (now - t))})
+    return StepEval()
+
+
 def run_rank(args) -> None:
     """One rank of one run (under mpiexec): train, then rank 0 writes the JSON."""
     import numpy as np
@@ -44,8 +73,14 @@ def run_rank(args) -> None:
                           dtype=np.float32, rng=0)
         opt = get_optimizer("sgd", model, lr=args.lr, momentum=0.9)
         rule = get_rule(args.run, **json.loads(args.options))
+        callbacks = []
+        if args.eval_every:  # a fixed held-out set: the first samples of the test split
+            x, y = splits.val.arrays()
+            y = y.argmax(axis=1) if y.ndim > 1 else y
+            callbacks.append(step_evaluator(args.eval_every, x[:args.eval_samples],
+                                            y[:args.eval_samples]))
         trainer = Trainer(model, opt, comm=comm, rule=rule, progress=False, verbose=False,
-                          seed=0)
+                          seed=0, callbacks=callbacks)
         t0 = time.perf_counter()
         history = trainer.fit(splits.train, epochs=args.epochs, batch_size=args.batch,
                               validation=splits.val, steps_per_epoch=args.steps_per_epoch,
@@ -56,6 +91,7 @@ def run_rank(args) -> None:
             Path(args.out).write_text(json.dumps({
                 "history": history.records, "stats": stats, "wall": wall,
                 "steps": trainer.global_step,
+                "step_evals": callbacks[0].records if callbacks else [],
                 "size": comm.size, "rule": repr(rule)}))
 
 
@@ -112,6 +148,8 @@ def main() -> None:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--steps-per-epoch", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--eval-every", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--eval-samples", type=int, default=2000, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         run_rank(args)

@@ -1,0 +1,57 @@
+"""Smoke tests of benchmarks/cluster.py's options that need no emulated cluster
+(benchmarks/cluster_opts.py): link-rate scaling, time to target from evaluations every K
+steps, and the network-free rows (the same ranks on one host, shared memory)."""
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cluster_opts as opts
+
+
+def test_link_rate_scaled_by_cores_per_host():
+    assert opts.link_rate("1gbit", 8, True, ncores=2) == "250mbit"
+    assert opts.link_rate("10gbit", 4, True, ncores=2) == "5gbit"
+    assert opts.link_rate("1gbit", 2, True, ncores=2) == "1gbit"  # a core each: as named
+    assert opts.link_rate("1gbit", 8, False, ncores=2) == "1gbit"
+    assert opts.link_rate("1gbit", 3, True, ncores=2) == "666667kbit"
+    assert opts.link_rate(opts.NETWORK_FREE, 8, True) == opts.NETWORK_FREE
+    assert opts.parse_rate("1.5gbit") == 1.5e9
+    with pytest.raises(ValueError, match="rate"):
+        opts.parse_rate("1gbps")
+
+
+def test_time_to_target_from_step_evaluations():
+    evals = [{"step": 50, "accuracy": 0.80, "train_s": 1.0},
+             {"step": 100, "accuracy": 0.851, "train_s": 2.1},
+             {"step": 150, "accuracy": 0.86, "train_s": 3.2}]
+    assert opts.time_to_target(evals, 0.85) == {"step_to_target": 100,
+                                                "time_to_target_steps": 2.1, "evals": 3}
+    assert opts.time_to_target(evals, 0.9)["step_to_target"] is None
+
+
+def _needs_mpiexec():
+    if shutil.which("mpiexec", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("needs mpiexec")
+
+
+@pytest.mark.slow
+def test_network_free_accuracy_row_evaluates_every_k_steps(tmp_path):
+    _needs_mpiexec()
+    args = argparse.Namespace(epochs=1, steps_per_epoch=6, eval_every=2, eval_samples=200,
+                              target=0.0)
+    res = opts.run_rule_local(2, "data", {}, args, tmp_path / "shm.json")
+    assert "error" not in res, res
+    assert res["evals"] == 3 and res["step_to_target"] == 2  # 6 steps, one every 2
+    assert 0 < res["time_to_target_steps"] < res["wall"]
+
+
+@pytest.mark.slow
+def test_network_free_throughput_row():
+    _needs_mpiexec()
+    rec = opts.run_throughput_local("simplecnn", 2, argparse.Namespace(
+        warmup=1, windows=2, steps=2))
+    assert "error" not in rec, rec
+    assert len(rec["samples_per_s"]) == 2 and min(rec["samples_per_s"]) > 0
