@@ -383,7 +383,7 @@ def main() -> None:
     if args.scale_links:
         print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
-    raw = {}
+    raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links}}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)
     if args.part in ("all", "accuracy"):

@@ -55,3 +55,27 @@ def test_network_free_throughput_row():
         warmup=1, windows=2, steps=2))
     assert "error" not in rec, rec
     assert len(rec["samples_per_s"]) == 2 and min(rec["samples_per_s"]) > 0
+
+
+def test_costmodel_check_errors_per_row():
+    from benchmarks.costmodel_check import check
+    from distnn.cluster.costmodel import Config, Link, ModelCost, predict
+    from distnn.distributed.optimizer import parameter_tensors
+    from distnn.models import get_model
+    net = get_model("simplecnn", input_shape=(1, 28, 28), num_classes=10)
+    segs = [(ly.name, lo, hi) for ly, lo, hi in net.layer_ranges()]
+    # 4 hosts on 2 cores, scaled: compute 2x the 1-host step, links shaped to 500 Mbit/s
+    cost = ModelCost(0.020, parameter_tensors(net), batch=64, segments=segs)
+    exact = predict(Config("data"), cost, 4, Link(0.5, 50e-6)).step_s
+    raw = {"throughput": {
+        "simplecnn/1/None": [{"step_s": [0.010, 0.010], "batch_per_rank": 64}],
+        "simplecnn/2/shm": [{"step_s": [0.011]}],
+        "simplecnn/4/1gbit": [{"step_s": [exact], "batch_per_rank": 64}],
+        "simplecnn/4/10gbit": [{"error": "exit 1"}]}}
+    rows = check(raw, 50e-6, cores=2, scale=True)
+    assert [r["row"] for r in rows] == ["simplecnn/4/1gbit", "simplecnn/4/10gbit"]
+    assert rows[0]["link"] == "500mbit" and rows[0]["compute_s"] == 0.020
+    assert rows[0]["rel_error"] == pytest.approx(0.0)
+    assert "error" in rows[1]
+    raw["throughput"]["simplecnn/4/1gbit"] = [{"step_s": [exact / 1.25]}]
+    assert check(raw, 50e-6, 2, True)[0]["rel_error"] == pytest.approx(0.25)
