@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from ..distributed.compressors import (FP16Compressor, PowerSGD, Threshold, TopK,
                                        parse_compression)
@@ -186,7 +187,7 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
         wire = 2 if isinstance(cfg, FP16Compressor) else item
         builtin = not isinstance(cfg, FP16Compressor)
         segs = model.segments or [(name, lo, hi) for name, lo, hi, _ in model.tensors]
-        ranges = [(type("L", (), {"name": name})(), lo, hi) for name, lo, hi in segs]
+        ranges = [(SimpleNamespace(name=name), lo, hi) for name, lo, hi in segs]
         out, done = [], 0
         for lo, hi, _ in make_buckets(ranges, item, config.bucket_size_mb):
             done += hi - lo  # buckets come in backward order
