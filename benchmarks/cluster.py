@@ -121,7 +121,7 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
         return opts.run_throughput_local(model, hosts, args)
     cmd = [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
            "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
-           "--steps", str(args.steps)]
+           "--steps", str(args.steps), "--compression", args.compression]
     with cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
         before = c.link_bytes()
         t0 = host_load()
@@ -139,7 +139,8 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     rec["bytes_per_step"] = sent / steps
     rec["steal"] = steal_share(t0, t1)
     rec["load"] = t1["loadavg"]
-    if hosts > 1 and sent < steps * PARAMS[model] * 4:
+    # bytes a parameter needs on the wire a step, at least (compressions: far fewer)
+    if hosts > 1 and sent < steps * PARAMS[model] * opts.least_bytes(args.compression):
         return {"error": f"only {sent} bytes crossed the links for {steps} steps: the "
                          "gradients did not travel over the network"}
     return rec
@@ -356,6 +357,8 @@ def main() -> None:
                     "198.18.NET.0/24")
     ap.add_argument("--hosts", nargs="+", type=int, default=None, help="throughput part: "
                     "host counts (default 2, and 4 for simplecnn)")
+    ap.add_argument("--compression", default="none", help="throughput part: the workers' "
+                    "--gradient_compression (none, fp16, topk:R, powersgd:R)")
     ap.add_argument("--scale-links", action="store_true", help="shape N hosts' links on C "
                     "cores to rate x C/N (compute-to-communication of one-core nodes)")
     ap.add_argument("--no-network-free", dest="network_free", action="store_false",
@@ -383,7 +386,8 @@ def main() -> None:
     if args.scale_links:
         print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
-    raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links}}
+    raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links,
+                    "compression": args.compression}}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)
     if args.part in ("all", "accuracy"):

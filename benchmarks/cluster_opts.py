@@ -41,6 +41,13 @@ def format_rate(bits: float) -> str:
     return f"{round(bits / 1e3)}kbit"
 
 
+def least_bytes(compression: str) -> float:
+    """Bytes per parameter a step's exchange puts on the wire at least: 4 dense, 2 fp16,
+    0.004 for top-k/PowerSGD (simplecnn's powersgd:2 sends ~0.1; only 'nothing crossed'
+    is to be caught)."""
+    return {"none": 4.0, "fp16": 2.0}.get(compression, 0.004)
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0))
 
@@ -116,7 +123,7 @@ def run_throughput_local(model: str, ranks: int, args) -> dict:
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable,
            str(HERE / "workers" / "distnn_worker.py"), "--model", model, "--threads", "1",
            "--warmup", str(args.warmup), "--windows", str(args.windows), "--steps",
-           str(args.steps)]
+           str(args.steps), "--compression", getattr(args, "compression", "none")]
     proc = subprocess.run(cmd, env=local_env(), capture_output=True, text=True,
                           timeout=1800, cwd=ROOT)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)

@@ -6,6 +6,9 @@ the measured one, and the error.
 
     python benchmarks/cluster.py --part throughput --hosts 2 4 8 --scale-links --json c.json
     python benchmarks/costmodel_check.py c.json [--latency-us 50]
+
+A run with ``--compression SPEC`` (the workers' --gradient_compression) is checked against
+the model of that compression (its JSON records which).
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ def _step(recs: list[dict]) -> float | None:
     return statistics.median(ok) if ok else None
 
 
-def check(raw: dict, latency_s: float, cores: int, scale: bool) -> list[dict]:
+def check(raw: dict, latency_s: float, cores: int, scale: bool,
+          compression: str = "none") -> list[dict]:
     """One row per measured N-host row of ``raw["throughput"]``: measured and predicted
     step seconds and the relative error (predicted / measured - 1)."""
     from distnn.cluster.costmodel import Config, Link, ModelCost, predict
@@ -52,7 +56,7 @@ def check(raw: dict, latency_s: float, cores: int, scale: bool) -> list[dict]:
                          segments=[(ly.name, lo, hi) for ly, lo, hi in net.layer_ranges()])
         shaped = opts.link_rate(rate, hosts, scale, cores)
         link = Link(opts.parse_rate(shaped) / 1e9, latency_s)
-        pred = predict(Config("data"), cost, hosts, link).step_s
+        pred = predict(Config("data", compression), cost, hosts, link).step_s
         out.append({"row": key, "link": shaped, "compute_s": cost.compute_s,
                     "measured_s": measured, "predicted_s": pred,
                     "rel_error": pred / measured - 1})
@@ -76,9 +80,10 @@ def main() -> None:
     meta = raw.get("meta", {})
     cores = args.cores or meta.get("cores") or opts.cores()
     scale = bool(meta.get("scale_links")) if args.scale_links is None else True
-    rows = check(raw, args.latency_us * 1e-6, cores, scale)
-    print(f"cost model vs measured, --parallel data, {cores} cores, links "
-          f"{'scaled' if scale else 'as named'}, latency {args.latency_us:g} us\n")
+    compression = meta.get("compression", "none")
+    rows = check(raw, args.latency_us * 1e-6, cores, scale, compression)
+    print(f"cost model vs measured, --parallel data, compression {compression}, {cores} "
+          f"cores, links {'scaled' if scale else 'as named'}, latency {args.latency_us:g} us\n")
     print("| row | link shaped | compute ms | measured ms | predicted ms | error |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -15,7 +15,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-args = C.parse_args()
+args = C.parse_args(lambda ap: ap.add_argument(
+    "--compression", default="none", help="--gradient_compression spec of the optimizer"))
 C.pin_threads(args.threads)
 
 import distnn  # noqa: E402,F401  (first, as the command does: its thread-waiting defaults)
@@ -34,7 +35,7 @@ model = get_model(args.model, input_shape=C.INPUT_SHAPES[args.model], num_classe
                   dtype=np.float32, rng=args.seed)
 dist.broadcast_parameters(model, comm=comm)
 opt = dist.DistributedOptimizer(SGD(model, lr=0.01, momentum=0.9), model, comm=comm,
-                                op="sum", non_blocking=True)
+                                op="sum", non_blocking=True, compression=args.compression)
 lossfn = CategoricalCrossEntropy()
 denom = args.batch * comm.size
 
