@@ -214,6 +214,7 @@ def _fake_mpiexec(tmp_path, first_fails_with):
     return fake
 
 
+@needs_mpi  # the checkpoints come from two_runs
 def test_the_supervisor_resumes_the_previous_checkpoint_when_the_newest_will_not_load(
         tmp_path, two_runs):
     import io
@@ -234,6 +235,7 @@ def test_the_supervisor_resumes_the_previous_checkpoint_when_the_newest_will_not
     assert f"--resume {tmp_path}/ck.npz" in (tmp_path / "argv").read_text().splitlines()[1]
 
 
+@needs_mpi  # the checkpoints come from two_runs
 def test_the_supervisor_takes_a_host_back_with_node_local_checkpoints(tmp_path, two_runs):
     """The ranks agree on the newest node-local copy (above), so a host that answers again
     is taken back, as with shared storage."""
