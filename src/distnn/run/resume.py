@@ -14,6 +14,7 @@ resumes from the same state, and their nodes' next checkpoint replaces the stale
 """
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Any
 
@@ -40,8 +41,10 @@ def load_resume(comm, path: str, per_node: bool) -> Any:
     except (OSError, ValueError) as exc:
         error = str(exc)
     mine = (state.global_step if state is not None else -1, error,
-            state.fallback_note(path) if state is not None else None)
+            state.fallback_note(path) if state is not None else None, socket.gethostname())
     everyone = comm.allgather_obj(mine)
+    hosts = [h for *_, h in everyone]
+    everyone = [(step, e, n) for step, e, n, _ in everyone]
     best = max(step for step, _, _ in everyone)
     if best < 0:
         first = next(e for _, e, _ in everyone if e)
@@ -57,8 +60,10 @@ def load_resume(comm, path: str, per_node: bool) -> Any:
         if comm.rank in stale:
             from ..training.checkpoint import Checkpoint
             state = Checkpoint(sent[0], sent[1], sent[2])
-        why = ", ".join(f"rank {r}: " + (e.split("; ")[0] if step < 0 else
-                                         f"global step {step}")
+        where = (lambda r: f"rank {r} on host {hosts[r]}") if len(set(hosts)) > 1 else \
+            (lambda r: f"rank {r}")
+        why = ", ".join(f"{where(r)}: " + (e.split("; ")[0] if step < 0 else
+                                           f"global step {step}")
                         for r, (step, e, _) in enumerate(everyone) if r in stale)
         notes.append(f"node-local checkpoints differ ({why}); every rank resumes from "
                      f"global step {best}, rank {source}'s copy, sent over MPI to rank"
