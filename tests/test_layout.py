@@ -233,3 +233,14 @@ def test_design_citations_name_sections_that_exist():
             bad.append(f"{path.relative_to(ROOT)}: cites DESIGN outside the repository")
     assert cited >= 5  # the check sees the citations it is meant to check
     assert bad == []
+
+
+def test_test_modules_have_unique_names():
+    """The test folders are not packages, so pytest imports each test file by its name
+    alone: two ``test_plan.py`` in two folders stop the whole suite at collection ("import
+    file mismatch"), which happened once."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name != "conftest.py" and "__pycache__" not in path.parts:
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
