@@ -188,17 +188,26 @@ get_model.parameter_range = [Integer(10, 50, name="nb_filters"),
     assert SearchSpace.from_dict(table).names == list(table)
 
 
-def test_a_missing_extra_is_one_line_on_every_rank_before_data_is_read(tmp_path):
-    from helpers import COMMAND, MPIEXEC, child_env
-    if MPIEXEC is None:
-        pytest.skip("needs mpiexec")
-    fake = tmp_path / "fake" / "keras"
+def without_module(tmp_path, name: str) -> dict[str, str]:
+    """A child environment in which ``import name`` fails as it does where the package is
+    not installed: a package of that name first on PYTHONPATH that raises
+    ModuleNotFoundError."""
+    from helpers import child_env
+    fake = tmp_path / "fake" / name
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'keras'\", name='keras')\n")
-    (tmp_path / "net.py").write_text(FILES["functional.py"])
+        f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
     env = child_env()
     env["PYTHONPATH"] = f"{tmp_path / 'fake'}:{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def test_a_missing_extra_is_one_line_on_every_rank_before_data_is_read(tmp_path):
+    from helpers import COMMAND, MPIEXEC
+    if MPIEXEC is None:
+        pytest.skip("needs mpiexec")
+    env = without_module(tmp_path, "keras")
+    (tmp_path / "net.py").write_text(FILES["functional.py"])
     # a data set path that does not exist: reading data would be another error
     proc = subprocess.run([MPIEXEC, "-n", "2", *COMMAND, "train", "--model", "net.py",
                            "--dataset", "mnist", "--dataset_path", "nowhere", "--quiet"],
@@ -259,20 +268,15 @@ def test_keras_imported_on_another_backend_is_one_line(monkeypatch):
 
 
 def test_a_missing_scikit_optimize_is_one_line_on_every_rank_of_a_search(tmp_path):
-    from helpers import COMMAND, MPIEXEC, child_env
+    from helpers import COMMAND, MPIEXEC
     if MPIEXEC is None:
         pytest.skip("needs mpiexec")
-    fake = tmp_path / "fake" / "skopt"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'skopt'\", name='skopt')\n")
+    env = without_module(tmp_path, "skopt")
     # NNLO's way: the file imports scikit-optimize for its parameter_range
     (tmp_path / "net.py").write_text(
         "from skopt.space import Integer\n\nfrom distnn.nn import Dense, Flatten, Sequential\n"
         "\n\ndef get_model(units=4):\n    return Sequential([Flatten(), Dense(units), "
         "Dense(3)])\n\n\nget_model.parameter_range = [Integer(2, 6, name='units')]\n")
-    env = child_env()
-    env["PYTHONPATH"] = f"{tmp_path / 'fake'}:{env.get('PYTHONPATH', '')}"
     # a data set path that does not exist: reading data would be another error
     proc = subprocess.run([MPIEXEC, "-n", "2", *COMMAND, "search", "--model", "net.py",
                            "--dataset", "mnist", "--dataset_path", "nowhere", "--block_size",
