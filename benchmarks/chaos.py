@@ -148,7 +148,7 @@ class Chaos:
         for f in faults:
             # --paced: also wait for a step taken after the previous fault (a loaded
             # machine's slow start-ups then never swallow a fault)
-            while not self.stopping and (time.monotonic() - self.t0 < f.at or a.paced and
+            while not self.stopping and (self._before(f) or a.paced and
                                          not any(t > last for t, _ in self.progress)):
                 self._supervise()
                 if self.finished() or time.monotonic() > self.t0 + a.minutes * 60:
@@ -184,6 +184,13 @@ class Chaos:
             if f.kind == "corrupt_ck":
                 time.sleep(5)
                 self.corrupting = False
+
+    def _before(self, f) -> bool:
+        """Not yet time for ``f``: in seconds, or with --at_steps in the job's global steps
+        (the same schedule on a machine of any speed)."""
+        if self.args.at_steps:
+            return not self.progress or self.progress[-1][1] < f.at
+        return time.monotonic() - self.t0 < f.at
 
     def finished(self) -> bool:
         return self.proc is not None and self.proc.poll() == 0
@@ -260,6 +267,8 @@ def parser() -> argparse.ArgumentParser:
                    help="print the table of a saved run and exit")
     p.add_argument("--paced", action="store_true",
                    help="inject a fault only after a step taken since the previous one")
+    p.add_argument("--at_steps", action="store_true",
+                   help="a fault's time is the job's global step, not seconds after start")
     p.add_argument("--verbose", action="store_true")
     return p
 

@@ -40,16 +40,18 @@ from benchmarks.chaos_report import analyse
 def test_each_fault_kind_once_and_the_job_finishes():
     args = parser().parse_args([
         "--minutes", "3.5", "--prefix", "dnc", "--net", "78", "--model", "simplemlp",
-        "--epochs", "2", "--steps_per_epoch", "200", "--checkpoint_steps", "10",
-        "--stall_timeout", "8", "--max_restarts", "12", "--paced", "--disk_mb", "48"])
+        "--epochs", "3", "--steps_per_epoch", "150", "--checkpoint_steps", "10",
+        "--stall_timeout", "8", "--max_restarts", "12", "--paced", "--at_steps",
+        "--disk_mb", "48"])
     h = ["dnc1", "dnc2", "dnc3", "dnc4"]
-    plan = [Fault("kill_rank", 12, h[1]), Fault("link_down_5s", 16, h[2], 3.0),
-            Fault("stop_short", 20, h[3], 3.0), Fault("throttle", 22, h[1], 8.0),
-            Fault("link_down_60s", 32, h[2], 12.0),      # dropped: longer than 8 s
-            Fault("kill_rank0", 48, h[0]),               # h3 answers again: taken back
-            # early enough that the job (no restart after a full disk) has not finished
-            # on an idle machine; --paced holds each fault until a step after the last one
-            Fault("disk_full", 56, h[0], 6.0), Fault("kill_in_write", 64, h[0])]
+    # at global steps of the 450 (a machine of any speed sees every fault before the end)
+    plan = [Fault("kill_rank", 80, h[1]), Fault("link_down_5s", 110, h[2], 3.0),
+            Fault("stop_short", 130, h[3], 3.0), Fault("throttle", 140, h[1], 8.0),
+            Fault("link_down_60s", 170, h[2], 12.0),     # dropped: longer than 8 s
+            Fault("kill_rank0", 210, h[0]),              # h3 answers again: taken back
+            Fault("kill_in_write", 260, h[0]),
+            # 6 s are at most ~100 steps here: the disk has room again before the final save
+            Fault("disk_full", 320, h[0], 6.0)]
     chaos = Chaos(args)
     try:
         result = chaos.run(plan)
