@@ -75,7 +75,10 @@ class Chaos:
                 "--random_seed", "7", "--learning_rate", "0.05",
                 "--checkpoint", self.ck, "--checkpoint_steps", str(a.checkpoint_steps),
                 "--stall_warning", str(a.stall_timeout / 4), "--stall_timeout",
-                str(a.stall_timeout), "--overwrite"]
+                str(a.stall_timeout), "--overwrite"] + (
+            ["--lr_schedulers", "reduce_lr_every_nepochs", "--reduce_lr_every_nepochs_factor",
+             "0.5", "--reduce_lr_every_nepochs_nepochs", str(a.halve_lr_every)]
+            if a.halve_lr_every else [])
 
     # -- the job ---------------------------------------------------------------------
     def launch(self, resume: bool) -> None:
@@ -257,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--steps_per_epoch", type=int, default=100)
     p.add_argument("--checkpoint_steps", type=int, default=20)
+    p.add_argument("--halve_lr_every", type=int, default=0, metavar="EPOCHS",
+                   help="halve the learning rate every EPOCHS epochs (a final accuracy "
+                        "that settles, to compare with the fault-free run); 0: constant")
     p.add_argument("--stall_timeout", type=float, default=20)
     p.add_argument("--max_restarts", type=int, default=60)
     p.add_argument("--disk_mb", type=int, default=64,

@@ -6,7 +6,7 @@ reference; with the "numba" backend (the default when numba is installed; see ``
 their memory-bound loops run compiled and multi-threaded from ``_numba`` while the GEMMs
 stay in NumPy's BLAS. ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose.
 """
-from .backend import backend, get_num_threads, set_backend, set_num_threads
+from .backend import backend, get_num_threads, matmul, pieces, set_backend, set_num_threads
 from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
                         bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
                         bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
@@ -14,7 +14,6 @@ from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats
 from .node import node_cores, threads_per_rank
 from .conv import (ConvCache, ConvGeometry, col2im, conv2d_backward, conv2d_forward,
                    conv_geometry, conv_output_size, im2col, same_padding)
-from ._threads import matmul, pieces
 from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       global_avgpool2d_backward, global_avgpool2d_forward, maxpool2d_backward,
                       maxpool2d_forward, pool_output_shape)
@@ -30,3 +29,4 @@ __all__ = [
     "bn_xhat", "bn_inference", "bn_grad_sums", "bn_backward_dx", "bn_backward_dx_inference",
     "channel_sum", "channel_dot", "channel_count", "matmul", "pieces",
 ]
+

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 _BACKENDS = ("numpy", "numba")
 _state = {"name": None, "module": None}
 
@@ -67,3 +69,22 @@ def get_num_threads() -> int:
     """Threads of the compiled loops (1 on the NumPy backend)."""
     fast = compiled()
     return fast.get_num_threads() if fast is not None else 1
+
+
+def matmul(a, b, out=None):
+    """np.matmul(a, b, out=out); with 2+ compiled threads, a small 2-D product runs on one
+    BLAS thread (``_threads.matmul``). numba is not imported on the NumPy backend."""
+    if get_num_threads() <= 1:
+        return np.matmul(a, b, out=out)
+    from ._threads import matmul as threaded
+    return threaded(a, b, out=out)
+
+
+def pieces(n: int, fn, min_items: int = 1 << 20) -> None:
+    """fn(a, b) over contiguous pieces covering range(n), split among the compiled threads
+    (``_threads.pieces``); fn(0, n) here with one thread or on the NumPy backend."""
+    if get_num_threads() <= 1 or n < min_items:
+        fn(0, n)
+        return
+    from ._threads import pieces as threaded
+    threaded(n, fn, min_items)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _vgemm, direct, plan
+from . import direct, plan
 from .backend import compiled, get_num_threads
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
@@ -106,6 +106,7 @@ def _chunks(n: int, per_sample: int, keep: bool):
 
 
 def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
+    from . import _vgemm
     from ._threads import kernel, run
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
@@ -135,6 +136,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
 
 
 def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
+    from . import _vgemm
     from ._threads import kernel, run
     g, kept, x = cache.geometry, cache.col, cache.x
     f = w.shape[0]

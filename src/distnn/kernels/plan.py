@@ -16,7 +16,9 @@ The measurements behind each value are in benchmarks/history/kernel-planner-meas
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass, fields, replace
 from typing import Iterator, Mapping
 
@@ -102,11 +104,18 @@ def _host_features() -> dict[str, bool]:
 
 
 def _numba_target() -> CPU:
-    try:
+    """numba's target, read without importing numba (0.3-0.5 s a process, which the NumPy
+    backend does not need): its config reads NUMBA_CPU_NAME, and NUMBA_CPU_FEATURES with
+    "" as the default when the name is "generic"."""
+    if "numba" in sys.modules:
         from numba.core import config
-    except ImportError:
+        return target_cpu(config.CPU_NAME, config.CPU_FEATURES)
+    if importlib.util.find_spec("numba") is None:
         return CPU("generic")
-    return target_cpu(config.CPU_NAME, config.CPU_FEATURES)
+    name = os.environ.get("NUMBA_CPU_NAME")
+    features = os.environ.get("NUMBA_CPU_FEATURES",
+                              "" if str(name).lower() == "generic" else None)
+    return target_cpu(name, features)
 
 
 TARGET = _numba_target()

@@ -235,9 +235,10 @@ class Optimizer:
         """``_update`` over contiguous pieces of a long flat buffer, one per kernel thread
         (every update rule here is elementwise: the same numbers as one call). vgg11bn's
         SGD step (9.7M parameters) took 6.3 ms on one thread while the other waited."""
-        from ..kernels import pieces  # the kernels' threads (numba loads with the layers)
+        from .. import kernels  # the kernels' threads (none on the NumPy backend)
         arrays = [p, g, *state.values(), *scratch]
-        if p.ndim != 1 or any(a.ndim != 1 or a.shape != p.shape for a in arrays):
+        if kernels.get_num_threads() <= 1 or p.ndim != 1 or any(
+                a.ndim != 1 or a.shape != p.shape for a in arrays):
             self._update(p, g, state, scratch, step)
             return
 
@@ -245,7 +246,7 @@ class Optimizer:
             self._update(p[a:b], g[a:b], {k: v[a:b] for k, v in state.items()},
                          [s[a:b] for s in scratch], step)
 
-        pieces(p.size, piece)
+        kernels.pieces(p.size, piece)
 
     def zero_grad(self) -> None:
         """Set every gradient array to zero (layers overwrite gradients anyway)."""
