@@ -98,8 +98,33 @@ def _link(ctx, host: str, state: str) -> None:
     subprocess.run(["ip", "link", "set", h.link, state], check=False, capture_output=True)
 
 
+# faults aimed at one host's ranks or link: on a host the job has dropped they hurt nothing
+ON_A_RANK = {"kill_rank", "kill_host", "stop_short", "stop_long", "link_down_5s",
+             "link_down_60s", "throttle", "corrupt_ck"}
+
+
+def _host_in_the_job(ctx, f: Fault) -> str:
+    """``f.host`` when ranks of the job run there, else another host (not rank 0's) that
+    has some, waiting up to 60 s for a restart to bring them; "" when none does."""
+    end = time.monotonic() + 60
+    while not ctx.stopping:
+        if _rank_pids(ctx, f.host):
+            return f.host
+        live = [h for h in ctx.hosts[1:] if _rank_pids(ctx, h)]
+        if live:
+            f.notes.append(f"{f.host} is not in the job now: aimed at {live[0]}")
+            return live[0]
+        if time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    f.notes.append(f"not reached: no rank of the job on {f.host} or another host")
+    return ""
+
+
 def inject(ctx, f: Fault) -> None:
     """Do fault ``f`` now (blocking for its duration; the driver runs it in a thread)."""
+    if f.kind in ON_A_RANK:
+        f.host = _host_in_the_job(ctx, f) or f.host
     f.injected = time.monotonic()
     k, host = f.kind, f.host
     rank0 = ctx.hosts[0]

@@ -62,29 +62,33 @@ def analyse(result: dict) -> list[dict]:
             back = next((t for t, st in progress if t > after and st > base), None)
             f["recover_s"] = None if back is None else round(back - at, 1)
         went_on = f["kind"] not in GOES_ON or restart is None
-        f["survived"] = f.get("recover_s") is not None and not gave_up and went_on
+        f["reached"] = not any(n.startswith("not reached") or n.endswith(": 0 processes")
+                               or n.endswith(" pids []") for n in f.get("notes", []))
+        f["survived"] = (f["reached"] and f.get("recover_s") is not None and not gave_up
+                         and went_on)
     return faults
 
 
 def table(result: dict) -> str:
     rows = analyse(result)
-    out = ["| fault | count | survived | recover s (mean, max) | what the user saw first |",
-           "|---|---|---|---|---|"]
+    out = ["| fault | injected | reached the job | survived | recover s (mean, max) | "
+           "what the user saw first |", "|---|---|---|---|---|---|"]
     for kind in KINDS:
         mine = [r for r in rows if r["kind"] == kind]
         if kind == "host_back":  # a restart line that takes a dropped host again
             back = [s for _, s in pieces(result["lines"]) if "distnn launch: restart" in s
                     and " back;" in s]
-            out.append(f"| host_back | {len(back)} | {len(back)} | - | `"
+            out.append(f"| host_back | {len(back)} | {len(back)} | {len(back)} | - | `"
                        f"{back[0][14:134] if back else 'not exercised'}` |")
             continue
         if not mine:
-            out.append(f"| {kind} | 0 | - | - | not exercised |")
+            out.append(f"| {kind} | 0 | - | - | - | not exercised |")
             continue
-        rec = [r["recover_s"] for r in mine if r.get("recover_s") is not None]
+        rec = [r["recover_s"] for r in mine if r["reached"] and r.get("recover_s") is not None]
         seen = next((r["message"] for r in mine if r["message"]), "nothing (job went on)")
         seen = seen.replace("|", "/")[:120]
         times = f"{sum(rec) / len(rec):.0f}, {max(rec):.0f}" if rec else "-"
-        out.append(f"| {kind} | {len(mine)} | {sum(bool(r['survived']) for r in mine)} | "
+        out.append(f"| {kind} | {len(mine)} | {sum(r['reached'] for r in mine)} | "
+                   f"{sum(bool(r['survived']) for r in mine)} | "
                    f"{times} | `{seen}` |")
     return "\n".join(out)

@@ -62,6 +62,7 @@ def test_each_fault_kind_once_and_the_job_finishes():
     assert result["finished"], said
     assert result["checkpoints_bad"] == 0 and result["checkpoints_loaded"] >= 3
     assert set(rows) == {f.kind for f in plan}, rows
+    assert all(r["reached"] for r in rows.values()), rows  # each on a host in the job
     for kind in ("kill_rank", "kill_rank0", "link_down_60s", "kill_in_write"):
         assert rows[kind]["restart"] and rows[kind]["survived"], rows[kind]
     for kind in ("link_down_5s", "stop_short", "throttle", "disk_full"):  # the job goes on
