@@ -19,19 +19,49 @@
   training and tests of several launches. Nothing is deselected by default:
   ``pytest -m "not slow"`` is the quick pass.
 """
+import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
 
-from distnn import kernels  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1... under pytest -n N
+
+
+def _numba_cache_of_this_worker(worker: str) -> None:
+    """A numba cache folder of this worker's own, filled from the shared one (in
+    src/distnn/kernels/__pycache__, warmed before the workers start). Two processes that
+    compile different signatures of one kernel at the same moment can each write its
+    index with the same data file name, so one signature may later load the other's code;
+    each worker (and the ranks it launches) compiles into its own folder instead. Set
+    before numba is imported: its config reads NUMBA_CACHE_DIR then."""
+    spec = importlib.util.find_spec("distnn")
+    if spec is None or importlib.util.find_spec("numba") is None:
+        return
+    source = Path(next(iter(spec.submodule_search_locations))).resolve() / "kernels"
+    root = Path(tempfile.gettempdir()) / f"distnn-numba-{os.getuid()}" / worker
+    # numba's user cache path for a source folder: '<folder name>_<sha1 of its path>'
+    folder = root / f"kernels_{hashlib.sha1(str(source).encode()).hexdigest()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for shared in (source / "__pycache__").glob("*.nb[ic]"):
+        mine = folder / shared.name
+        if not mine.exists() or mine.stat().st_mtime < shared.stat().st_mtime:
+            shutil.copy2(shared, mine)
+    os.environ["NUMBA_CACHE_DIR"] = str(root)
+
+
+if WORKER and "NUMBA_CACHE_DIR" not in os.environ:
+    _numba_cache_of_this_worker(WORKER)
+
+from distnn import kernels  # noqa: E402
 # The folders whose tests start processes that run the compiled kernels.
 LAUNCHING = {"cli", "cluster", "distributed", "rules", "run", "search", "torch"}
 
@@ -68,14 +98,33 @@ def _launches(item: pytest.Item) -> bool:
     return len(parts) > 1 and parts[0] in LAUNCHING
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # under pytest -n N --dist loadgroup the emulated-cluster tests run one after another
+    # on one worker (one cluster at a time: their timeouts assume the cores they get)
+    for item in items:
+        if Path(item.path).resolve().is_relative_to(HERE / "cluster"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # under pytest -n N: the controller warms the shared cache before it starts the workers
+    if getattr(session.config.option, "numprocesses", None) and not WORKER:
+        _warm(session.config)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if os.environ.get("DISTNN_TEST_WARM", "1") == "0" or session.config.option.collectonly:
-        return
+    if WORKER or session.config.option.collectonly:
+        return  # a worker: its controller warmed the cache
     compiled = [i for i in session.items if _launches(i) and i.get_closest_marker("compiled")]
-    if importlib.util.find_spec("numba") is None or not compiled:
-        return
-    if os.environ.get("DISTNN_KERNELS", "").strip().lower() == "numpy":
-        return  # the launched processes will not compile anything
+    if compiled:
+        _warm(session.config)
+
+
+def _warm(config: pytest.Config) -> None:
+    if os.environ.get("DISTNN_TEST_WARM", "1") == "0" or importlib.util.find_spec("numba") \
+            is None or os.environ.get("DISTNN_KERNELS", "").strip().lower() == "numpy":
+        return  # nothing to warm, or the launched processes will not compile anything
     # Best effort: a path that fails here fails in the tests that use it, with their message.
     try:  # the environment as it is: default threads there, --threads 1 for the ranks' path
         subprocess.run([sys.executable, str(HERE / "warm_kernels.py")], timeout=900,
