@@ -98,12 +98,20 @@ def _launches(item: pytest.Item) -> bool:
     return len(parts) > 1 and parts[0] in LAUNCHING
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # under pytest -n N --dist loadgroup the emulated-cluster tests run one after another
-    # on one worker (one cluster at a time: their timeouts assume the cores they get)
-    for item in items:
-        if Path(item.path).resolve().is_relative_to(HERE / "cluster"):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+if importlib.util.find_spec("xdist") is not None:
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        """Under pytest -n N the emulated-cluster tests run one after another on one worker
+        (one cluster at a time: their timeouts assume the cores they get); every other test
+        goes to whichever worker is free. (xdist's own ``xdist_group`` marks do not reach
+        its scheduler under pytest 9: they rename ``item._nodeid``, which pytest 9 no
+        longer reads.)"""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ClusterTestsTogether(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return "cluster" if nodeid.startswith("tests/cluster/") else nodeid
+
+        return ClusterTestsTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
