@@ -15,6 +15,12 @@
   ``compiled`` (real data for hundreds of steps, the README main job, the planner's choices
   across ranks) run what users run by default; the kernels themselves are tested in
   tests/kernels on both backends. The suite's own process keeps its default backend.
+- ``pytest -n 2`` (the README's test command; pytest-xdist): two worker processes take
+  tests as they free up, the emulated-cluster tests (tests/cluster) all on one of them, one
+  after another. The controller fills numba's cache before the workers start, and each
+  worker (with the processes it launches) then compiles into a copy of its own
+  (``NUMBA_CACHE_DIR``): two processes compiling different signatures of one kernel at
+  once can give both the same cache file name.
 - ``slow`` (registered in pyproject.toml) marks tests of 15 s and more on 2 cores: real-data
   training and tests of several launches. Nothing is deselected by default:
   ``pytest -m "not slow"`` is the quick pass.
