@@ -82,8 +82,8 @@ def test_the_run_builder_applies_the_threads_to_kernels_and_blas(clean_env):
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to tell 1 thread from the default")
 def test_threads_are_handed_to_torch(clean_env):
     torch = pytest.importorskip("torch")
+    torch.set_num_threads(2)  # what the scope restores (an earlier test may have left 1)
     with threads_scope():
-        torch.set_num_threads(2)
         run = build_run(build_config("train", {**OPTIONS, "threads": 1}), LocalComm())
         assert run.threads == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
