@@ -29,4 +29,3 @@ __all__ = [
     "bn_xhat", "bn_inference", "bn_grad_sums", "bn_backward_dx", "bn_backward_dx_inference",
     "channel_sum", "channel_dot", "channel_count", "matmul", "pieces",
 ]
-

@@ -235,10 +235,9 @@ class Optimizer:
         """``_update`` over contiguous pieces of a long flat buffer, one per kernel thread
         (every update rule here is elementwise: the same numbers as one call). vgg11bn's
         SGD step (9.7M parameters) took 6.3 ms on one thread while the other waited."""
-        from .. import kernels  # the kernels' threads (none on the NumPy backend)
+        from .. import kernels  # the kernels' threads (fn(0, n) on the NumPy backend)
         arrays = [p, g, *state.values(), *scratch]
-        if kernels.get_num_threads() <= 1 or p.ndim != 1 or any(
-                a.ndim != 1 or a.shape != p.shape for a in arrays):
+        if p.ndim != 1 or any(a.ndim != 1 or a.shape != p.shape for a in arrays):
             self._update(p, g, state, scratch, step)
             return
 
