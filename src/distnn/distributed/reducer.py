@@ -17,6 +17,15 @@ With ``backward_passes_per_step`` k a bucket starts after k backward passes (the
 framework accumulates the gradients in between); ``compression`` decides the wire dtype
 ("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the whole buffer
 to a ``CompressedReduction`` (compression.py) in ``synchronize`` (blocking, after backward).
+
+With "fp16" and op "average" or "sum" over an ``MPIComm``, a bucket travels through
+``HalfSumExchange`` (halfsum.py: an all-to-all of float16 chunks, a float32 sum, an
+all-gather of the float16 sums; no user-defined MPI op): each element becomes
+``float16(the float32 sum, in rank order, of the ranks' float16 values)``, cast to the
+buffer's dtype and, for "average", divided by the number of ranks. Over any other
+communicator (a ``JoinableComm``, whose joined ranks serve all-reduces only) and for
+Adasum, the float16 bucket is all-reduced as it is (``MPIComm``'s float16 sum: MPI's
+native one, or a user-defined op that adds pairs in float32).
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from .adasum import adasum_
 from .comm import Communicator
 from .compression import CompressedReduction
 from .compressors import Compression
+from .halfsum import HalfSumExchange, half_exchange_supported
 
 REDUCE_OPS = ("average", "sum", "adasum")
 Bucket = tuple[int, int, list[str]]
@@ -156,6 +166,11 @@ class Reducer:
         self._sizes = [len(names) for _, _, names in self.buckets]
         self._wire_bufs = ([np.empty(hi - lo, self.wire) for lo, hi, _ in self.buckets]
                            if self.wire is not None and self.wire != flat.dtype else None)
+        self.half = None  # the float16 exchange of the buckets (see the module doc)
+        if (self._wire_bufs is not None and self.wire == np.float16 and op != "adasum"
+                and half_exchange_supported(comm)):
+            self.half = HalfSumExchange(comm, [hi - lo for lo, hi, _ in self.buckets])
+            self._wire_bufs = [self.half.wire(b) for b in range(len(self.buckets))]
         self.active = comm.size > 1
         self.allreduce_calls = 0
         self.bytes_reduced = 0
@@ -219,15 +234,23 @@ class Reducer:
             else:
                 adasum_(wire, self.counts[b], self.comm)
         elif blocking:  # inside synchronize()/reduce_(), which time themselves
-            self.comm.allreduce_(wire, "sum")
+            self._allreduce(b, wire)
         elif self.blocking_last and b == len(self.buckets) - 1:
             t0 = time.perf_counter()
-            self.comm.allreduce_(wire, "sum")
+            self._allreduce(b, wire)
             self.comm_wait_time += time.perf_counter() - t0
         else:
-            self.handles[b] = self.comm.iallreduce_(wire, "sum")
+            self.handles[b] = (self.half.start(b) if self.half is not None
+                               else self.comm.iallreduce_(wire, "sum"))
             return
         self._finish(b, buf)
+
+    def _allreduce(self, b: int, wire: np.ndarray) -> None:
+        """The blocking sum of bucket b's ``wire`` over ranks."""
+        if self.half is not None:
+            self.half.start(b).wait()
+        else:
+            self.comm.allreduce_(wire, "sum")
 
     def _finish(self, b: int, buf: np.ndarray) -> None:
         lo, hi, _ = self.buckets[b]
