@@ -7,8 +7,10 @@
 - ``fp16 new``: cast into ``HalfSumExchange`` (all-to-all of float16 chunks, float32 sum,
   all-gather; what the Reducer's "fp16" buckets use), cast back.
 
-For each bucket size (bytes of the float32 bucket) every repetition runs the variants
-one after the other (A B C D A B C D ...); one measurement is ``--iters`` back-to-back
+Every variant casts with ``distnn.kernels.half`` (as the Reducer does) and copies the
+bucket in and out as the Reducer's float16 paths do. For each bucket size (bytes of the
+float32 bucket) every repetition runs the variants one after the other (A B C D A B C D
+...); one measurement is ``--iters`` back-to-back
 exchanges (started and waited, as a bucket is) between two barriers, and counts the
 slowest rank's time per exchange. Rank 0 prints the medians over ``--reps`` repetitions
 and the new path's ratios to the others.
@@ -24,13 +26,18 @@ import time
 import numpy as np
 
 from distnn import distributed as dist
+from distnn import kernels
 from distnn.distributed.halfsum import HalfSumExchange
+from distnn.kernels.half import from_half, to_half
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
 def variants(comm, grads: np.ndarray, blocking: bool) -> dict:
-    """{name: one exchange of ``grads`` (float32), as that path runs a bucket}."""
+    """{name: one exchange of ``grads`` (float32, left unchanged), as that path runs a
+    bucket: into a work buffer, exchanged, back into ``out``}."""
+    work, out = np.empty_like(grads), np.empty_like(grads)
+
     def reduce(c, arr):
         if blocking:
             c.allreduce_(arr, "sum")
@@ -38,30 +45,32 @@ def variants(comm, grads: np.ndarray, blocking: bool) -> dict:
             c.iallreduce_(arr, "sum").wait()
 
     def dense():
-        reduce(comm, grads)
+        np.copyto(work, grads)
+        reduce(comm, work)
+        np.copyto(out, work)
 
     def halved(c):
         wire = np.empty(grads.size, np.float16)
 
         def run():
-            np.copyto(wire, grads, casting="unsafe")
+            to_half(grads, wire)
             reduce(c, wire)
-            np.copyto(grads, wire)
+            from_half(wire, out)
         return run
 
     ex = HalfSumExchange(comm, [grads.size])
 
     def new():
-        np.copyto(ex.wire(0), grads, casting="unsafe")
+        to_half(grads, ex.wire(0))
         ex.start(0).wait()
-        np.copyto(grads, ex.wire(0))
+        from_half(ex.wire(0), out)
 
-    out = {"dense": dense, "fp16 op": halved(dist.MPIComm(comm.comm, fp16="op"))}
+    fns = {"dense": dense, "fp16 op": halved(dist.MPIComm(comm.comm, fp16="op"))}
     mpi = comm.MPI
     if getattr(mpi, "FLOAT16_T", mpi.DATATYPE_NULL) != mpi.DATATYPE_NULL:
-        out["fp16 native"] = halved(dist.MPIComm(comm.comm, fp16="native"))
-    out["fp16 new"] = new
-    return out
+        fns["fp16 native"] = halved(dist.MPIComm(comm.comm, fp16="native"))
+    fns["fp16 new"] = new
+    return fns
 
 
 def timed(comm, fn, iters: int) -> float:
@@ -102,7 +111,7 @@ def main() -> None:
     if comm.rank == 0:
         names = list(rows[0][2])
         others = [n for n in names if n != "fp16 new"]
-        print(f"ranks {comm.size}, {comm.library_version()}, "
+        print(f"ranks {comm.size}, {comm.library_version()}, kernels {kernels.backend()}, "
               f"{'blocking' if args.blocking else 'non-blocking'} all-reduces, "
               f"medians of {args.reps} alternated repetitions, ms per exchange")
         print("| float32 bucket | iters | " + " | ".join(f"{n} ms" for n in names) + " | "

@@ -17,16 +17,24 @@ from distnn.distributed.halfsum import half_sum_reference
 SIZES = [1, 2, 5, 7, 1000, 1001, 30011]
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
+@pytest.fixture(scope="module", params=[(2, "numpy"), (2, "numba"), (3, "numpy"),
+                                        (3, "numba")], ids=lambda p: f"np{p[0]}-{p[1]}")
 def ranks(request, tmp_path_factory):
+    """Every rank's checks, on n ranks with the kernel backend that casts and sums."""
+    n, backend = request.param
     if MPIEXEC is None or not have_mpi4py():
         pytest.skip("needs mpiexec and mpi4py")
-    out = tmp_path_factory.mktemp(f"halfsum_np{request.param}")
-    proc = mpirun(request.param, "halfsum_prog.py", str(out), timeout=300)
+    if backend == "numba":
+        pytest.importorskip("numba")
+    out = tmp_path_factory.mktemp(f"halfsum_np{n}_{backend}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISTNN_KERNELS", backend)
+        proc = mpirun(n, "halfsum_prog.py", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out / "results.pkl", "rb") as f:
         everyone = pickle.load(f)
-    assert len(everyone) == request.param
+    assert len(everyone) == n
+    assert all(res["backend"] == backend for res in everyone)
     return everyone
 
 

@@ -8,7 +8,8 @@ rank k owns chunk k (elements k*m to (k+1)*m). One exchange:
 1. phase 1 (``Ialltoall`` of 16-bit words on the communicator): every rank sends chunk k
    of its float16 bucket to rank k and receives its own chunk from every rank;
 2. rank k adds the p chunks in float32, in rank order (``float32(x_0) + x_1 + ... +
-   x_{p-1}``, each addition rounded to float32), and rounds the sum to float16 once;
+   x_{p-1}``, each addition rounded to float32), and rounds the sum to float16 once
+   (``distnn.kernels.half``: compiled with the numba backend, NumPy's arithmetic);
 3. phase 2 (``Iallgather`` of 16-bit words, on a duplicate of the communicator): every
    rank receives every chunk's float16 sum.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.half import sum_halves
 from .mpi_comm import MPIComm, _MPIHandle
 
 
@@ -65,13 +67,8 @@ class _HalfHandle:
 
     def _gather(self) -> None:  # phase 1 is complete: sum, start phase 2
         owner, bk = self._owner, self._bucket
-        recv, acc = bk.recv, bk.acc
-        acc[...] = recv[0]
-        for row in recv[1:]:
-            np.add(acc, row, out=acc, dtype=np.float32)
         k = owner.comm.rank
-        mine = bk.padded[k * bk.m:(k + 1) * bk.m]
-        np.copyto(mine, acc, casting="unsafe")
+        sum_halves(bk.recv, bk.padded[k * bk.m:(k + 1) * bk.m], bk.acc)
         MPI = owner.comm.MPI
         words = [bk.padded.view(np.uint16), MPI.UINT16_T]
         request = owner.second_comm().Iallgather(MPI.IN_PLACE, words)

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from distnn import distributed as dist
+from distnn import kernels
 from distnn.distributed.halfsum import HalfSumExchange
 from distnn.distributed.join import JoinableComm
 
@@ -124,7 +125,7 @@ def main() -> None:
     comm = dist.init()
     with dist.abort_on_error(comm):
         n_ranks = comm.size
-        out = {"size": n_ranks}
+        out = {"size": n_ranks, "backend": kernels.backend()}
         out.update(exchange_checks(comm, n_ranks))
         out.update(reducer_checks(comm, n_ranks))
         out.update(old_path_checks(comm, n_ranks))
