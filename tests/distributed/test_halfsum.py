@@ -61,12 +61,13 @@ def test_reduce_of_another_buffer_uses_the_same_arithmetic(ranks):
     assert all(res["reduce_"] for res in ranks)
 
 
-def test_joinable_comm_keeps_the_float16_allreduce(ranks):
-    for res in ranks:
-        fallback, diff = res["joinable_old_path"]
-        assert fallback
-        # two ranks: one float32 addition rounded once either way; three: close
-        assert diff == 0.0 if res["size"] == 2 else diff < 0.05
+def test_joined_ranks_serve_the_exchange_with_zeros(ranks):
+    n = len(ranks)
+    for rank, res in enumerate(ranks):
+        used, equal, last = res["join"]
+        assert used, "the JoinableComm did not run HalfSumExchange"
+        assert equal == [True] * (rank + 1)
+        assert last == n - 1
 
 
 def test_user_op_path_rounds_differently_from_three_ranks_on(ranks):

@@ -31,10 +31,15 @@ from ..kernels.half import sum_halves
 from .mpi_comm import MPIComm, _MPIHandle
 
 
-def half_exchange_supported(comm) -> bool:
-    """Whether ``comm`` runs ``HalfSumExchange`` (an ``MPIComm`` of more than one rank; a
-    ``JoinableComm`` does not: a joined rank serves all-reduces only)."""
-    return isinstance(comm, MPIComm) and comm.size > 1
+def half_exchange_for(comm, sizes):
+    """The float16 exchange of buckets of ``sizes`` elements over ``comm``: a
+    ``HalfSumExchange`` on an ``MPIComm`` of two or more ranks, the communicator's own
+    ``half_exchange`` (``JoinableComm``: its joined ranks serve it), else None (the
+    caller all-reduces its float16 buckets)."""
+    if isinstance(comm, MPIComm):
+        return HalfSumExchange(comm, sizes) if comm.size > 1 else None
+    make = getattr(type(comm), "half_exchange", None)
+    return make(comm, sizes) if make is not None else None
 
 
 def half_sum_reference(values: list[np.ndarray]) -> np.ndarray:
@@ -95,16 +100,20 @@ class HalfSumExchange:
     Args:
         comm: an ``MPIComm`` of two or more ranks.
         sizes: the buckets' numbers of elements.
+        second: the communicator of phase 2 (a duplicate of ``comm.comm`` that other
+            exchanges share, made at the same point on every rank); None: made by the first
+            ``start``.
 
     Example:
         ex = HalfSumExchange(comm, [n]); ex.wire(0)[...] = grads
         ex.start(0).wait()  # ex.wire(0) now holds the float16 sum over ranks
     """
 
-    def __init__(self, comm: MPIComm, sizes):
+    def __init__(self, comm: MPIComm, sizes, second=None):
         self.comm = comm
         self.buckets = [_Bucket(int(n), comm.size) for n in sizes]
-        self._second = None  # the duplicate communicator of phase 2 (``second_comm``)
+        self._second = second  # the duplicate communicator of phase 2 (``second_comm``)
+        self._owns_second = second is None
         self._queue: list[_HalfHandle] = []  # started buckets whose phase 2 has not started
 
     def wire(self, b: int) -> np.ndarray:
@@ -144,7 +153,10 @@ class HalfSumExchange:
             head._gather()
 
     def free(self) -> None:
-        """Free the duplicate communicator (collective; the exchange can still be used)."""
+        """Free the duplicate communicator if this exchange made it (collective; the
+        exchange can still be used)."""
+        if not self._owns_second:
+            return
         if self._second is not None and not self.comm.MPI.Is_finalized():
             self._second.Free()
         self._second = None

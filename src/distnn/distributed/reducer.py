@@ -18,14 +18,14 @@ framework accumulates the gradients in between); ``compression`` decides the wir
 ("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the whole buffer
 to a ``CompressedReduction`` (compression.py) in ``synchronize`` (blocking, after backward).
 
-With "fp16" and op "average" or "sum" over an ``MPIComm``, a bucket travels through
-``HalfSumExchange`` (halfsum.py: an all-to-all of float16 chunks, a float32 sum, an
-all-gather of the float16 sums; no user-defined MPI op): each element becomes
-``float16(the float32 sum, in rank order, of the ranks' float16 values)``, cast to the
-buffer's dtype and, for "average", divided by the number of ranks. Over any other
-communicator (a ``JoinableComm``, whose joined ranks serve all-reduces only) and for
-Adasum, the float16 bucket is all-reduced as it is (``MPIComm``'s float16 sum: MPI's
-native one, or a user-defined op that adds pairs in float32).
+With "fp16" and op "average" or "sum" over an ``MPIComm`` (or a ``JoinableComm`` of one,
+whose joined ranks send zeros), a bucket travels through ``HalfSumExchange`` (halfsum.py:
+an all-to-all of float16 chunks, a float32 sum, an all-gather of the float16 sums; no
+user-defined MPI op): each element becomes ``float16(the float32 sum, in rank order, of
+the ranks' float16 values)``, cast to the buffer's dtype and, for "average", divided by
+the number of ranks. Over any other communicator and for Adasum, the float16 bucket is
+all-reduced as it is (``MPIComm``'s float16 sum: MPI's native one, or a user-defined op
+that adds pairs in float32, the path ``hvd.allreduce`` of a float16 tensor keeps).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from .adasum import adasum_
 from .comm import Communicator
 from .compression import CompressedReduction
 from .compressors import Compression
-from .halfsum import HalfSumExchange, half_exchange_supported
+from .halfsum import half_exchange_for
 
 REDUCE_OPS = ("average", "sum", "adasum")
 Bucket = tuple[int, int, list[str]]
@@ -168,9 +168,9 @@ class Reducer:
         self._wire_bufs = ([np.empty(hi - lo, self.wire) for lo, hi, _ in self.buckets]
                            if self.wire is not None and self.wire != flat.dtype else None)
         self.half = None  # the float16 exchange of the buckets (see the module doc)
-        if (self._wire_bufs is not None and self.wire == np.float16 and op != "adasum"
-                and half_exchange_supported(comm)):
-            self.half = HalfSumExchange(comm, [hi - lo for lo, hi, _ in self.buckets])
+        if self._wire_bufs is not None and self.wire == np.float16 and op != "adasum":
+            self.half = half_exchange_for(comm, [hi - lo for lo, hi, _ in self.buckets])
+        if self.half is not None:
             self._wire_bufs = [self.half.wire(b) for b in range(len(self.buckets))]
         self.active = comm.size > 1
         self.allreduce_calls = 0

@@ -100,25 +100,38 @@ def reducer_checks(comm, n_ranks):
 
 
 def old_path_checks(comm, n_ranks):
-    """The user-op all-reduce (the old path, kept for single tensors and JoinableComm)
-    against the exchange: how many elements differ."""
+    """The user-op all-reduce (the old path, kept for single float16 tensors) against the
+    exchange: how many elements differ."""
     n = 30011
     op_comm = dist.MPIComm(comm.comm, fp16="op")
     old = data(comm.rank, n).astype(np.float16)
     op_comm.allreduce_(old, "sum")
     new = expected_sum([data(r, n) for r in range(n_ranks)])
-    out = {"old_vs_new_differ": int(np.sum(old != new))}
-    # the Reducer over a JoinableComm keeps the float16 all-reduce of the communicator
+    return {"old_vs_new_differ": int(np.sum(old != new))}
+
+
+def join_checks(comm, n_ranks):
+    """Rank r trains r + 1 steps with a Reducer over a JoinableComm, then joins: at step s
+    the ranks below s send zeros (served by join()); the average divides by all ranks."""
+    n = 9001
     segs = segments_of(n)
-    flat = data(comm.rank, n)
-    red = dist.Reducer(flat, segs, JoinableComm(op_comm), op="sum", compression="fp16",
+    jc = JoinableComm(comm)
+    flat = np.zeros(n, np.float32)
+    red = dist.Reducer(flat, segs, jc, op="average", compression="fp16",
                        bucket_size_mb=0.01)
-    for i in reversed(range(len(segs))):
-        red.ready(i)
-    red.synchronize()
-    out["joinable_old_path"] = (red.half is None,
-                                float(np.max(np.abs(flat - old.astype(np.float32)))))
-    return out
+    equal = []
+    for step in range(comm.rank + 1):
+        flat[...] = data(comm.rank + 10 * step, n)
+        for i in reversed(range(len(segs))):
+            red.ready(i)
+        red.synchronize()
+        red.reset()  # what the optimizer's step does
+        values = [data(r + 10 * step, n) if r >= step else np.zeros(n, np.float32)
+                  for r in range(n_ranks)]
+        want = expected_sum(values).astype(np.float32) / np.float32(n_ranks)
+        equal.append(bool(np.array_equal(flat, want)))
+    last = jc.join()
+    return {"join": (red.half is not None, equal, last)}
 
 
 def main() -> None:
@@ -129,6 +142,7 @@ def main() -> None:
         out.update(exchange_checks(comm, n_ranks))
         out.update(reducer_checks(comm, n_ranks))
         out.update(old_path_checks(comm, n_ranks))
+        out.update(join_checks(comm, n_ranks))
         everyone = comm.allgather_obj(out)
         if comm.rank == 0:
             with open(f"{sys.argv[1]}/results.pkl", "wb") as f:
