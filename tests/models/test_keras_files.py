@@ -287,3 +287,31 @@ def test_a_missing_scikit_optimize_is_one_line_on_every_rank_of_a_search(tmp_pat
     assert len(lines) == 2, proc.stderr
     assert all("scikit-optimize is not installed" in line
                and "pip install 'distnn[keras]'" in line for line in lines), proc.stderr
+
+
+KERAS_FREE = ("from distnn.nn import Dense, Flatten, Sequential\n\n"
+              "def ModelClass(num_classes):\n"
+              "    return Sequential([Flatten(), Dense(num_classes)])\n")
+
+
+@pytest.mark.parametrize("spec", ["plain.py:ModelClass", "pkg.sub.modelfile:ModelClass",
+                                  "nspkg.modelfile:ModelClass"])
+def test_a_model_file_that_names_no_keras_does_not_import_it(tmp_path, spec):
+    """Keras costs seconds to import: a model file (or module, in a package or a namespace
+    folder) whose text names neither keras nor tensorflow is loaded without it; one that
+    does gets Keras's scope."""
+    (tmp_path / "plain.py").write_text(KERAS_FREE)
+    for folder, init in (("pkg/sub", True), ("nspkg", False)):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "modelfile.py").write_text(KERAS_FREE)
+        if init:
+            (tmp_path / "pkg" / "__init__.py").write_text("")
+            (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "kerasy.py").write_text("import keras  # the file names Keras\n" + KERAS_FREE)
+    code = ("import sys; from distnn.models.files import load_model_spec; "
+            "m = load_model_spec(sys.argv[1], input_shape=(1, 4, 4), num_classes=3); "
+            "print(type(m).__name__, 'keras' in sys.modules)")
+    outs = [subprocess.run([sys.executable, "-c", code, s], cwd=tmp_path, capture_output=True,
+                           text=True, check=True).stdout.split()
+            for s in (spec, "kerasy.py:ModelClass")]
+    assert outs == [["Sequential", "False"], ["Sequential", "True"]]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -221,14 +222,36 @@ def _why(exc: BaseException) -> str:
     return missing_extra(exc) or f"{type(exc).__name__}: {exc}"
 
 
+def _module_sources(target: str, root: str) -> list[str] | None:
+    """The source files of module ``target`` (package.module) and of its packages, found
+    as ``_import_module`` would find them but without importing anything; None when one
+    is not a plain source file."""
+    path, found = [root, *sys.path], []
+    for part in target.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, path)
+        if spec is None:
+            return None
+        if spec.origin is not None:  # None: a namespace package (a folder, no __init__)
+            if not spec.origin.endswith(".py"):
+                return None
+            found.append(spec.origin)
+        path = list(spec.submodule_search_locations or [])
+    return found or None
+
+
 @contextlib.contextmanager
 def _keras_scope(spec: str, target: str, dtype=np.float32, seed: int = 0):
     """Keras's backend, float type, seed and NNLO's tensorflow.keras alias around a model
     file (``models.keras_files.keras_build``)."""
     from . import keras_files
-    path = os.path.abspath(target) if target.endswith(".py") else None
+    if target.endswith(".py"):
+        sources = [os.path.abspath(target)]
+    else:
+        sources = _module_sources(target, os.getcwd())
+    # the files' text says whether they need Keras; a module not found: Keras if installed
+    needed = any(map(keras_files.mentions_keras, sources)) if sources else None
     try:
-        with keras_files.keras_build(dtype, seed, needed=keras_files.mentions_keras(path)):
+        with keras_files.keras_build(dtype, seed, needed=needed):
             yield
     except keras_files.KerasFileError as exc:
         raise _failed(f"--model {spec!r}: {exc}", exc) from None

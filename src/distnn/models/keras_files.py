@@ -122,13 +122,15 @@ def _tensorflow_alias():
 
 
 @contextlib.contextmanager
-def keras_build(dtype=np.float32, seed: int = 0, *, needed: bool = False,
+def keras_build(dtype=np.float32, seed: int = 0, *, needed: bool | None = None,
                 alias: bool = True):
-    """The scope a model file is imported and called in (see the module doc). Without
-    ``needed`` and without Keras installed, it only selects the backend; without ``alias``
-    there is no ``tensorflow.keras`` (Keras's own code then sees no TensorFlow)."""
+    """The scope a model file is imported and called in (see the module doc). ``needed``
+    True: Keras must import; None: Keras's scope when Keras is installed; False (a model
+    file that names neither keras nor tensorflow): only the backend is selected, and Keras
+    is not imported. Without ``alias`` there is no ``tensorflow.keras`` (Keras's own code
+    then sees no TensorFlow)."""
     select_backend()
-    if not needed and importlib.util.find_spec("keras") is None:
+    if needed is False or (needed is None and importlib.util.find_spec("keras") is None):
         yield
         return
     require_keras()
