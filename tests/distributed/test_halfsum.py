@@ -1,7 +1,8 @@
 """The Reducer's float16 exchange (``compression="fp16"``: all-to-all of float16 chunks,
 float32 sum, all-gather; halfsum.py) on 2 and 3 real mpiexec ranks: bit-equal to a NumPy
 reference of the same arithmetic, on every rank, for bucket sizes the ranks do not divide,
-float32 and float64 buffers, average and sum, blocking and non-blocking buckets."""
+chunked and whole (small) buckets, float32 and float64 buffers, average and sum, blocking
+and non-blocking buckets, and ranks that joined."""
 from __future__ import annotations
 
 import pickle
@@ -14,7 +15,7 @@ from helpers import MPIEXEC, have_mpi4py
 
 from distnn.distributed.halfsum import half_sum_reference
 
-SIZES = [1, 2, 5, 7, 1000, 1001, 30011]
+SIZES = [1, 2, 5, 7, 1000, 1001, 30011, 100003]
 
 
 @pytest.fixture(scope="module", params=[(2, "numpy"), (2, "numba"), (3, "numpy"),
@@ -41,6 +42,7 @@ def ranks(request, tmp_path_factory):
 @pytest.mark.parametrize("n", SIZES)
 def test_exchange_equals_numpy_reference_for_any_size(ranks, n):
     for res in ranks:
+        assert res["modes"] == [False, True]  # chunked and whole buckets both ran
         assert res[f"blocking_{n}"], (res["size"], n)
         assert res[f"together_0_{n}"] and res[f"together_1_{n}"], (res["size"], n)
 
@@ -52,7 +54,7 @@ def test_exchange_equals_numpy_reference_for_any_size(ranks, n):
 def test_reducer_fp16_buckets_equal_numpy_reference(ranks, case, op, dtype):
     for res in ranks:
         used, equal, half_bytes, one_call_per_bucket = res[f"{case}_{op}_{dtype}"]
-        assert used, "the bucket did not go through HalfSumExchange"
+        assert used, "no bucket went through HalfSumExchange's chunks"
         assert equal
         assert half_bytes and one_call_per_bucket
 
@@ -64,8 +66,9 @@ def test_reduce_of_another_buffer_uses_the_same_arithmetic(ranks):
 def test_joined_ranks_serve_the_exchange_with_zeros(ranks):
     n = len(ranks)
     for rank, res in enumerate(ranks):
-        used, equal, last = res["join"]
+        used, equal, last, modes = res["join"]
         assert used, "the JoinableComm did not run HalfSumExchange"
+        assert modes == [False, True]  # chunked and whole buckets
         assert equal == [True] * (rank + 1)
         assert last == n - 1
 

@@ -13,9 +13,12 @@ rank k owns chunk k (elements k*m to (k+1)*m). One exchange:
 3. phase 2 (``Iallgather`` of 16-bit words, on a duplicate of the communicator): every
    rank receives every chunk's float16 sum.
 
-So every element of the result is ``float16(sum in rank order, in float32, of the ranks'
-float16 values)``, the same on every rank, for any p; each rank sends and receives
-2 (p-1)/p times the float16 bucket (a float32 ring all-reduce moves twice that).
+A small bucket (the other ranks' float16 copies of it at most ``GATHER_BYTES``) skips the
+chunks: phase 1 all-gathers the whole bucket and every rank adds all p copies as in 2;
+there is no phase 2. So every element of the result is ``float16(sum in rank order, in
+float32, of the ranks' float16 values)``, the same on every rank, for any p; with chunks
+each rank sends and receives 2 (p-1)/p times the float16 bucket (a float32 ring
+all-reduce moves twice that).
 
 Phase 1 of a bucket is started where the Reducer would have started its all-reduce
 (during backward, buckets in order). Phase 2 starts, buckets strictly in order, as soon as
@@ -28,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.half import sum_halves
+from .comm_base import _DoneHandle
 from .mpi_comm import MPIComm, _MPIHandle
 
 
@@ -50,13 +54,20 @@ def half_sum_reference(values: list[np.ndarray]) -> np.ndarray:
     return acc.astype(np.float16)
 
 
+# A bucket whose whole float16 copies from the other ranks are at most this many bytes is
+# all-gathered whole and summed by every rank (one collective instead of two).
+GATHER_BYTES = 64 << 10
+
+
 class _Bucket:
     """Buffers of one bucket: ``wire`` (padded float16 send/result), ``recv`` (the p
-    chunks this rank owns), ``acc`` (their float32 sum)."""
+    chunks this rank sums), ``acc`` (their float32 sum); ``whole``: the chunk is the
+    whole bucket (all-gathered, no phase 2)."""
 
     def __init__(self, n: int, p: int):
-        self.n, self.m = n, -(-n // p)
-        self.padded = np.zeros(p * self.m, np.float16)
+        self.whole = 2 * n * (p - 1) <= GATHER_BYTES
+        self.n, self.m = n, n if self.whole else -(-n // p)
+        self.padded = np.zeros(n if self.whole else p * self.m, np.float16)
         self.wire = self.padded[:n]
         self.recv = np.empty((p, self.m), np.float16)
         self.acc = np.empty(self.m, np.float32)
@@ -72,6 +83,10 @@ class _HalfHandle:
 
     def _gather(self) -> None:  # phase 1 is complete: sum, start phase 2
         owner, bk = self._owner, self._bucket
+        if bk.whole:
+            sum_halves(bk.recv, bk.wire, bk.acc)
+            self._second = _DoneHandle(bk.wire)
+            return
         k = owner.comm.rank
         sum_halves(bk.recv, bk.padded[k * bk.m:(k + 1) * bk.m], bk.acc)
         MPI = owner.comm.MPI
@@ -135,7 +150,10 @@ class HalfSumExchange:
         recv = [bk.recv.view(np.uint16), MPI.UINT16_T]
         self.second_comm()  # made (collectively) before the first phase 1: in step on all
         seq = comm.stall.started() if comm.stall is not None else None
-        request = comm.comm.Ialltoall(send, recv)
+        if bk.whole:
+            request = comm.comm.Iallgather(send, recv)
+        else:
+            request = comm.comm.Ialltoall(send, recv)
         handle = _HalfHandle(self, bk, request, (send, recv), seq)
         self._queue.append(handle)
         return handle

@@ -14,7 +14,7 @@ from distnn import kernels
 from distnn.distributed.halfsum import HalfSumExchange
 from distnn.distributed.join import JoinableComm
 
-SIZES = [1, 2, 5, 7, 1000, 1001, 30011]
+SIZES = [1, 2, 5, 7, 1000, 1001, 30011, 100003]
 
 
 def data(rank: int, n: int, dtype=np.float32, scale: float = 1.0) -> np.ndarray:
@@ -50,6 +50,7 @@ def exchange_checks(comm, n_ranks):
         ex.start(b).wait()
         want = expected_sum([data(r, n, scale=1e3) for r in range(n_ranks)])
         out[f"blocking_{n}"] = np.array_equal(ex.wire(b), want)
+    out["modes"] = sorted({bk.whole for bk in ex.buckets})
     ex.free()
     return out
 
@@ -62,7 +63,7 @@ def segments_of(n_params: int):
 def reducer_run(comm, n_ranks, dtype, op, **kwargs):
     """A Reducer with compression fp16 after a simulated backward; returns (result,
     expected, reducer)."""
-    n = 9001
+    n = 40009
     segs = segments_of(n)
     flat = data(comm.rank, n, dtype)
     red = dist.Reducer(flat, segs, comm, op=op, compression="fp16", **kwargs)
@@ -87,7 +88,9 @@ def reducer_checks(comm, n_ranks):
             for name, kwargs in cases.items():
                 got, want, red = reducer_run(comm, n_ranks, dtype, op, **kwargs)
                 key = f"{name}_{op}_{np.dtype(dtype).name}"
-                out[key] = (red.half is not None, np.array_equal(got, want),
+                out[key] = (red.half is not None and any(not bk.whole for bk in
+                                                         red.half.buckets),
+                            np.array_equal(got, want),
                             red.bytes_reduced * np.dtype(dtype).itemsize == 2 * red.bytes_dense,
                             red.allreduce_calls == len(red.buckets))
     # reduce_ of another buffer (parameter deltas) through the same exchange
@@ -113,12 +116,12 @@ def old_path_checks(comm, n_ranks):
 def join_checks(comm, n_ranks):
     """Rank r trains r + 1 steps with a Reducer over a JoinableComm, then joins: at step s
     the ranks below s send zeros (served by join()); the average divides by all ranks."""
-    n = 9001
+    n = 40009
     segs = segments_of(n)
     jc = JoinableComm(comm)
     flat = np.zeros(n, np.float32)
     red = dist.Reducer(flat, segs, jc, op="average", compression="fp16",
-                       bucket_size_mb=0.01)
+                       bucket_size_mb=0.1)
     equal = []
     for step in range(comm.rank + 1):
         flat[...] = data(comm.rank + 10 * step, n)
@@ -131,7 +134,8 @@ def join_checks(comm, n_ranks):
         want = expected_sum(values).astype(np.float32) / np.float32(n_ranks)
         equal.append(bool(np.array_equal(flat, want)))
     last = jc.join()
-    return {"join": (red.half is not None, equal, last)}
+    modes = sorted({bk.whole for bk in red.half._exchange.buckets})
+    return {"join": (red.half is not None, equal, last, modes)}
 
 
 def main() -> None:
