@@ -22,7 +22,7 @@ def test_resnet20_at_32x32_takes_winograd4():
 
 @pytest.mark.mpi
 @needs_mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_resnet20_winograd4_n_ranks_match_one_rank(tmp_path, ranks):
     pytest.importorskip("numba")
     args = ["--dataset", "synthetic", "--input_shape", "3,32,32", "--num_samples", "96",

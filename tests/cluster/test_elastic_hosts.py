@@ -34,7 +34,7 @@ def _wait(proc, cond, seconds=240):
     raise AssertionError("the job never got there")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a killed rank restarts the world: tests/torch/test_elastic.py
 @needs_cluster
 def test_a_killed_host_restarts_from_the_last_commit_and_comes_back(tmp_path):
     h1, h2, h3 = (f"{PREFIX}{i}" for i in (1, 2, 3))

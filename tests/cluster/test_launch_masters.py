@@ -39,6 +39,7 @@ def rank_pids(cluster, rank: int) -> list[int]:
     return found
 
 
+@pytest.mark.long  # naming the role: test_launch_roles.py; restarts: test_launch.py
 def test_a_killed_sub_master_is_restarted_from_the_last_checkpoint(tmp_path):
     (tmp_path / "mlp.py").write_text(MODEL)
     ck = tmp_path / "ck.npz"

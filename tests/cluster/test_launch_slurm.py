@@ -69,6 +69,7 @@ def test_launch_takes_the_hosts_of_the_allocation(slurm3, tmp_path):
 
 
 @needs_slurm
+@pytest.mark.long  # a killed host dropped and resumed: tests/cluster/test_launch.py
 @pytest.mark.timeout(420)
 def test_a_killed_host_of_the_allocation_is_dropped_and_the_run_resumes(slurm3, tmp_path):
     # last in this module: the killed host's slurmd is gone with it (the node stays down)

@@ -47,7 +47,8 @@ def _weights_moved(onnx_file, weights):
 
 @pytest.mark.slow
 @needs_mpi
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", [r if r in ("data", "downpour") else
+                                  pytest.param(r, marks=pytest.mark.long) for r in RULES])
 def test_resnet18_onnx_fine_tunes_on_two_ranks(onnx_file, tmp_path, rule):
     proc = distnn("train", "--model", onnx_file, "--parallel", rule, *DATA,
                   "--save_weights", "tuned.npz", "--history_file", "h.json", cwd=tmp_path)

@@ -55,7 +55,7 @@ def topk_first(tmp_path_factory):
 @pytest.mark.parametrize("n,spec,extra", [
     (2, "topk:0.05", []),
     (3, "powersgd:2", ["--compression_warmup_steps", "3"]),
-    (3, "threshold:0.003", ["--checkpoint_steps", "5"]),
+    pytest.param(3, "threshold:0.003", ["--checkpoint_steps", "5"], marks=pytest.mark.long),
 ])
 def test_resume_is_exact(tmp_path, n, spec, extra, request):
     args = ["--gradient_compression", spec, *extra]

@@ -40,7 +40,7 @@ def four_chunks_profiled(tmp_path_factory) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_one_chunk_equals_localsgd_averaging_every_step(tmp_path, n, request):
     partial, out = train(n, tmp_path, "partial", "--parallel", "partial",
                          "--partial_chunks", "1", "--quiet")

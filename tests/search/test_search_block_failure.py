@@ -50,7 +50,8 @@ def build_model():
 @pytest.mark.slow
 @needs_mpi
 @needs_data
-@pytest.mark.parametrize("fail_rank,who", [(2, "block rank 1"), (1, "block rank 0")])
+@pytest.mark.parametrize("fail_rank,who", [(2, "block rank 1"),
+                                           pytest.param(1, "block rank 0", marks=pytest.mark.long)])
 def test_a_trial_failing_on_one_rank_of_a_block_fails_alone(tmp_path, monkeypatch, fail_rank,
                                                             who):
     (tmp_path / "fragile.py").write_text(MODEL)

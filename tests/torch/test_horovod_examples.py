@@ -163,7 +163,7 @@ def test_join_with_uneven_batches(hvd_run):
 
 
 @needs_mpi
-@pytest.mark.slow
+@pytest.mark.long  # Adasum's arithmetic: tests/distributed/test_adasum.py, test_mnist_example_calls
 def test_horovod_mnist_example_adasum_trains_like_average(tmp_path):
     """examples/horovod_mnist.py on 2 ranks, 120 steps on Fashion-MNIST: Average (lr
     scaled by size) and Adasum (not scaled) reach about the same test accuracy."""

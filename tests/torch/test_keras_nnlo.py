@@ -58,7 +58,8 @@ def _accuracy(out: str) -> float:
 
 
 @needs_mpi
-@pytest.mark.parametrize("mode, n", [("data", 2), ("easgd", 3)])
+@pytest.mark.parametrize("mode, n", [("data", 2),
+                                     pytest.param("easgd", 3, marks=pytest.mark.long)])
 def test_nnlo_spellings_train_a_keras_model_file(folder, mode, n):
     proc = distnn(n, "train", "--model", "cnn.py", "--mode", mode, "--loss",
                   "categorical_crossentropy", *SMALL, "--save_weights", f"{mode}.weights.h5",
@@ -79,6 +80,7 @@ def test_a_keras_json_trains_on_two_ranks(folder):
 
 
 @needs_mpi
+@pytest.mark.long  # tests/models/test_keras_files.py reads parameter_range in-process
 def test_search_takes_its_space_from_parameter_range(folder):
     out = folder / "search_out"
     proc = distnn(3, "search", "--model", "cnn.py", "--loss", "categorical_crossentropy",

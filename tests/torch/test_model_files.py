@@ -107,7 +107,8 @@ def _train(n, folder, name, *extra, model="net.py"):
 
 
 @needs_mpi
-@pytest.mark.parametrize("n, optimizer, model", [(3, "sgd", "bnnet.py"), (2, "adam", "net.py")])
+@pytest.mark.parametrize("n, optimizer, model", [
+    pytest.param(3, "sgd", "bnnet.py", marks=pytest.mark.long), (2, "adam", "net.py")])
 def test_torch_model_file_on_n_ranks_equals_one_process(files, n, optimizer, model):
     # bnnet.py has a BatchNorm2d: with --sync_batchnorm it becomes distnn.torch's
     # SyncBatchNorm (statistics of the global batch), so 3 ranks still equal 1 process.

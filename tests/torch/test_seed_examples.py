@@ -29,7 +29,8 @@ def _have_fashion_mnist() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")
 @pytest.mark.compiled  # a CNN on Fashion-MNIST, evaluated on its 10,000 test images
-@pytest.mark.parametrize("ranks,option", [(2, "plain"), (3, "half")])
+@pytest.mark.parametrize("ranks,option", [pytest.param(2, "plain", marks=pytest.mark.long),
+                                          (3, "half")])
 def test_singa_cnn_example_trains_on_n_ranks(tmp_path, ranks, option):
     proc = mpirun(ranks, sys.executable, EXAMPLES / "singa_mnist_cnn.py", "cnn", "mnist",
                   "-m", "1", "--steps", "60", "-l", "0.05", "-d", option, cwd=tmp_path,
