@@ -46,6 +46,17 @@ def test_network_free_accuracy_row_evaluates_every_k_steps(tmp_path):
     assert "error" not in res, res
     assert res["evals"] == 3 and res["step_to_target"] == 2  # 6 steps, one every 2
     assert 0 < res["time_to_target_steps"] < res["wall"]
+    # benchmarks/cluster_pool.py: the medians of repeated runs, against the reference row
+    from benchmarks.cluster_pool import pool, table
+    missed = dict(res, time_to_target_steps=None, step_to_target=None)
+    rows = pool([{"data/shm": res, "data/1gbit": missed}, {"data/shm": res},
+                 {"data/shm": res, "data/1gbit": {"error": "exit 1"}}])
+    assert [(r["key"], r["runs"], r["reached"]) for r in rows] == [
+        ("data/shm", 3, 3), ("data/1gbit", 1, 0)]
+    assert rows[0]["time"] == res["time_to_target_steps"] and rows[1]["time"] is None
+    text = table(rows, "data/shm")
+    assert "| data | one host (shared memory) | 3 (3) |" in text and "+0%" in text
+    assert "| data | 1gbit | 1 (0) | not reached |" in text
 
 
 @pytest.mark.slow
