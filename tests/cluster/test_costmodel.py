@@ -1,14 +1,15 @@
 """The cost model of a step (distnn/cluster/costmodel.py): hand-computed times on 2 and 4
-hosts, MPICH's algorithm by size, monotonicity in bandwidth, and the compressions' bytes as
-the code counts them."""
+hosts, MPICH's algorithm by size, monotonicity in bandwidth, the compressions' bytes as
+the code counts them, and the float16 exchange's messages (halfsum.py) by hand."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from distnn.cluster.costmodel import (DEFAULT_CONFIGS, Config, Link, ModelCost,
-                                      allgather_time, allreduce_time, pick, predict, table,
-                                      tier)
+                                      allgather_time, allreduce_time, alltoall_time,
+                                      half_bucket, half_buckets, pick, predict, table, tier)
+from distnn.distributed.halfsum import GATHER_BYTES
 
 # 1 Gbit/s = 125e6 bytes/s; 1 MB = 1e6 bytes takes 8 ms; latency 100 us
 LINK = Link(gbits=1, latency_s=100e-6)
@@ -42,6 +43,74 @@ def test_allgather_by_size():
     assert allgather_time(4000, 3, LINK)[1] == "bruck"
     t, alg = allgather_time(1e6, 4, LINK)
     assert alg == "ring" and t == pytest.approx(3 * 100e-6 + 0.75 * 8e-3)
+
+
+def test_alltoall_by_size():
+    # MPICH's Ialltoall: pairwise above 32 KiB per destination, P-1 steps of one chunk each
+    t, alg = alltoall_time(1e5, 4, LINK)
+    assert alg == "pairwise" and t == pytest.approx(3 * (100e-6 + 1e5 / 125e6))
+    # at most 32 KiB: every send posted, 32 at a time (one latency per batch)
+    t, alg = alltoall_time(2000, 3, LINK)
+    assert alg == "scattered" and t == pytest.approx(100e-6 + 2 * 2000 / 125e6)
+    # at most 256 B on 8 ranks or more: Bruck, 3 steps of the 4 blocks whose index has bit k
+    t, alg = alltoall_time(200, 8, LINK)
+    assert alg == "bruck" and t == pytest.approx(3 * 100e-6 + 12 * 200 / 125e6)
+    assert alltoall_time(200, 4, LINK)[1] == "scattered"
+    assert alltoall_time(1e5, 1, LINK) == (0.0, "none")
+
+
+def test_fp16_exchange_hand_computed():
+    # every tensor a bucket of its own: the bias (500 elements, first in backward order) is
+    # all-gathered whole (the other ranks' float16 copies <= 64 KiB); the matrix goes as an
+    # all-to-all of float16 chunks and an all-gather of the summed chunks (halfsum.py)
+    b = ModelCost(compute_s=0.01, tensors=[("fc/w", 0, N, (500, 500)),
+                                          ("fc/b", N, N + 500, (500,))])
+    cfg = Config("data", "fp16", bucket_size_mb=0)
+    beta = 125e6
+    # 2 hosts: bias: recursive doubling, 1 message of 1000 B; matrix: chunks of 125000
+    # elements (250000 B): pairwise 1 message, then recursive doubling 1 message
+    bias, mat = half_buckets(cfg, b, 2, LINK)
+    assert (bias.whole, bias.sends, bias.sent, bias.counted) == (True, 1, 1000, 1000)
+    assert bias.seconds == pytest.approx(100e-6 + 1000 / beta)
+    assert (mat.whole, mat.sends, mat.sent, mat.counted) == (False, 2, 500_000, 2 * N)
+    assert mat.seconds == pytest.approx(2 * (100e-6 + 250_000 / beta))
+    assert mat.algorithm == "all-to-all (pairwise) + all-gather (recursive doubling)"
+    p2 = predict(cfg, b, 2, LINK)
+    assert p2.bytes_per_step == (N + 500) * 2  # Reducer.bytes_reduced: float16 bytes, once
+    assert sum(h.sends for h in half_buckets(cfg, b, 2, LINK)) == 3
+    # the bias is done early in backward, the matrix when backward ends
+    assert p2.step_s == pytest.approx(0.010 + mat.seconds)
+    # 3 hosts: bias: Bruck, 2 messages of 1000 B; matrix: chunks of ceil(N/3) = 83334
+    # elements (166668 B), pairwise 2 messages, then a ring (500004 B in all) 2 messages
+    bias, mat = half_buckets(cfg, b, 3, LINK)
+    assert (bias.whole, bias.sends, bias.sent) == (True, 2, 2000)
+    assert bias.seconds == pytest.approx(2 * 100e-6 + 2000 / beta)
+    assert (mat.whole, mat.sends, mat.sent) == (False, 4, 4 * 166_668)
+    assert mat.seconds == pytest.approx(2 * (100e-6 + 166_668 / beta)
+                                        + 2 * 100e-6 + 2 * 166_668 / beta)
+    p3 = predict(cfg, b, 3, LINK)
+    assert p3.bytes_per_step == (N + 500) * 2
+    assert p3.step_s == pytest.approx(0.010 + mat.seconds)
+    # the whole form's threshold is the exchange's own: 2 * n * (P - 1) <= GATHER_BYTES
+    assert half_bucket(GATHER_BYTES // 2, 2, LINK).whole
+    assert not half_bucket(GATHER_BYTES // 2 + 1, 2, LINK).whole
+    assert not half_bucket(GATHER_BYTES // 4 + 1, 3, LINK).whole
+
+
+def test_fp16_no_slower_than_dense_for_big_buckets():
+    # buckets of 1 MiB and more (float32) on 1 Gbit/s: the float16 exchange moves half the
+    # bytes in both phases, so each bucket and the step take no longer than dense
+    layers = 1 << 18  # elements of 1 MiB of float32
+    big = ModelCost(compute_s=0.02, tensors=[(f"l{i}/w", i * layers, (i + 1) * layers,
+                                             (512, 512)) for i in range(4)])
+    slow = Link(gbits=1)
+    for mb in (1, 2, 4):
+        for hosts in (2, 3, 4, 8, 16, 64):
+            dense = predict(Config("data", bucket_size_mb=mb), big, hosts, slow)
+            fp16 = predict(Config("data", "fp16", bucket_size_mb=mb), big, hosts, slow)
+            assert fp16.bytes_per_step == dense.bytes_per_step / 2
+            assert fp16.step_s <= dense.step_s, (mb, hosts)
+            assert all(h[2] <= d[2] for h, d in zip(fp16.messages, dense.messages))
 
 
 def test_data_on_two_and_four_hosts_hand_computed():

@@ -9,80 +9,22 @@ assumptions and what it leaves out: docs/costmodel.md. Not yet validated against
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ..distributed.compressors import (FP16Compressor, PowerSGD, Threshold, TopK,
                                        parse_compression)
+from ..distributed.halfsum import GATHER_BYTES
 from ..distributed.powersgd import matrix_dims
 from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
+from .collectives import (Link, allgather_sends, allgather_time, allreduce_time,
+                          alltoall_sends, alltoall_time)
 
-# MPICH's defaults (src/mpi/coll/allreduce, allgather: MPI_T cvars of the same names).
-ALLREDUCE_SHORT_MSG_SIZE = 2048      # MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE
-ALLGATHER_SHORT_MSG_SIZE = 81920     # MPIR_CVAR_ALLGATHER_SHORT_MSG_SIZE
-ALLGATHER_LONG_MSG_SIZE = 524288     # MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE
-
-
-@dataclass(frozen=True)
-class Link:
-    """One host's link: ``gbits`` Gbit/s each way, ``latency_s`` per message (alpha)."""
-    gbits: float
-    latency_s: float = 50e-6
-
-    def __post_init__(self):
-        if not self.gbits > 0:
-            raise ValueError(f"link gbits must be > 0, got {self.gbits!r}")
-        if not self.latency_s >= 0:
-            raise ValueError(f"link latency_s must be >= 0, got {self.latency_s!r}")
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.gbits * 1e9 / 8
-
-    def send(self, nbytes: float) -> float:
-        """alpha + n / beta: one message of ``nbytes``."""
-        return self.latency_s + nbytes / self.bytes_per_s
-
-
-def _pof2(p: int) -> int:
-    return 1 << (p.bit_length() - 1)
-
-
-def allreduce_time(nbytes: float, hosts: int, link: Link, *, itemsize: int = 4,
-                   builtin_op: bool = True) -> tuple[float, str]:
-    """Seconds of one all-reduce of ``nbytes`` per rank over ``hosts`` ranks, and MPICH's
-    algorithm for it: recursive doubling when the buffer is at most
-    MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE bytes, the op is user-defined (fp16: MPI has no
-    float16 sum) or the count is below the largest power of two p' <= P; otherwise
-    Rabenseifner's reduce-scatter + all-gather. A P that is not a power of two first folds
-    the P - p' extra ranks into partners and hands them the result at the end (2 messages of
-    the whole buffer)."""
-    if hosts <= 1 or nbytes <= 0:
-        return 0.0, "none"
-    p = _pof2(hosts)
-    steps = p.bit_length() - 1
-    fold = 2 * link.send(nbytes) if hosts != p else 0.0
-    if nbytes <= ALLREDUCE_SHORT_MSG_SIZE or not builtin_op or nbytes / itemsize < p:
-        return steps * link.send(nbytes) + fold, "recursive doubling"
-    t = 2 * steps * link.latency_s + 2 * (p - 1) / p * nbytes / link.bytes_per_s
-    return t + fold, "reduce-scatter + all-gather"
-
-
-def allgather_time(total_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
-    """Seconds of an all-gather that delivers ``total_bytes`` (all ranks' parts) to every
-    rank: recursive doubling below MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE on a power of two,
-    Bruck below MPIR_CVAR_ALLGATHER_SHORT_MSG_SIZE otherwise, else a ring. Each rank
-    receives (P-1)/P of the total in all three; they differ in latency terms."""
-    if hosts <= 1 or total_bytes <= 0:
-        return 0.0, "none"
-    bw = (hosts - 1) / hosts * total_bytes / link.bytes_per_s
-    if total_bytes < ALLGATHER_LONG_MSG_SIZE and hosts == _pof2(hosts):
-        return math.log2(hosts) * link.latency_s + bw, "recursive doubling"
-    if total_bytes < ALLGATHER_SHORT_MSG_SIZE:
-        return math.ceil(math.log2(hosts)) * link.latency_s + bw, "bruck"
-    return (hosts - 1) * link.latency_s + bw, "ring"
+__all__ = ["Link", "allreduce_time", "allgather_time", "alltoall_time", "ModelCost",
+           "Config", "Prediction", "HalfBucket", "half_bucket", "half_buckets",
+           "bucket_ranges", "data_messages", "predict", "table", "tier", "pick",
+           "DEFAULT_CONFIGS"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +100,8 @@ class Prediction:
     network); bytes_per_step: what a rank hands to MPI a step (the code's own count,
     ``bytes_reduced`` / ``Traffic``), averaged over the period; ranks_computing: ranks
     that train (a master does not); samples_per_s; efficiency: samples/s against
-    ``hosts`` ranks computing alone; messages: [(what, bytes, seconds, algorithm)]."""
+    ``hosts`` ranks computing alone; messages: [(what, bytes, seconds, algorithm, ready)]
+    (``data_messages``)."""
     config: Config
     hosts: int
     step_s: float
@@ -177,23 +120,73 @@ def _compressed(spec: str, tensors) -> tuple[list, list]:
     return comp, [t for t in tensors if t not in comp]
 
 
+@dataclass(frozen=True)
+class HalfBucket:
+    """One bucket of ``elements`` through the Reducer's float16 exchange
+    (``HalfSumExchange``, distributed/halfsum.py) on P ranks, as one rank sees it.
+
+    ``whole``: the other ranks' float16 copies are at most ``GATHER_BYTES``: one all-gather
+    of the whole bucket, summed on every rank; else an all-to-all of chunks of ceil(n/P)
+    elements (phase 1) and an all-gather of the summed chunks (phase 2). ``counted``: what
+    ``Reducer.bytes_reduced`` adds for it (its float16 bytes, once); ``sends``, ``sent``:
+    the messages and bytes this rank puts on its link; ``seconds``, ``algorithm``."""
+    elements: int
+    whole: bool
+    counted: int
+    sends: int
+    sent: float
+    seconds: float
+    algorithm: str
+
+
+def half_bucket(elements: int, hosts: int, link: Link) -> HalfBucket:
+    """The float16 exchange of one bucket of ``elements`` over ``hosts`` ranks."""
+    n, p = int(elements), int(hosts)
+    whole = 2 * n * (p - 1) <= GATHER_BYTES  # halfsum._Bucket's rule
+    if whole:
+        t, alg = allgather_time(2 * n * p, p, link)
+        count, sent = allgather_sends(2 * n, p)
+        return HalfBucket(n, True, 2 * n, count, sent, t, f"all-gather ({alg})")
+    chunk = 2 * -(-n // p)  # bytes of ceil(n/p) float16 elements
+    t1, a1 = alltoall_time(chunk, p, link)
+    t2, a2 = allgather_time(chunk * p, p, link)
+    (c1, s1), (c2, s2) = alltoall_sends(chunk, p), allgather_sends(chunk, p)
+    return HalfBucket(n, False, 2 * n, c1 + c2, s1 + s2, t1 + t2,
+                      f"all-to-all ({a1}) + all-gather ({a2})")
+
+
+def bucket_ranges(config: Config, model: ModelCost) -> list[tuple[int, int]]:
+    """The Reducer's buckets of ``model``'s gradients, (start, stop) in backward order."""
+    segs = model.segments or [(name, lo, hi) for name, lo, hi, _ in model.tensors]
+    ranges = [(SimpleNamespace(name=name), lo, hi) for name, lo, hi in segs]
+    return [(lo, hi) for lo, hi, _ in make_buckets(ranges, model.itemsize,
+                                                   config.bucket_size_mb)]
+
+
+def half_buckets(config: Config, model: ModelCost, hosts: int,
+                 link: Link) -> list[HalfBucket]:
+    """Every bucket's float16 exchange a step (``compression="fp16"``), backward order."""
+    return [half_bucket(hi - lo, hosts, link) for lo, hi in bucket_ranges(config, model)]
+
+
 def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> list:
     """The exchanges of ``--parallel data`` a step: [(what, bytes, seconds, algorithm,
     ready)] with ``ready`` the share of backward done when it can start (None: after
-    backward, blocking)."""
+    backward, blocking). Dense buckets are all-reduced; fp16 buckets go through the float16
+    exchange (``half_bucket``: both its phases in the bucket's turn)."""
     cfg = parse_compression(config.compression)
     n, item = model.size, model.itemsize
     if cfg is None or isinstance(cfg, FP16Compressor) or config.compression == "none":
-        wire = 2 if isinstance(cfg, FP16Compressor) else item
-        builtin = not isinstance(cfg, FP16Compressor)
-        segs = model.segments or [(name, lo, hi) for name, lo, hi, _ in model.tensors]
-        ranges = [(SimpleNamespace(name=name), lo, hi) for name, lo, hi in segs]
+        half = isinstance(cfg, FP16Compressor)
         out, done = [], 0
-        for lo, hi, _ in make_buckets(ranges, item, config.bucket_size_mb):
+        for lo, hi in bucket_ranges(config, model):
             done += hi - lo  # buckets come in backward order
-            t, alg = allreduce_time((hi - lo) * wire, hosts, link, itemsize=wire,
-                                    builtin_op=builtin)
-            out.append(("bucket", (hi - lo) * wire, t, alg, done / n))
+            if half:
+                hb = half_bucket(hi - lo, hosts, link)
+                out.append(("bucket", hb.counted, hb.seconds, hb.algorithm, done / n))
+            else:
+                t, alg = allreduce_time((hi - lo) * item, hosts, link, itemsize=item)
+                out.append(("bucket", (hi - lo) * item, t, alg, done / n))
         return out
     if isinstance(cfg, PowerSGD):
         comp, dense = _compressed(config.compression, model.tensors)
