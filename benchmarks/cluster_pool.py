@@ -8,6 +8,11 @@ network-free row's (the same ranks through shared memory on one host).
     done
     python benchmarks/cluster_pool.py a1.json a2.json a3.json
 
+Files of the throughput part (``--part throughput``, one ``--compression`` each, as many
+repetitions as files) pool into one table of samples/s per model, host count, link and
+compression: the median over the files of each run's median window, the step time against
+dense's on the same row, and the network-free rows first.
+
 The time to target is the training time (evaluations excluded) at the first evaluation,
 every K steps on the fixed held-out set, that reaches the target; a run that does not
 reach it counts as missing, and a row whose runs mostly miss says so.
@@ -35,13 +40,19 @@ def pool(runs: list[dict]) -> list[dict]:
     for key in keys:
         recs = [run[key] for run in runs if key in run and "error" not in run[key]]
         errors = [run[key]["error"] for run in runs if key in run and "error" in run[key]]
-        times = [r["time_to_target_steps"] for r in recs if r.get("time_to_target_steps")]
+        # a row evaluated only at epoch ends (PyTorch DDP's) has its epoch-end time
+        fine = all("step_to_target" in r for r in recs)
+        field = "time_to_target_steps" if fine else "time_to_target"
+        times = [r[field] for r in recs if r.get(field)]
         steps = [r["step_to_target"] for r in recs if r.get("step_to_target")]
         rows.append({
             "key": key, "runs": len(recs), "reached": len(times), "errors": errors,
+            "epoch_ends": not fine,
             "time": statistics.median(times) if len(times) * 2 > len(recs) else None,
             "times": times,
             "step": statistics.median(steps) if steps else None,
+            "epoch_time": statistics.median(
+                [r["time_to_target"] for r in recs if r.get("time_to_target")] or [0]),
             "final_acc": statistics.median([r["final_acc"] for r in recs]) if recs else None,
             "kb_step": statistics.median([r["bytes_per_step"] for r in recs]) / 1e3
             if recs else None})
@@ -51,22 +62,100 @@ def pool(runs: list[dict]) -> list[dict]:
 def table(rows: list[dict], reference: str) -> str:
     ref = next((r["time"] for r in rows if r["key"] == reference), None)
     out = ["| system | link | runs (reached) | time to target s, median | each run s | "
-           "step of the crossing | vs network-free | final acc | kB on the wire/step |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "step of the crossing | vs network-free | at epoch ends s | final acc | "
+           "kB on the wire/step |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name, rate = r["key"].split("/")
         link = opts.rate_label(rate, 2, False)
         if not r["runs"]:
             out.append(f"| {LABELS.get(name, name)} | {link} | 0 | failed: "
-                       f"{r['errors'][0] if r['errors'] else '?'} | | | | | |")
+                       f"{r['errors'][0] if r['errors'] else '?'} | | | | | | |")
             continue
         t = f"{r['time']:.1f}" if r["time"] else "not reached"
-        vs = f"{r['time'] / ref - 1:+.0%}" if r["time"] and ref else "-"
+        if r["epoch_ends"] and r["time"]:
+            t += " (at an epoch end)"
+        vs = f"{r['time'] / ref - 1:+.0%}" if r["time"] and ref and not r["epoch_ends"] else "-"
         each = ", ".join(f"{x:.1f}" for x in r["times"])
         out.append(f"| {LABELS.get(name, name)} | {link} | {r['runs']} ({r['reached']}) | "
-                   f"{t} | {each} | {r['step'] or '-'} | {vs} | {r['final_acc']:.4f} | "
+                   f"{t} | {each} | {f'{s:.0f}' if (s := r['step']) else '-'} | {vs} | "
+                   f"{f'{ep:.1f}' if (ep := r['epoch_time']) else 'not reached'} | "
+                   f"{r['final_acc']:.4f} | "
                    f"{r['kb_step']:.1f} |")
     return "\n".join(out)
+
+
+def pool_throughput(files: list[dict]) -> dict:
+    """{(model, hosts, rate, compression): [each run's median samples/s, step s]}."""
+    out: dict = {}
+    for raw in files:
+        comp = raw.get("meta", {}).get("compression", "none")
+        for key, recs in raw["throughput"].items():
+            model, hosts, rate = key.split("/")
+            ok = [r for r in recs if "error" not in r]
+            row = out.setdefault((model, int(hosts), rate, comp), [])
+            row += [(statistics.median(r["samples_per_s"]), statistics.median(r["step_s"]))
+                    for r in ok]
+    return out
+
+
+def throughput_table(pooled: dict, scale: bool) -> str:
+    comps = list(dict.fromkeys(k[3] for k in pooled))
+    out = ["| model | hosts x ranks | link | " + " | ".join(
+        f"{c} samples/s (runs)" for c in comps) + " | " + " | ".join(
+        f"{c} step / dense step" for c in comps if c != "none") + " |",
+        "|---" * (3 + len(comps) + len([c for c in comps if c != "none"])) + "|"]
+    rows = list(dict.fromkeys(k[:3] for k in pooled))
+    local = ("None", opts.NETWORK_FREE)
+    rows.sort(key=lambda r: (r[0], r[2] not in local, r[2] != "None",
+                             0 if r[2] in local else opts.parse_rate(r[2]), r[1]))
+    for model, hosts, rate in rows:
+        med = {c: pooled.get((model, hosts, rate, c)) for c in comps}
+        sps = [f"{statistics.median(x for x, _ in v):.0f} ({len(v)})" if v else "-"
+               for v in med.values()]
+        dense = med.get("none")
+        ratio = []
+        for c in comps:
+            if c == "none":
+                continue
+            v = med[c]
+            if v and dense and rate not in ("None", opts.NETWORK_FREE):
+                step = statistics.median(t for _, t in v)
+                ratio.append(f"{step / statistics.median(t for _, t in dense):.2f}")
+            else:
+                ratio.append("-")
+        link = opts.rate_label(None if rate == "None" else rate, hosts, scale)
+        out.append(f"| {model} | {hosts} x 1 | {link} | " + " | ".join(sps) + " | "
+                   + " | ".join(ratio) + " |")
+    return "\n".join(out)
+
+
+def throughput_plot(pooled: dict, path: str) -> None:
+    """samples/s against hosts, one panel per link, one line per compression (medians),
+    the network-free rows dashed; written to ``path`` (matplotlib, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = sorted({k[2] for k in pooled if k[2] not in ("None", opts.NETWORK_FREE)},
+                   key=opts.parse_rate)
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 3.6), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for comp in dict.fromkeys(k[3] for k in pooled):
+            for link, style in ((rate, "-o"), (opts.NETWORK_FREE, ":")):
+                pts = sorted((k[1], statistics.median(x for x, _ in v))
+                             for k, v in pooled.items()
+                             if k[2] == link and k[3] == comp and v)
+                if pts and (link == rate or comp == "none"):
+                    label = ("dense" if comp == "none" else comp) if link == rate else \
+                        "dense, one host (shared memory)"
+                    ax.plot(*zip(*pts), style, label=label)
+        ax.set_title(f"{rate} links, scaled to one-core nodes")
+        ax.set_xlabel("hosts x 1 rank")
+        ax.set_xscale("log", base=2)
+        ax.set_ylabel("samples/s")
+        ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -74,9 +163,18 @@ def main() -> None:
     ap.add_argument("json", nargs="+", help="--json files of cluster.py's accuracy part")
     ap.add_argument("--reference", default=f"data/{opts.NETWORK_FREE}",
                     help="the row the others are compared with")
+    ap.add_argument("--plot", help="throughput files: also draw samples/s against hosts "
+                    "to this PNG")
     args = ap.parse_args()
-    runs = [json.loads(Path(p).read_text())["accuracy"] for p in args.json]
-    print(table(pool(runs), args.reference))
+    raws = [json.loads(Path(p).read_text()) for p in args.json]
+    if all("throughput" in r for r in raws):
+        scale = any(r.get("meta", {}).get("scale_links") for r in raws)
+        pooled = pool_throughput(raws)
+        print(throughput_table(pooled, scale))
+        if args.plot:
+            throughput_plot(pooled, args.plot)
+    else:
+        print(table(pool([r["accuracy"] for r in raws]), args.reference))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ def check(raw: dict, latency_s: float, cores: int, scale: bool,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json", help="benchmarks/cluster.py --json output (throughput part)")
+    ap.add_argument("json", nargs="+", help="benchmarks/cluster.py --json output "
+                    "(throughput part); several files of one compression are repetitions "
+                    "(each row's runs pooled)")
     ap.add_argument("--latency-us", type=float, default=50.0, help="one message's latency "
                     "on the emulated links (measure it: a 4-byte all-reduce on 2 hosts)")
     ap.add_argument("--cores", type=int, default=None, help="cores of the run (default: "
@@ -73,11 +75,19 @@ def main() -> None:
     ap.add_argument("--scale-links", action="store_true", default=None,
                     help="the run had --scale-links (default: what its JSON says)")
     args = ap.parse_args()
-    raw = json.loads(Path(args.json).read_text())
-    if "throughput" not in raw:
-        sys.exit(f"benchmarks/costmodel_check.py: {args.json} has no throughput part; run "
-                 "benchmarks/cluster.py --part throughput --json FILE")
-    meta = raw.get("meta", {})
+    raws = [json.loads(Path(p).read_text()) for p in args.json]
+    for path, one in zip(args.json, raws):
+        if "throughput" not in one:
+            sys.exit(f"benchmarks/costmodel_check.py: {path} has no throughput part; run "
+                     "benchmarks/cluster.py --part throughput --json FILE")
+    if len({one.get("meta", {}).get("compression", "none") for one in raws}) > 1:
+        sys.exit("benchmarks/costmodel_check.py: the files are runs of different "
+                 "--compression; check each compression's files on their own")
+    raw = {"meta": raws[0].get("meta", {}), "throughput": {}}
+    for one in raws:
+        for key, recs in one["throughput"].items():
+            raw["throughput"].setdefault(key, []).extend(recs)
+    meta = raw["meta"]
     cores = args.cores or meta.get("cores") or opts.cores()
     scale = bool(meta.get("scale_links")) if args.scale_links is None else True
     compression = meta.get("compression", "none")

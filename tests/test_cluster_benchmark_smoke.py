@@ -66,6 +66,19 @@ def test_network_free_throughput_row():
         warmup=1, windows=2, steps=2))
     assert "error" not in rec, rec
     assert len(rec["samples_per_s"]) == 2 and min(rec["samples_per_s"]) > 0
+    # benchmarks/cluster_pool.py pools files of several compressions and repetitions
+    from benchmarks.cluster_pool import pool_throughput, throughput_table
+    dense = {"meta": {"compression": "none"},
+             "throughput": {"simplecnn/2/shm": [rec], "simplecnn/2/1gbit": [rec]}}
+    half = {"meta": {"compression": "fp16"}, "throughput": {"simplecnn/2/1gbit": [rec]}}
+    pooled = pool_throughput([dense, dense, half])
+    assert len(pooled[("simplecnn", 2, "1gbit", "none")]) == 2
+    text = throughput_table(pooled, scale=False).splitlines()
+    assert text[0].startswith("| model | hosts x ranks | link | none samples/s (runs) | "
+                              "fp16 samples/s (runs) | fp16 step / dense step |")
+    assert text[2].startswith("| simplecnn | 2 x 1 | one host (shared memory) |")
+    assert text[3].startswith("| simplecnn | 2 x 1 | 1gbit |") and text[3].endswith(
+        "| 1.00 |")
 
 
 def test_costmodel_check_errors_per_row():
