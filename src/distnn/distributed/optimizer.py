@@ -89,13 +89,13 @@ class DistributedOptimizer:
             topk/threshold/powersgd send less than the gradients, with error feedback
             (``distnn.distributed.compression``); they run in ``step()`` after backward
             and keep state (``compressor``: residuals, PowerSGD's Q). With fp16
-            each bucket travels as float16 (half the bytes) and is reduced by MPI's
-            float16 SUM (or, without one, a user-defined op adding in float32); the result
-            is cast back into the gradient buffer. Gradients beyond float16's range
-            (|g| > 65504 / size) overflow to inf. It pays only where the network is the
-            bottleneck: NumPy (and MPICH) convert float16 in software, about 6 ns per
-            element on a CPU without F16C use, which on one machine costs more than the
-            bytes it saves (see benchmarks/scaling.py).
+            each bucket travels as float16 (half the bytes) through the float16 exchange
+            of ``halfsum.py`` (an all-to-all of float16 chunks, each summed in float32 in
+            rank order and rounded once, and an all-gather; started during backward like
+            the dense buckets); the result is cast back into the gradient buffer.
+            Gradients beyond float16's range (|g| > 65504 / size) overflow to inf. It pays
+            where the link is the bottleneck (benchmarks/RESULTS.md: faster than dense on
+            1 Gbit/s links; about even at 10 Gbit/s).
         gradient_predivide_factor: with op "average", multiply by 1/f before the sum and
             by f/size after it (Horovod's knob against overflow in low precision).
         error_feedback: with topk/threshold/powersgd, add what a rank did not send to its
