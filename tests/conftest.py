@@ -28,6 +28,7 @@
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,20 +105,72 @@ def _launches(item: pytest.Item) -> bool:
     return len(parts) > 1 and parts[0] in LAUNCHING
 
 
+_SHARED_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"'](module|class|package|session)")
+
+
+def _scopes_of_shared_set_ups() -> dict[str, str]:
+    """Test file (relative to the repository) -> the scope its tests share: a file that
+    defines a module- or class-scoped fixture is one scope (its set-up, often an MPI job
+    whose results many tests check, then runs once, not once per worker); files that use a
+    session fixture of their folder's conftest.py share one scope with it."""
+    scopes: dict[str, str] = {}
+    shared: dict[Path, list[str]] = {}
+    for conftest in HERE.rglob("conftest.py"):
+        if conftest.parent == HERE:
+            continue  # the root's kernel_backend: cheap, tests spread freely
+        names = re.findall(r"@pytest\.fixture\([^)]*scope=[\"'](?:session|package)[^)]*\)"
+                           r"\s*def (\w+)", conftest.read_text())
+        if names:
+            shared[conftest.parent] = names
+    for path in sorted(HERE.rglob("test_*.py")):
+        rel = path.relative_to(HERE.parent).as_posix()
+        text = path.read_text()
+        for folder, names in shared.items():
+            used = [n for n in names if path.is_relative_to(folder) and n in text]
+            if used:
+                scopes[rel] = f"{folder.relative_to(HERE.parent).as_posix()}::{used[0]}"
+                break
+        else:
+            if _SHARED_FIXTURE.search(text):
+                scopes[rel] = rel
+    return scopes
+
+
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
         """Under pytest -n N the emulated-cluster tests run one after another on one worker
-        (one cluster at a time: their timeouts assume the cores they get); every other test
-        goes to whichever worker is free. (xdist's own ``xdist_group`` marks do not reach
-        its scheduler under pytest 9: they rename ``item._nodeid``, which pytest 9 no
-        longer reads.)"""
+        (one cluster at a time: their timeouts assume the cores they get); the tests that
+        share a module- or session-scoped set-up go to one worker together (each worker
+        would otherwise repeat the set-up: an MPI job, a training run); every other test
+        goes to whichever worker is free. The large units are handed out first, the single
+        tests last, so that the workers finish together. (xdist's own ``xdist_group`` marks
+        do not reach its scheduler under pytest 9: they rename ``item._nodeid``, which
+        pytest 9 no longer reads.)"""
         from xdist.scheduler import LoadScopeScheduling
 
-        class ClusterTestsTogether(LoadScopeScheduling):
-            def _split_scope(self, nodeid: str) -> str:
-                return "cluster" if nodeid.startswith("tests/cluster/") else nodeid
+        files = _scopes_of_shared_set_ups()
 
-        return ClusterTestsTogether(config, log)
+        def scope(nodeid: str) -> str:
+            if nodeid.startswith("tests/cluster/"):
+                return "cluster"
+            return files.get(nodeid.split("::", 1)[0], nodeid)
+
+        groups = set(files.values())
+
+        def order(unit: str) -> int:
+            return 0 if unit == "cluster" else 1 if unit in groups else 2
+
+        class SharedSetUpsTogether(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return scope(nodeid)
+
+            def _assign_work_unit(self, node) -> None:
+                # the first unit of the lowest order: clusters, shared set-ups, single tests
+                self.workqueue.move_to_end(min(self.workqueue, key=order), last=False)
+                super()._assign_work_unit(node)
+
+        config.option.loadscopereorder = False
+        return SharedSetUpsTogether(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
