@@ -170,6 +170,9 @@ class LocalComm:
         rank order (size 1: a copy)."""
         return np.array(arr[:counts[0]], copy=True)
 
+    def iallgatherv(self, arr, counts):
+        return _DoneHandle(self.allgatherv(arr, counts))
+
     def reduce_scatter_(self, send, recv, counts, op="sum"):
         """Reduce ``send`` over ranks; this rank gets its ``counts[rank]`` elements."""
         _check_op(op, _check_array(recv, "reduce_scatter_"))

@@ -32,7 +32,8 @@ import numpy as np
 
 from ..kernels.half import sum_halves
 from .comm_base import _DoneHandle
-from .mpi_comm import MPIComm, _MPIHandle
+from .mpi_comm import MPIComm
+from .mpi_requests import _MPIHandle
 
 
 def half_exchange_for(comm, sizes):

@@ -14,84 +14,7 @@ import sys
 import numpy as np
 
 from .comm_base import _check_array, _check_op, _divide_
-from .coordination import Backoff
-
-
-def _poll(request, inspector, keep=None) -> None:
-    """Complete ``request`` by testing it between ``Backoff`` pauses; the inspector's
-    ``PeerFailed`` once a peer has said it failed (``keep`` then stays alive)."""
-    backoff = Backoff(1e-3, min_sleep=1e-5, spin_s=0.05)  # MPI progresses only while tested
-    while not request.Test():
-        if inspector.any_failed:
-            inspector.give_up(request, keep)
-        backoff.pause()
-
-
-class _MPIHandle:
-    def __init__(self, request, arr: np.ndarray, divide_by: int, keep=None, watch=None):
-        self._request = request
-        self._arr = arr
-        self._divide_by = divide_by
-        self._keep = keep  # objects MPI reads from until completion (datatype, op)
-        self._done = False
-        self._watch = watch  # (stall inspector, collective number or None, peers)
-
-    def wait(self) -> np.ndarray:
-        if not self._done:
-            if self._watch is not None:
-                inspector, seq, peers = self._watch
-                inspector.enter(seq, peers)
-                try:
-                    if inspector.interruptible:
-                        _poll(self._request, inspector, (self._arr, self._keep))
-                    else:
-                        self._request.Wait()
-                finally:
-                    inspector.leave()
-            else:
-                self._request.Wait()
-            self._done = True
-            _divide_(self._arr, self._divide_by)
-        return self._arr
-
-    def test(self) -> bool:
-        """True once the collective is complete (drives MPI progress)."""
-        if not self._done and self._request.Test():
-            self._done = True
-            _divide_(self._arr, self._divide_by)
-        return self._done
-
-
-class SlotWindow:
-    """``slots`` float64 numbers per rank in a one-sided window (collective) under passive
-    target (``Lock_all``: a read needs nothing from the target); ``local``: this rank's."""
-
-    def __init__(self, comm: "MPIComm", slots: int):
-        self._MPI = comm.MPI
-        self._comm = comm.comm.Dup()
-        self._win = self._MPI.Win.Allocate(slots * 8, 8, comm=self._comm)
-        self.local = np.frombuffer(self._win.tomemory(), dtype=np.float64)
-        self._win.Lock_all()
-
-    @property
-    def open(self) -> bool:  # not freed yet, and MPI still running
-        return self._win is not None and not self._MPI.Is_finalized()
-
-    def get_(self, buf: np.ndarray, rank: int) -> "_MPIHandle":  # read rank's slots
-        return _MPIHandle(self._win.Rget(buf, rank), buf, 1)
-
-    def put(self, values: np.ndarray, rank: int, slot: int) -> None:
-        """Write ``values`` into ``rank``'s slots from ``slot`` on (``flush`` completes it)."""
-        self._win.Put(values, rank, target=slot)
-
-    def flush(self) -> None:
-        self._win.Flush_all()
-
-    def free(self) -> None:  # collective
-        self._win.Unlock_all()
-        self._win.Free()
-        self._comm.Free()
-        self._win = None
+from .mpi_requests import SlotWindow, _MPIHandle, _poll
 
 
 def _affinity() -> frozenset:
@@ -123,7 +46,7 @@ def _fp16_sum_op(MPI):
 
 
 _NONBLOCKING = {"Allreduce": "Iallreduce", "Bcast": "Ibcast", "Allgather": "Iallgather",
-                "Barrier": "Ibarrier"}
+                "Allgatherv": "Iallgatherv", "Barrier": "Ibarrier"}
 
 
 class MPIComm:
@@ -367,9 +290,8 @@ class MPIComm:
                             spec(_check_array(recv, "alltoallv_"), recv_counts))
         return recv
 
-    def allgatherv(self, arr, counts):
-        """Every rank's 1-D ``arr`` (``counts[r]`` elements from rank r, the same dtype
-        everywhere), concatenated in rank order (MPI ``Allgatherv``, as raw bytes)."""
+    def _gatherv(self, arr, counts):
+        """(send, receive, result) of the all-gather of every rank's 1-D ``arr`` as bytes."""
         arr = np.ascontiguousarray(arr)
         counts = [int(c) for c in counts]
         if arr.size != counts[self.rank]:
@@ -378,9 +300,21 @@ class MPIComm:
         out = np.empty(sum(counts), dtype=arr.dtype)
         nbytes = [c * arr.itemsize for c in counts]
         displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
-        self._watched(self.comm.Allgatherv, [arr.view(np.uint8), self.MPI.BYTE],
-                      [out.view(np.uint8), (nbytes, displs), self.MPI.BYTE])
+        return ([arr.view(np.uint8), self.MPI.BYTE],
+                [out.view(np.uint8), (nbytes, displs), self.MPI.BYTE], out)
+
+    def allgatherv(self, arr, counts):
+        """Every rank's 1-D ``arr`` (``counts[r]`` elements from rank r, the same dtype
+        everywhere), concatenated in rank order (MPI ``Allgatherv``, as raw bytes)."""
+        send, recv, out = self._gatherv(arr, counts)
+        self._watched(self.comm.Allgatherv, send, recv)
         return out
+
+    def iallgatherv(self, arr, counts):
+        """Start ``allgatherv``; the handle's ``wait()`` returns the concatenation (MPI
+        reads ``arr`` until then: keep it unchanged)."""
+        send, recv, out = self._gatherv(arr, counts)
+        return self._collective(self.comm.Iallgatherv(send, recv), out, keep=(send, recv))
 
     def reduce_scatter_(self, send, recv, counts, op="sum"):
         """Reduce the 1-D ``send`` over ranks; rank r receives the r-th block of

@@ -15,8 +15,11 @@ become, in the one documented place (docs/design.md §Gradient averaging):
 
 With ``backward_passes_per_step`` k a bucket starts after k backward passes (the
 framework accumulates the gradients in between); ``compression`` decides the wire dtype
-("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the whole buffer
-to a ``CompressedReduction`` (compression.py) in ``synchronize`` (blocking, after backward).
+("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the buffer to a
+``CompressedReduction`` (compression.py): with ``non_blocking`` bucket by bucket as their
+gradients are ready, overlapped with backward (``BucketedCompression``,
+compressed_buckets.py; the same result bit for bit), else, and in the warm-up steps, the
+whole buffer at once in ``synchronize`` (blocking, after backward).
 
 With "fp16" and op "average" or "sum" over an ``MPIComm`` (or a ``JoinableComm`` of one,
 whose joined ranks send zeros), a bucket travels through ``HalfSumExchange`` (halfsum.py:
@@ -37,6 +40,7 @@ import numpy as np
 from ..kernels.half import from_half, to_half
 from .adasum import adasum_
 from .comm import Communicator
+from .compressed_buckets import BucketedCompression
 from .compression import CompressedReduction
 from .compressors import Compression
 from .halfsum import half_exchange_for
@@ -120,6 +124,10 @@ class Reducer:
         bytes_reduced: bytes this rank handed to collectives (after compression);
         bytes_dense: what a dense exchange in the buffer's dtype would have handed over.
         compressor: the ``CompressedReduction`` (residuals, PowerSGD's Q) or None.
+        overlap: its exchange bucket by bucket during backward (None: blocking; always
+            for ``non_blocking=False``, a ``JoinableComm``, a communicator of one).
+        early_starts: buckets whose exchange ``ready()`` started while gradients of the
+            same step were still to come (the overlap with backward, counted).
     """
 
     def __init__(self, flat: np.ndarray, segments, comm: Communicator, *, op: str = "average",
@@ -184,6 +192,12 @@ class Reducer:
             self.compressor = CompressedReduction(
                 compression, flat, tensors, comm, op=op, error_feedback=error_feedback,
                 warmup_steps=compression_warmup_steps)
+        self.overlap = None
+        # A JoinableComm's joined ranks serve all-reduces, not the all-gathers of pairs.
+        if self.compressor is not None and self.non_blocking and self.active \
+                and hasattr(comm, "iallgatherv") and not hasattr(comm, "check_none_joined"):
+            self.overlap = BucketedCompression.for_buckets(self.compressor, self.buckets)
+        self.early_starts = 0
         self.reset()
 
     # -- state ----------------------------------------------------------------------------
@@ -203,14 +217,28 @@ class Reducer:
                 "step() (or synchronize()) after every backward pass, or raise "
                 "backward_passes_per_step")
         self.pending[b] -= 1
-        if not self.non_blocking or self.op == "adasum" or self.compressor is not None:
-            return  # Adasum and the compressions run in synchronize()
+        if not self.non_blocking or self.op == "adasum":
+            return  # Adasum runs in synchronize()
+        ov = self.overlap
+        if self.compressor is not None and (ov is None or self.next == 0 and ov.in_warmup()):
+            return  # blocking compression and its warm-up steps run in synchronize()
         while self.next < len(self.buckets) and self.pending[self.next] == 0:
-            self._start(self.next, self.flat)
-            self.next += 1
-        for h in self.handles[:self.next]:  # let MPI progress the earlier buckets
+            self._start_next()
+            if any(self.pending):
+                self.early_starts += 1
+        handles = self.handles[:self.next] if ov is None else ov.handles()
+        for h in handles:  # let MPI progress the earlier buckets
             if h is not None and hasattr(h, "test"):
                 h.test()
+
+    def _start_next(self) -> None:
+        if self.overlap is None:
+            self._start(self.next, self.flat)
+        else:
+            if self.next == 0:
+                self.overlap.begin()
+            self.overlap.start(self.next)
+        self.next += 1
 
     # -- communication ------------------------------------------------------------------
     def _send_buffer(self, b: int, buf: np.ndarray) -> np.ndarray:
@@ -269,17 +297,19 @@ class Reducer:
         if not self.active or self.synced:
             return False
         t0 = time.perf_counter()
-        comp = self.compressor
-        if comp is not None and not comp.dense_step():
-            calls, nbytes = comp.reduce_()
-            self.allreduce_calls += calls
-            self.bytes_reduced += nbytes
-            self.bytes_dense += self.flat.nbytes
+        comp, ov, stall = self.compressor, self.overlap, self.stall
+        if ov is not None and (self.next > 0 or not ov.in_warmup()):
+            while self.next < len(self.buckets):  # buckets backward did not start
+                self._start_next()
+            calls, nbytes = ov.finish(stall)
+            self._count(calls, nbytes)
+            if stall is not None:
+                stall.phase("optimizer step")
+        elif comp is not None and not comp.dense_step():
+            self._count(*comp.reduce_())
         elif self.non_blocking and self.op != "adasum" and comp is None:
             while self.next < len(self.buckets):  # buckets backward did not start
-                self._start(self.next, self.flat)
-                self.next += 1
-            stall = self.stall
+                self._start_next()
             for b, h in enumerate(self.handles):
                 if h is not None:
                     if stall is not None:
@@ -295,6 +325,11 @@ class Reducer:
         self.reset()
         self.synced = True
         return True
+
+    def _count(self, calls: int, nbytes: int) -> None:
+        self.allreduce_calls += calls
+        self.bytes_reduced += nbytes
+        self.bytes_dense += self.flat.nbytes
 
     def reduce_(self, buf: np.ndarray) -> np.ndarray:
         """Reduce another buffer of the same layout (e.g. parameter deltas) now, bucket by

@@ -101,15 +101,28 @@ def sparse_allreduce_(out: np.ndarray, indices: np.ndarray, values: np.ndarray, 
         mine = np.array([indices.size], dtype=np.int64)
         pair_counts = comm.allgather(mine)[:, 0]
         sent += mine.nbytes
-    pair_counts = [int(k) for k in pair_counts]
-    payload = encode(indices, values, n)
-    sizes = [payload_bytes(k, n, out.itemsize) for k in pair_counts]
+    payload, sizes = pairs_payload(indices, values, n, out.itemsize, pair_counts)
     gathered = comm.allgatherv(payload, sizes)
-    sent += payload.nbytes
+    return sum_pairs_(out, gathered, pair_counts), sent + payload.nbytes
+
+
+def pairs_payload(indices: np.ndarray, values: np.ndarray, n: int, itemsize: int,
+                  pair_counts) -> tuple[np.ndarray, list[int]]:
+    """This rank's payload and every rank's payload size (bytes), for the all-gather of
+    ``sparse_allreduce_`` (started without waiting by the overlapped exchange)."""
+    payload = encode(indices, values, n)
+    return payload, [payload_bytes(int(k), n, itemsize) for k in pair_counts]
+
+
+def sum_pairs_(out: np.ndarray, gathered: np.ndarray, pair_counts) -> np.ndarray:
+    """``out`` zeroed, then every rank's pairs of the gathered payloads added in rank
+    order (the one place the sparse sum's arithmetic is written)."""
+    n = out.size
     out[...] = 0
     start = 0
-    for k, size in zip(pair_counts, sizes):
-        idx, vals = decode(gathered[start:start + size], k, n, out.dtype)
+    for k in pair_counts:
+        size = payload_bytes(int(k), n, out.itemsize)
+        idx, vals = decode(gathered[start:start + size], int(k), n, out.dtype)
         out[idx] += vals  # indices are unique within one rank's pairs
         start += size
-    return out, sent
+    return out
