@@ -57,6 +57,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def checkout_env() -> dict[str, str]:
+    """This process's environment for a script of this checkout (``python benchmarks/...``,
+    ``python -m benchmarks``): the repository root first on PYTHONPATH, then the source
+    folder of the distnn this process imported (so the child runs the same code, and finds
+    the numba cache the suite warmed for it), then what PYTHONPATH held."""
+    import distnn
+    src = str(Path(distnn.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [root, src, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
 def launcher(ranks: int) -> list[str]:
     """``mpiexec -n ranks`` for more than one rank; nothing (a plain process) for one."""
     return [MPIEXEC, "-n", str(ranks)] if ranks > 1 else []

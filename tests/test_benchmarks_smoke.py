@@ -1,11 +1,12 @@
 """Smoke test of the benchmark harness: ``python -m benchmarks --quick`` end to end."""
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +20,7 @@ def test_quick_run_prints_table_rows():
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--models", "simplecnn",
            "--configs", configs, "--peers", peers, "--torch-modes", "eager,channels_last"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=290,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=checkout_env())
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:3]): line
             for line in r.stdout.splitlines()
@@ -46,7 +47,7 @@ def test_quick_inference_run():
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--task", "infer", "--models",
            "lenet", "--configs", "1p1t", "--peers", "torch", "--torch-modes", "eager"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=checkout_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "task infer; batch 256" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("| lenet | 1p1t |")]

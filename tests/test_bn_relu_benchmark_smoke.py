@@ -1,11 +1,12 @@
 """Smoke test of benchmarks/bn_relu.py: one round of each variant prints a table row with
 numbers; a bad --variants value is refused with a message naming it."""
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(*args):
     return subprocess.run([sys.executable, "benchmarks/bn_relu.py", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=170,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=checkout_env())
 
 
 @pytest.mark.slow

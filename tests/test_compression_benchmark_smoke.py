@@ -1,5 +1,4 @@
 """Smoke test of benchmarks/compression.py: tiny sizes, every row printed, bytes counted."""
-import os
 import re
 import shutil
 import subprocess
@@ -7,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +20,7 @@ def test_compression_benchmark_prints_every_row():
            "--train-samples", "256", "--test-samples", "128", "--epochs", "1",
            "--batch", "32", "--warmups", "0,2"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=checkout_env())
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| simplecnn ")]
     assert len(rows) == 6, r.stdout  # none, fp16, and two warm-ups of topk and powersgd

@@ -1,6 +1,5 @@
 """Smoke test of benchmarks/inference.py: tiny sizes, every system's row printed with a
 rate, distnn on 1 and 2 ranks set against the fastest peer on the same cores."""
-import os
 import re
 import shutil
 import subprocess
@@ -8,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +22,7 @@ def test_inference_benchmark_prints_every_row():
     cmd = [sys.executable, "benchmarks/inference.py", "--quick", "--models", "lenet",
            "--configs", "1p1t,2r1t", "--torch-modes", "eager,channels_last"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                       env=checkout_env())
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[1:3])
             for line in r.stdout.splitlines() if line.startswith("| lenet ")}

@@ -1,11 +1,12 @@
 """Smoke test of ``benchmarks/winograd_tiles.py`` (the F(2x2)/F(4x4)/im2col table behind
 the Winograd tile choice): it runs end to end and prints a row per shape."""
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import checkout_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +17,7 @@ def test_winograd_tiles_prints_a_row_per_shape():
     cmd = [sys.executable, "benchmarks/winograd_tiles.py", "--batch", "2", "--repeat", "1",
            "--threads", "1,2"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                       env=checkout_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| C->F HxW | im2col 1t | F(2x2) 1t | F(4x4) 1t | im2col 2t" in r.stdout
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "->" in line
