@@ -173,7 +173,9 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
     """The exchanges of ``--parallel data`` a step: [(what, bytes, seconds, algorithm,
     ready)] with ``ready`` the share of backward done when it can start (None: after
     backward, blocking). Dense buckets are all-reduced; fp16 buckets go through the float16
-    exchange (``half_bucket``: both its phases in the bucket's turn)."""
+    exchange (``half_bucket``: both its phases in the bucket's turn); top-k and PowerSGD's
+    P go bucket by bucket as the Reducer's non-blocking path sends them, PowerSGD's Q
+    after backward."""
     cfg = parse_compression(config.compression)
     n, item = model.size, model.itemsize
     if cfg is None or isinstance(cfg, FP16Compressor) or config.compression == "none":
@@ -188,30 +190,44 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
                 t, alg = allreduce_time((hi - lo) * item, hosts, link, itemsize=item)
                 out.append(("bucket", (hi - lo) * item, t, alg, done / n))
         return out
-    if isinstance(cfg, PowerSGD):
-        comp, dense = _compressed(config.compression, model.tensors)
-        dims = [matrix_dims(s) for _, _, _, s in comp]
-        ranks = [min(cfg.rank, d[0]) for d in dims]
-        n_dense = sum(hi - lo for _, lo, hi, _ in dense)
-        p_bytes = (n_dense + sum(d[0] * r for d, r in zip(dims, ranks))) * item
-        q_bytes = sum(d[1] * r for d, r in zip(dims, ranks)) * item
-        return [("P + dense", p_bytes, *allreduce_time(p_bytes, hosts, link), None),
-                ("Q", q_bytes, *allreduce_time(q_bytes, hosts, link), None)]
     if isinstance(cfg, Threshold):
         raise ValueError("the cost model cannot know how many entries a threshold keeps; "
                          "use topk:RATIO with the share you expect")
-    assert isinstance(cfg, TopK)
-    comp, dense = _compressed(config.compression, model.tensors)
-    pairs = sum(max(1, int(cfg.ratio * (hi - lo))) for _, lo, hi, _ in comp)
-    n_dense = sum(hi - lo for _, lo, hi, _ in dense)
-    if comp and cfg.exchange != "dense" and (cfg.exchange == "sparse" or sparse_is_cheaper(
-            [pairs] * hosts, n, item)):
-        payload = payload_bytes(pairs, n, item)
-        out = [("dense tensors", n_dense * item,
-                *allreduce_time(n_dense * item, hosts, link), None)] if n_dense else []
-        return out + [("sparse pairs", payload, *allgather_time(payload * hosts, hosts, link),
-                       None)]
-    return [("selected, dense", n * item, *allreduce_time(n * item, hosts, link), None)]
+    # top-k and PowerSGD: bucket by bucket, each started when its gradients are ready
+    # (compressed_buckets.py); PowerSGD's Q all-reduces after backward
+    comp_all, _ = _compressed(config.compression, model.tensors)
+    out, later, done = [], [], 0
+    for lo, hi in bucket_ranges(config, model):
+        done += hi - lo
+        ready = done / n
+        inside = [t for t in model.tensors if lo <= t[1] and t[2] <= hi]
+        comp = [t for t in inside if t in comp_all]
+        n_dense = sum(t[2] - t[1] for t in inside if t not in comp)
+        if isinstance(cfg, PowerSGD):
+            dims = [matrix_dims(s) for _, _, _, s in comp]
+            ranks = [min(cfg.rank, d[0]) for d in dims]
+            p_bytes = (n_dense + sum(d[0] * r for d, r in zip(dims, ranks))) * item
+            q_bytes = sum(d[1] * r for d, r in zip(dims, ranks)) * item
+            out.append(("P + dense", p_bytes, *allreduce_time(p_bytes, hosts, link), ready))
+            if q_bytes:
+                later.append(("Q", q_bytes, *allreduce_time(q_bytes, hosts, link), None))
+            continue
+        assert isinstance(cfg, TopK)
+        pairs = sum(max(1, int(cfg.ratio * (b - a))) for _, a, b, _ in comp)
+        if comp and cfg.exchange != "dense" and (cfg.exchange == "sparse" or
+                                                 sparse_is_cheaper([pairs] * hosts,
+                                                                   hi - lo, item)):
+            payload = payload_bytes(pairs, hi - lo, item)
+            if n_dense:
+                out.append(("dense tensors", n_dense * item,
+                            *allreduce_time(n_dense * item, hosts, link), ready))
+            out.append(("sparse pairs", payload,
+                         *allgather_time(payload * hosts, hosts, link), ready))
+        else:
+            nbytes = (n_dense + sum(t[2] - t[1] for t in comp)) * item
+            out.append(("selected, dense", nbytes, *allreduce_time(nbytes, hosts, link),
+                        ready))
+    return out + later
 
 
 def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Prediction:

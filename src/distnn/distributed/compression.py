@@ -7,7 +7,9 @@ re-exported here): ``topk:RATIO`` (the RATIO largest-magnitude share of each ten
 ``threshold:VALUE`` (entries with ``|g| >= VALUE``), ``powersgd:RANK``, or the objects
 ``Compression.topk(ratio)``, ``.threshold(value)``, ``.powersgd(rank)``.
 
-One step (``CompressedReduction.reduce_``), in ``synchronize()`` after backward:
+One step (``CompressedReduction.reduce_``, the whole buffer at once in ``synchronize()``
+after backward; with a non-blocking Reducer the same arithmetic runs bucket by bucket,
+overlapped with backward: ``compressed_buckets.py``):
 
 1. the first ``warmup_steps`` steps are dense all-reduces (PowerSGD's ``start_powerSGD_iter``);
 2. with error feedback (the default) each compressed tensor's accumulated gradient is its

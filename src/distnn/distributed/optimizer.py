@@ -87,8 +87,10 @@ class DistributedOptimizer:
         compression: None, "fp16", "topk:RATIO", "threshold:VALUE", "powersgd:RANK" or a
             Compression object (``Compression.fp16``, ``Compression.topk(0.01)``, ...).
             topk/threshold/powersgd send less than the gradients, with error feedback
-            (``distnn.distributed.compression``); they run in ``step()`` after backward
-            and keep state (``compressor``: residuals, PowerSGD's Q). With fp16
+            (``distnn.distributed.compression``); with ``non_blocking`` each bucket is
+            compressed and its exchange started during backward (PowerSGD's second
+            all-reduce in ``step()``), else all of them in ``step()`` after backward; they
+            keep state (``compressor``: residuals, PowerSGD's Q). With fp16
             each bucket travels as float16 (half the bytes) through the float16 exchange
             of ``halfsum.py`` (an all-to-all of float16 chunks, each summed in float32 in
             rank order and rounded once, and an all-gather; started during backward like

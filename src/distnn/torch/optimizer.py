@@ -90,7 +90,8 @@ class DistributedOptimizer:
             as float16), or what sends less, with error feedback: "topk:RATIO",
             "threshold:VALUE", "powersgd:RANK" or ``hvd.Compression.topk(0.01)``,
             ``.threshold(1e-3)``, ``.powersgd(2)`` (``distnn.distributed.compression``;
-            exchanged in ``synchronize()``, after backward).
+            with ``non_blocking`` each bucket's exchange starts during backward, else all
+            of them in ``synchronize()``, after backward; the same result).
         error_feedback: with topk/threshold/powersgd, add what a rank did not send to its
             next gradient (default True).
         compression_warmup_steps: dense steps before topk/threshold/powersgd start.
