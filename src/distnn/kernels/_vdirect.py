@@ -16,7 +16,8 @@ With filters a multiple of 16, dw instead keeps the filters in the vector lanes
 (``weight_grad_t``): dy of a sample transposed to (positions, F), and a tile of 24 (or 12)
 (channel, tap) rows x 16 (or 32) filters stays in registers over all positions of the
 sample: per position one or two vector loads of dy and 24 broadcasts of the input, no
-horizontal sums, no long rows in L1. Each sample's float32 sums go to float64 as above.
+horizontal sums, no long rows in L1. Each sample's float32 sums go to float64 as above,
+into dw as (C*taps, F) so that a tile's filters are added as contiguous runs.
 dx is the forward kernel over dy padded for a full correlation with the flipped weights.
 
 The input buffers carry SLACK zeros past their last plane: a tile reads up to 31
@@ -239,13 +240,14 @@ def row_offsets(c_: int, cs: int, rows: np.ndarray) -> np.ndarray:
 
 
 @_jit_sums
-def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dw64, db64):
-    """``weight_grad`` where ``lanes_apply``, filters in the vector lanes: dyt (F*L) and
-    s (3*DW_ROWS*16) work; roffs from ``row_offsets``, cols: the 3 taps' offsets in a
-    kernel row."""
+def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64):
+    """``weight_grad`` where ``lanes_apply``, filters in the vector lanes, dw transposed:
+    dwt64 (C*taps, F) += the sums; dyt (F*L) and s (3*DW_ROWS*16) work; roffs from
+    ``row_offsets``, cols: the 3 taps' offsets in a kernel row."""
     _, f_, oh, ow = dy.shape
     ll = (oh - 1) * wp + ow
-    nrow = dw64.shape[1]
+    nrow = dwt64.shape[0]
+    dwf = dwt64.ravel()
     plane = oh * ow
     df = dy.ravel()
     for n in range(n0, n1):
@@ -271,12 +273,14 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dw64, db64):
                 for r0 in range(0, roffs.shape[0], DW2):
                     _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                     for r in range(min(3 * DW2, nrow - 3 * r0)):
+                        d = (3 * r0 + r) * f_ + f0
                         for j in range(32):
-                            dw64[f0 + j, 3 * r0 + r] += s[r * 32 + j]
+                            dwf[_U(d + j)] += s[_U(r * 32 + j)]
         else:
             for f0 in range(0, f_, 16):
                 for r0 in range(0, roffs.shape[0], DW1):
                     _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                     for r in range(min(3 * DW1, nrow - 3 * r0)):
+                        d = (3 * r0 + r) * f_ + f0
                         for j in range(16):
-                            dw64[f0 + j, 3 * r0 + r] += s[r * 16 + j]
+                            dwf[_U(d + j)] += s[_U(r * 16 + j)]

@@ -256,7 +256,9 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
         if need_dx:
             dypf = scratch("vdirect_dyp", (k * f * hq * wq + v.SLACK,), dy.dtype)
             acc = scratch("vdirect_acc", (g.c * lx,), dy.dtype)
-        dw64 = np.zeros((f, g.c * g.kh * g.kw), np.float64)
+        # with the filters in the lanes dw is summed transposed, (C*taps, F)
+        dw64 = np.zeros((g.c * g.kh * g.kw, f) if lanes else (f, g.c * g.kh * g.kw),
+                        np.float64)
         db64 = np.zeros(f, np.float64)
         for i in indices:
             n0, n1 = blocks[i]
@@ -273,7 +275,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
                     v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, acc,
                               dx, oy0, ox0, step, step)
-        return dw64, db64
+        return (np.ascontiguousarray(dw64.T) if lanes else dw64), db64
 
     _sum_into(run(len(blocks), workers, body), dw_out, db_out)
     return (dx if need_dx else None), dw_out, db_out
