@@ -86,10 +86,31 @@ def test_each_bucket_is_posted_before_backward_ends(ranks, name):
                     e[0] == "blocking" for e in events[readies[-1] + 1:])
 
 
-def test_joinable_comm_keeps_the_blocking_path(ranks):
+@pytest.mark.parametrize("spec", ["topk:0.05", "powersgd:2"])
+def test_joinable_comm_overlaps_too(ranks, spec):
     for res in ranks:
-        assert not res["joinable"]["overlap"]
-        assert all(res["joinable"]["compare"]["equal"])
+        assert res[f"joinable_{spec}"]["overlap"]
+        assert all(res[f"joinable_{spec}"]["compare"]["equal"])
+
+
+def test_joined_ranks_serve_powersgd_and_refuse_pairs_as_the_blocking_path(ranks):
+    size = len(ranks)
+    for r, res in enumerate(ranks):
+        over, block = res["join_powersgd:2"]
+        assert over["overlap"] and not block["overlap"]
+        assert over["error"] is None and block["error"] is None
+        assert len(over["weights"]) == 2 + r  # the last steps summed zeros of joined ranks
+        assert all(np.array_equal(a, b) for a, b in zip(over["weights"], block["weights"]))
+        assert over["last"] == block["last"] == size - 1
+        over, block = res["join_topk:0.05"]
+        assert over["overlap"]
+        assert len(over["weights"]) == len(block["weights"]) == 2
+        assert all(np.array_equal(a, b) for a, b in zip(over["weights"], block["weights"]))
+        if r == 0:  # the first to join
+            assert over["error"] is None and block["error"] is None
+        else:
+            assert "a rank has called join()" in over["error"]
+            assert "a rank has called join()" in block["error"]
 
 
 # -- in process: LocalComm -------------------------------------------------------------

@@ -22,9 +22,10 @@ element: the same accumulation, selection and QR per tensor, the sparse pairs ad
 rank order (``sparse.sum_pairs_``), MPI's sum of the same values, then the division by
 the number of ranks for "average". So the result, the residuals and Q are the same, bit
 for bit. What differs is the traffic: more, smaller messages (one exchange per bucket),
-and the crossover decided per bucket. The warm-up (dense) steps, ``non_blocking=False``,
-``JoinableComm`` (a joined rank serves all-reduces, not the all-gathers of pairs) and
-communicators without ``iallgatherv`` keep the blocking path.
+and the crossover decided per bucket. The warm-up (dense) steps, ``non_blocking=False`` and
+communicators without ``iallgatherv`` keep the blocking path. Over a ``JoinableComm`` the
+all-reduces go through it (a joined rank serves them with zeros); a step that may
+all-gather pairs first checks, once, that no rank has joined (as the blocking path does).
 """
 from __future__ import annotations
 
@@ -81,6 +82,19 @@ class BucketedCompression:
         self.calls = self.nbytes = 0
         self.posted: list[tuple[int, str]] = []
         self._waiting: list[int] = []  # threshold buckets whose pairs are not posted yet
+        self._gathers = any(self._may_gather(p) for p in self.parts)
+
+    def _may_gather(self, part: _Part) -> bool:
+        """Whether the bucket's pairs may be all-gathered (top-k: known from the shapes)."""
+        cfg = self.cr.config
+        if part.step is not None or not part.comp or cfg.exchange == "dense":
+            return False
+        if not isinstance(cfg, TopK) or cfg.exchange == "sparse":
+            return True
+        pairs = sum(min(hi - lo, max(1, int(cfg.ratio * (hi - lo))))
+                    for _, lo, hi, _ in part.comp)
+        return sparse.sparse_is_cheaper([pairs] * self.comm.size, part.hi - part.lo,
+                                        self.cr.flat.itemsize)
 
     @classmethod
     def for_buckets(cls, cr, buckets) -> "BucketedCompression | None":
@@ -120,6 +134,10 @@ class BucketedCompression:
         cr.steps += 1
         self.calls = self.nbytes = 0
         self.posted = []
+        if self._gathers and hasattr(self.comm, "check_none_joined"):
+            # a JoinableComm: its joined ranks serve all-reduces (with zeros), not the
+            # all-gathers of pairs; as the blocking path, refuse those (collective, once)
+            self.comm.check_none_joined(f"compression {cr.config.spec}")
         if cr.lowrank is not None and not cr.config.warm_start:
             for q, fresh in zip(cr.qs, cr._initial_qs(cr.lowrank.dims)):
                 q[...] = fresh

@@ -119,13 +119,15 @@ class Reducer:
         error_feedback, compression_warmup_steps: of a compressing ``compression``
             (compression.py).
         stall: a ``stall.StallInspector`` told which bucket this rank waits for (None: none).
+        compressor: the ``CompressedReduction`` of a reducer this one replaces (its
+            residuals, Q matrices and step count go on; ``DistributedOptimizer.rebucket``).
 
     Attributes:
         bytes_reduced: bytes this rank handed to collectives (after compression);
         bytes_dense: what a dense exchange in the buffer's dtype would have handed over.
         compressor: the ``CompressedReduction`` (residuals, PowerSGD's Q) or None.
         overlap: its exchange bucket by bucket during backward (None: blocking; always
-            for ``non_blocking=False``, a ``JoinableComm``, a communicator of one).
+            for ``non_blocking=False`` and a communicator of one).
         early_starts: buckets whose exchange ``ready()`` started while gradients of the
             same step were still to come (the overlap with backward, counted).
     """
@@ -134,7 +136,8 @@ class Reducer:
                  bucket_size_mb: float = 4.0, non_blocking: bool = True, compression=None,
                  backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0,
                  blocking_last: bool = False, what: str = "layer", tensors=None,
-                 error_feedback: bool = True, compression_warmup_steps: int = 0, stall=None):
+                 error_feedback: bool = True, compression_warmup_steps: int = 0, stall=None,
+                 compressor=None):
         if op not in REDUCE_OPS:
             raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
         passes = backward_passes_per_step
@@ -185,17 +188,16 @@ class Reducer:
         self.bytes_reduced = 0
         self.bytes_dense = 0
         self.comm_wait_time = 0.0
-        self.compressor = None
-        if compressing:
+        self.compressor = compressor if compressing else None  # kept: a reducer rebucketed
+        if compressing and compressor is None:
             if tensors is None:
                 tensors = [(n, lo, hi, (hi - lo,)) for n, lo, hi in segments]
             self.compressor = CompressedReduction(
                 compression, flat, tensors, comm, op=op, error_feedback=error_feedback,
                 warmup_steps=compression_warmup_steps)
         self.overlap = None
-        # A JoinableComm's joined ranks serve all-reduces, not the all-gathers of pairs.
         if self.compressor is not None and self.non_blocking and self.active \
-                and hasattr(comm, "iallgatherv") and not hasattr(comm, "check_none_joined"):
+                and hasattr(comm, "iallgatherv"):
             self.overlap = BucketedCompression.for_buckets(self.compressor, self.buckets)
         self.early_starts = 0
         self.reset()

@@ -111,6 +111,30 @@ def train(comm, x, y, compression, options, non_blocking: bool, log: list | None
             "bytes": opt.bytes_reduced}
 
 
+def join_run(comm, x, y, compression, non_blocking: bool) -> dict:
+    """Over a JoinableComm rank r trains 2 + r steps, then joins (hvd.join's uneven data):
+    the weights after each step, the error the last ranks got (if any), join's result."""
+    jc = JoinableComm(comm)
+    model = model_for(np.float64)
+    dist.broadcast_parameters(model, comm=comm)
+    opt = dist.DistributedOptimizer(SGD(model, lr=0.05), model, comm=jc, bucket_size_mb=0,
+                                    compression=compression, non_blocking=non_blocking)
+    loss = CategoricalCrossEntropy()
+    weights, error = [], None
+    for step in range(2 + comm.rank):
+        ids = np.arange(37 * step, 37 * step + 37)[comm.rank::comm.size]
+        try:
+            _, dlogits = loss(model.forward(x[ids], training=True), y[ids], denom=37)
+            model.backward(dlogits)
+            opt.step()
+        except RuntimeError as e:  # a rank has joined: the all-gathers are refused
+            error = str(e)
+            break
+        weights.append(model.parameters_flat().copy())
+    return {"weights": weights, "error": error, "last": jc.join(),
+            "overlap": opt._reducer.overlap is not None}
+
+
 def compare(a, b) -> dict:
     """Per step and field, whether a and b are equal bit for bit (and the largest gap)."""
     out = {"equal": [], "gap": []}
@@ -143,10 +167,12 @@ def main() -> None:
                 log: list = []
                 train(Recording(comm, log), x, y, compression, {}, non_blocking, log)
                 res[f"log_{name}_{non_blocking}"] = log
-        joinable = train(JoinableComm(comm), x, y, "topk:0.05", {}, True)
-        plain = train(comm, x, y, "topk:0.05", {}, False)
-        res["joinable"] = {"compare": compare(joinable, plain),
-                           "overlap": joinable["overlap"]}
+        for spec in ("topk:0.05", "powersgd:2"):
+            joinable = train(JoinableComm(comm), x, y, spec, {}, True)
+            plain = train(comm, x, y, spec, {}, False)
+            res[f"joinable_{spec}"] = {"compare": compare(joinable, plain),
+                                       "overlap": joinable["overlap"]}
+            res[f"join_{spec}"] = [join_run(comm, x, y, spec, nb) for nb in (True, False)]
         for r in range(comm.size):  # every rank's own results (residuals differ by rank)
             mine = res if r == comm.rank else None
             got = comm.bcast_obj(mine, root=r)
