@@ -119,9 +119,7 @@ def crossed(sent: int, least: float, what: str) -> str | None:
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     if rate == opts.NETWORK_FREE:
         return opts.run_throughput_local(model, hosts, args)
-    cmd = [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
-           "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
-           "--steps", str(args.steps), "--compression", args.compression]
+    cmd = opts.throughput_worker(model, args)
     with cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
         before = c.link_bytes()
         t0 = host_load()
@@ -359,6 +357,8 @@ def main() -> None:
                     "host counts (default 2, and 4 for simplecnn)")
     ap.add_argument("--compression", default="none", help="throughput part: the workers' "
                     "--gradient_compression (none, fp16, topk:R, powersgd:R)")
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="throughput part: the "
+                    "workers' bucket_size_mb (a model in one bucket cannot overlap backward)")
     ap.add_argument("--scale-links", action="store_true", help="shape N hosts' links on C "
                     "cores to rate x C/N (compute-to-communication of one-core nodes)")
     ap.add_argument("--no-network-free", dest="network_free", action="store_false",
@@ -387,7 +387,7 @@ def main() -> None:
         print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
     raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links,
-                    "compression": args.compression}}
+                    "compression": args.compression, "bucket_mb": args.bucket_mb}}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)
     if args.part in ("all", "accuracy"):

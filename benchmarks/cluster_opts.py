@@ -117,13 +117,18 @@ def eval_args(args) -> list[str]:
     return ["--eval-every", str(args.eval_every), "--eval-samples", str(args.eval_samples)]
 
 
+def throughput_worker(model: str, args) -> list[str]:
+    """The throughput part's worker command (one rank; the launcher goes before it)."""
+    return [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
+            "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
+            "--steps", str(args.steps), "--compression", getattr(args, "compression", "none"),
+            "--bucket-mb", str(getattr(args, "bucket_mb", 4.0))]
+
+
 def run_throughput_local(model: str, ranks: int, args) -> dict:
     """The network-free row of the throughput part: the same worker, ``ranks`` ranks on
     this host through shared memory."""
-    cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable,
-           str(HERE / "workers" / "distnn_worker.py"), "--model", model, "--threads", "1",
-           "--warmup", str(args.warmup), "--windows", str(args.windows), "--steps",
-           str(args.steps), "--compression", getattr(args, "compression", "none")]
+    cmd = [str(MPIEXEC), "-n", str(ranks)] + throughput_worker(model, args)
     proc = subprocess.run(cmd, env=local_env(), capture_output=True, text=True,
                           timeout=1800, cwd=ROOT)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH_JSON ")), None)

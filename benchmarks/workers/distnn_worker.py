@@ -5,7 +5,8 @@ mpiexec -n 2 python benchmarks/workers/distnn_worker.py --model lenet
 
 The step is the one a user writes: forward, CategoricalCrossEntropy (denominator = global
 batch), backward, DistributedOptimizer(SGD(lr 0.01, momentum 0.9), op="sum",
-non_blocking=True).step(); communication wait = the optimizer's ``comm_wait_time``.
+non_blocking=True, bucket_size_mb=--bucket-mb).step(); communication wait = the
+optimizer's ``comm_wait_time``.
 ``--task infer``: the forward ``distnn predict`` runs (``model.forward(x, training=False)``
 on each rank's share of the batches).
 """
@@ -15,8 +16,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-args = C.parse_args(lambda ap: ap.add_argument(
-    "--compression", default="none", help="--gradient_compression spec of the optimizer"))
+def _options(ap):
+    ap.add_argument("--compression", default="none",
+                    help="--gradient_compression spec of the optimizer")
+    ap.add_argument("--bucket-mb", type=float, default=4.0,
+                    help="the optimizer's bucket_size_mb (buckets start during backward)")
+
+
+args = C.parse_args(_options)
 C.pin_threads(args.threads)
 
 import distnn  # noqa: E402,F401  (first, as the command does: its thread-waiting defaults)
@@ -35,7 +42,8 @@ model = get_model(args.model, input_shape=C.INPUT_SHAPES[args.model], num_classe
                   dtype=np.float32, rng=args.seed)
 dist.broadcast_parameters(model, comm=comm)
 opt = dist.DistributedOptimizer(SGD(model, lr=0.01, momentum=0.9), model, comm=comm,
-                                op="sum", non_blocking=True, compression=args.compression)
+                                op="sum", non_blocking=True, compression=args.compression,
+                                bucket_size_mb=args.bucket_mb)
 lossfn = CategoricalCrossEntropy()
 denom = args.batch * comm.size
 
