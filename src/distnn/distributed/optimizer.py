@@ -150,15 +150,14 @@ class DistributedOptimizer:
         self.compression = compression
         grads = model.gradients_flat()
         self._grads = grads
-        segments = [(layer.name, lo, hi) for layer, lo, hi in model.layer_ranges()]
-        self._reducer = Reducer(grads, segments, self.comm, op=op,
-                                bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
-                                compression=compression,
-                                gradient_predivide_factor=gradient_predivide_factor,
-                                tensors=parameter_tensors(model),
-                                error_feedback=error_feedback,
-                                compression_warmup_steps=compression_warmup_steps,
-                                stall=stall)
+        self._segments = [(layer.name, lo, hi) for layer, lo, hi in model.layer_ranges()]
+        self._reducer_options = dict(
+            op=op, non_blocking=non_blocking, compression=compression,
+            gradient_predivide_factor=gradient_predivide_factor,
+            tensors=parameter_tensors(model), error_feedback=error_feedback,
+            compression_warmup_steps=compression_warmup_steps, stall=stall)
+        self._reducer = Reducer(grads, self._segments, self.comm, bucket_size_mb=bucket_size_mb,
+                                **self._reducer_options)
         self.buckets = self._reducer.buckets
         # Collective, before any gradient traffic: ranks with different models would
         # otherwise post all-reduces of different sizes and hang or corrupt memory.
@@ -182,6 +181,28 @@ class DistributedOptimizer:
     compressor = property(lambda self: self._reducer.compressor)
     comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
     _next = property(lambda self: self._reducer.next)
+
+    def layout(self, bucket_size_mb: float) -> list:
+        """The buckets [(start, stop, names)] that ``bucket_size_mb`` would make."""
+        return make_buckets(list(self.model.layer_ranges()), self._grads.itemsize,
+                            bucket_size_mb)
+
+    def rebucket(self, bucket_size_mb: float) -> None:
+        """Cut the gradients into buckets of ``bucket_size_mb`` from the next step on
+        (between steps, at the same step on every rank: the autotuner's choice). The
+        counters and a compression's state (residuals, PowerSGD's Q, its step) go on."""
+        old = self._reducer
+        if old.active and any(h is not None for h in old.handles):
+            raise RuntimeError("DistributedOptimizer.rebucket: call it between steps, not "
+                               "while a step's buckets are in flight")
+        new = Reducer(self._grads, self._segments, self.comm, bucket_size_mb=bucket_size_mb,
+                      compressor=old.compressor, **self._reducer_options)
+        for name in ("allreduce_calls", "bytes_reduced", "bytes_dense", "comm_wait_time",
+                     "early_starts"):
+            setattr(new, name, getattr(old, name))
+        if old.half is not None and hasattr(old.half, "free"):
+            old.half.free()
+        self._reducer, self.buckets = new, new.buckets
 
     def _hook(self, layer) -> None:
         i = self._segment_of.get(id(layer))

@@ -8,6 +8,7 @@ ranks sent, and each rank keeps its residual (error feedback) for its next steps
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .. import distributed as dist
@@ -24,6 +25,9 @@ class DataParallel(Rule):
             "powersgd:RANK" or a compression object (``distnn.distributed.compression``).
         error_feedback: keep what topk/threshold/powersgd did not send for the next step.
         compression_warmup_steps: dense steps before the compression starts.
+        autotune: try bucket sizes during the first steps and keep the fastest
+            (``distnn.distributed.autotune``; the choice is printed).
+        autotune_steps: timed steps per bucket size tried.
 
     Checkpoints keep the compression's step count, PowerSGD's Q matrices and every rank's
     residual; a resume on another number of ranks sums the residuals and splits them
@@ -38,8 +42,11 @@ class DataParallel(Rule):
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression: Any = None, error_feedback: bool = True,
-                 compression_warmup_steps: int = 0):
+                 compression_warmup_steps: int = 0, autotune: bool = False,
+                 autotune_steps: int = 5):
         self.bucket_size_mb = bucket_size_mb
+        self.autotune, self.autotune_steps = bool(autotune), int(autotune_steps)
+        self._tuner = None
         self.non_blocking = non_blocking
         # parsed once; None stands for no compression (the object is Compression.none)
         spec = dist.Compression.parse(compression)
@@ -58,7 +65,23 @@ class DataParallel(Rule):
                 compression_warmup_steps=self.compression_warmup_steps,
                 stall=trainer.stall)
         self._optimizer = optimizer
+        if self.autotune and trainer.comm.size > 1 and hasattr(optimizer, "rebucket"):
+            self._tuner = dist.BucketTuner(optimizer.layout, trainer.comm,
+                                           start_mb=self.bucket_size_mb,
+                                           steps=self.autotune_steps)
         return optimizer
+
+    def step(self, trainer) -> None:
+        trainer.optimizer.step()
+        tuner = self._tuner
+        if tuner is None:
+            return
+        size = tuner.step(time.perf_counter())
+        if size is not None:
+            self._optimizer.rebucket(size)
+        if tuner.done:
+            self.bucket_size_mb, self._tuner = tuner.chosen, None
+            trainer.print(tuner.report(), force=True)
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)

@@ -78,6 +78,12 @@ class ParallelConfig(Section):
         argument="non_blocking")
     bucket_size_mb: float = option(4.0, Float(0.0),
         "Gradient all-reduce bucket size in MiB.", commands=(TRAIN,))
+    autotune: bool = option(False, Bool(),
+        "data: try gradient bucket sizes during the first steps and keep the fastest (the "
+        "slowest rank's median step time), printing the choice (Horovod's HOROVOD_AUTOTUNE).",
+        commands=(TRAIN,))
+    autotune_steps: int = option(5, Int(1),
+        "data: timed steps per bucket size that --autotune tries.", commands=(TRAIN,))
     sync_batchnorm: bool = option(False, Bool(),
         "Batch-norm statistics over the global batch.", commands=(TRAIN,))
     gradient_compression: str = option("none", CompressionSpec(),
