@@ -87,6 +87,28 @@ def test_two_threads_keep_the_drivers_for_whole_blocks_only():
     assert plan.winograd_drivers(np.float32, 64, 64, 2, 2, cpu=AVX2)
 
 
+def test_forward_blocks_in_whole_tiles_of_columns_for_every_cpu_kind():
+    """A Winograd forward on the register tiles (the drivers, one thread) with a big U
+    that still fits block_bytes takes the fewest samples that fill whole tiles of columns
+    (32 on AVX-512, 24 on AVX2); backward, and every other layer, keep their blocks."""
+    assert plan.forward_cols(np.float32, 64, 64, 1, cpu=AVX512) == 32
+    assert plan.forward_cols(np.float32, 64, 64, 1, cpu=AVX2) == 24
+    assert plan.forward_cols(np.float32, 64, 64, 1, cpu=GENERIC) == 0
+    assert plan.forward_cols(np.float64, 64, 64, 1, cpu=AVX512) == 0    # no drivers
+    assert plan.forward_cols(np.float32, 64, 128, 1, cpu=AVX512) == 0   # BLAS's loop
+    assert plan.forward_cols(np.float32, 64, 64, 2, cpu=AVX512) == 0    # one thread only
+    # resnet20's 64->64 8x8 on F(4x4): 2x2 tiles a sample
+    for cols, k in ((32, 8), (24, 6)):
+        got, blocks, workers = plan.winograd_blocks(64, 64, 64, 2, 2, 4, 36, 1, cols=cols)
+        assert (got, workers, len(blocks)) == (k, 1, -(-64 // k)) and blocks[-1][1] == 64
+    assert plan.winograd_blocks(64, 64, 64, 2, 2, 4, 36, 1)[0] == 64    # backward
+    assert plan.winograd_blocks(63, 64, 64, 2, 2, 4, 36, 1, cols=32)[1][-1] == (56, 63)
+    # small U (16->16 32x32 F(4x4)) and U past block_bytes (64->128) keep theirs
+    for args in ((64, 16, 16, 8, 8, 4, 36), (64, 64, 128, 2, 2, 4, 36)):
+        assert (plan.winograd_blocks(*args, 1, cols=32)
+                == plan.winograd_blocks(*args, 1)), args
+
+
 def test_tile_shapes_per_kind():
     t512, t2 = plan.TILES["avx512"], plan.TILES["avx2"]
     assert (t512.width, t512.rows, t512.cols) == (16, 8, 32)

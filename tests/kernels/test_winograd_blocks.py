@@ -77,6 +77,7 @@ def _threads_set(n):
     (5, 8, 24, 13, 11, (0, 2, 1, 0)),    # odd planes, asymmetric padding, partial tiles
     (7, 32, 64, 8, 8, (1, 1, 1, 1)),     # more filters than channels
     (2, 64, 8, 6, 6, (1, 1, 1, 1)),      # fewer filters than channels, 1 block a thread
+    (20, 64, 64, 8, 8, (1, 1, 1, 1)),    # resnet20's 64->64: forward in whole column tiles
 ])
 def test_drivers_match_the_loop_and_the_reference(n, c, f, h, w, pads, threads, method,
                                                   driver_calls, limits):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass, fields, replace
@@ -428,16 +429,34 @@ def split_kernels(f: int, c: int, t: int, limits: Limits | None = None) -> bool:
     return f * c > lim.u_over_vm * (c + f) * t or f * c * t > lim.split_mnk
 
 
+def forward_cols(dtype, c: int, f: int, threads: int, cpu: CPU | None = None,
+                 limits: Limits | None = None) -> int:
+    """The register tile's columns where a Winograd forward runs its products on them (in
+    the compiled drivers, at one thread), else 0: ``winograd_blocks`` then sizes its blocks
+    in whole tiles of columns."""
+    lim, cpu = _limits(limits), cpu or TARGET
+    if threads != 1 or not drivers_apply(dtype, c, f, cpu, lim):
+        return 0
+    return TILES[cpu.kind].cols
+
+
 def winograd_blocks(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int,
-                    threads: int, limits: Limits | None = None):
+                    threads: int, limits: Limits | None = None, cols: int = 0):
     """(k, blocks, workers) of a Winograd layer: samples per block, the blocks (n0, n1),
     and how many threads take whole blocks side by side (1: the blocks one after the
     other, every kernel split among the threads when there are several). ``p``: 16 for
-    F(2x2), 36 for F(4x4); th x tw tiles a plane."""
+    F(2x2), 36 for F(4x4); th x tw tiles a plane; ``cols``: ``forward_cols`` for a
+    forward pass (0 for backward, whose dU = dM V^T wants long blocks)."""
     lim = _limits(limits)
     per_sample = p * (c + f) * th * tw * itemsize
     k = lim.block_bytes // per_sample
-    if p * f * c * itemsize > lim.block_bytes // 4:
+    u_bytes = p * f * c * itemsize
+    # a forward on the register tiles with U up to block_bytes: the fewest samples that
+    # fill whole tiles of columns (V and M stay in the cache, U is re-read from it)
+    aligned = cols // math.gcd(cols, th * tw) if cols and u_bytes <= lim.block_bytes else 0
+    if u_bytes > lim.block_bytes // 4 and aligned and aligned <= max(k, 1):
+        k = aligned
+    elif u_bytes > lim.block_bytes // 4:
         # big U: at least min_tiles tiles a GEMM, or re-reading U for every block costs
         # more than V and M leaving the cache
         k = max(k, -(-lim.min_tiles // (th * tw)))

@@ -170,9 +170,13 @@ def _product_nt(a, b, out, add: bool, part, serial: bool) -> None:
             a[i:j], b[i:j], out[i:j], add, None if part is None else part[i:j]), 2)
 
 
-def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16):
-    """(k, blocks, workers) of this layer at the threads set (``plan.winograd_blocks``)."""
-    return plan.winograd_blocks(n, c, f, th, tw, itemsize, p, get_num_threads())
+def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16,
+          dtype=None):
+    """(k, blocks, workers) of this layer at the threads set (``plan.winograd_blocks``);
+    ``dtype`` for a forward pass (its blocks by ``plan.forward_cols``)."""
+    threads = get_num_threads()
+    cols = 0 if dtype is None else plan.forward_cols(dtype, c, f, threads)
+    return plan.winograd_blocks(n, c, f, th, tw, itemsize, p, threads, cols=cols)
 
 
 def _compiled(dtype, c: int, f: int, workers: int) -> bool:
@@ -255,7 +259,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
     p, ks = tiling.p, tiling.kernels
     th, tw = tiles(oh, ow, tiling.m)
     x = np.ascontiguousarray(x)
-    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p)
+    k, blocks, workers = _plan(n, c, f, th, tw, x.itemsize, p, x.dtype)
     with blas_for(workers):
         u = weights_transform(w, tiling, get_num_threads())
     y = np.empty((n, f, oh, ow), x.dtype)
