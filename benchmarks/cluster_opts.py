@@ -78,7 +78,8 @@ def time_to_target(step_evals: list[dict], target: float) -> dict:
     hit = next((r for r in step_evals if r["accuracy"] >= target), None)
     return {"step_to_target": hit and hit["step"],
             "time_to_target_steps": hit and hit["train_s"],
-            "evals": len(step_evals)}
+            "evals": len(step_evals),
+            "curve": [[r["train_s"], r["accuracy"]] for r in step_evals]}
 
 
 def local_env() -> dict:

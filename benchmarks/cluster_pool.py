@@ -158,13 +158,41 @@ def throughput_plot(pooled: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def curves_plot(runs: list[dict], target: float, path: str) -> None:
+    """Held-out accuracy against training time, one colour per row, every run drawn (the
+    evaluations every K steps), the target dashed; written to ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    keys = [k for k in dict.fromkeys(k for run in runs for k in run)
+            if any(run.get(k, {}).get("curve") for run in runs)]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, key in enumerate(keys):
+        name, rate = key.split("/")
+        label = f"{LABELS.get(name, name)}, {opts.rate_label(rate, 2, False)}"
+        for j, run in enumerate(r for r in runs if r.get(key, {}).get("curve")):
+            t, acc = zip(*run[key]["curve"])
+            ax.plot(t, acc, "-", color=colours[i % len(colours)], lw=1, alpha=0.75,
+                    label=label if j == 0 else None)
+    ax.axhline(target, ls="--", color="grey", lw=0.8)
+    ax.set_xlabel("training time s (evaluations excluded)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_ylim(max(0.5, target - 0.2), min(1.0, target + 0.06))
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("simplecnn, 2 hosts x 1 rank: every run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json", nargs="+", help="--json files of cluster.py's accuracy part")
     ap.add_argument("--reference", default=f"data/{opts.NETWORK_FREE}",
                     help="the row the others are compared with")
-    ap.add_argument("--plot", help="throughput files: also draw samples/s against hosts "
-                    "to this PNG")
+    ap.add_argument("--plot", help="also draw to this PNG: samples/s against hosts "
+                    "(throughput files), accuracy against training time (accuracy files)")
+    ap.add_argument("--target", type=float, default=0.85, help="the accuracy target drawn")
     args = ap.parse_args()
     raws = [json.loads(Path(p).read_text()) for p in args.json]
     if all("throughput" in r for r in raws):
@@ -174,7 +202,10 @@ def main() -> None:
         if args.plot:
             throughput_plot(pooled, args.plot)
     else:
-        print(table(pool([r["accuracy"] for r in raws]), args.reference))
+        runs = [r["accuracy"] for r in raws]
+        print(table(pool(runs), args.reference))
+        if args.plot:
+            curves_plot(runs, args.target, args.plot)
 
 
 if __name__ == "__main__":

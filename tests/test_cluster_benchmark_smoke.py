@@ -27,8 +27,9 @@ def test_time_to_target_from_step_evaluations():
     evals = [{"step": 50, "accuracy": 0.80, "train_s": 1.0},
              {"step": 100, "accuracy": 0.851, "train_s": 2.1},
              {"step": 150, "accuracy": 0.86, "train_s": 3.2}]
-    assert opts.time_to_target(evals, 0.85) == {"step_to_target": 100,
-                                                "time_to_target_steps": 2.1, "evals": 3}
+    assert opts.time_to_target(evals, 0.85) == {
+        "step_to_target": 100, "time_to_target_steps": 2.1, "evals": 3,
+        "curve": [[1.0, 0.80], [2.1, 0.851], [3.2, 0.86]]}
     assert opts.time_to_target(evals, 0.9)["step_to_target"] is None
 
 
@@ -57,6 +58,13 @@ def test_network_free_accuracy_row_evaluates_every_k_steps(tmp_path):
     text = table(rows, "data/shm")
     assert "| data | one host (shared memory) | 3 (3) |" in text and "+0%" in text
     assert "| data | 1gbit | 1 (0) | not reached |" in text
+    times = [t for t, _ in res["curve"]]  # the curve: every evaluation, in order
+    assert len(times) == 3 and times == sorted(set(times))
+    assert times[0] == res["time_to_target_steps"] and all(0 <= a <= 1 for _, a in res["curve"])
+    from benchmarks.cluster_pool import curves_plot
+    curves_plot([{"data/shm": res}, {"data/shm": res, "data/1gbit": missed}], 0.85,
+                str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 5000
 
 
 @pytest.mark.slow
