@@ -12,8 +12,9 @@ with 4 hosts on 2 cores, two hosts share each core, so 4-host scaling measures t
 network and the protocol, not extra compute). Medians over repetitions, systems and
 configurations alternated; bytes per step read off the qdisc counters of every link.
 
-Part "accuracy": simplecnn on Fashion-MNIST (60000 train, test split as validation, SGD lr
-0.01 momentum 0.9, batch 64 per rank, benchmarks/rules.py's worker) on 2 hosts x 1 rank:
+Part "accuracy" (benchmarks/cluster_accuracy.py): simplecnn on Fashion-MNIST (60000 train,
+test split as validation, SGD lr 0.01 momentum 0.9, batch 64 per rank, benchmarks/rules.py's
+worker) on 2 hosts x 1 rank (``--acc-hosts N``: N, links scaled with ``--scale-links``):
 epochs and training time until the test accuracy first reaches 85%, for each row of
 ``--rules``: distnn's rules (data; data with fp16, top-k 1% or PowerSGD rank-2 gradients;
 partial with 4 chunks; localsgd, easgd, downpour, gossip) and PyTorch DDP (gloo) without
@@ -44,37 +45,18 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 try:
     from benchmarks import cluster_opts as opts
+    from benchmarks.cluster_accuracy import DDP_RUNS, ROWS, accuracy_part
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import cluster_opts as opts
+    from cluster_accuracy import DDP_RUNS, ROWS, accuracy_part
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-BIN = Path(sys.executable).parent
 MARKER = "BENCH_JSON "
-PARAMS = {"simplecnn": 149_210, "resnet20": 272_474, "vgg11bn": 9_753_674}
-POWERSGD_WARMUP = 10  # dense steps before PowerSGD, in distnn and in DDP's hook
-# The rows of the accuracy part: (name, --parallel rule, the rule's options).
-RULE_RUNS = [("data", "data", {}), ("data+fp16", "data", {"compression": "fp16"}),
-             ("data+topk", "data", {"compression": "topk:0.01"}),
-             ("data+powersgd", "data", {"compression": "powersgd:2",
-                                        "compression_warmup_steps": POWERSGD_WARMUP}),
-             ("partial", "partial", {"chunks": 4}),
-             ("localsgd", "localsgd", {}), ("easgd", "easgd", {}),
-             ("downpour", "downpour", {}), ("gossip", "gossip", {})]
-# PyTorch DDP rows: (name, extra arguments of ddp_main_job.py).
-DDP_RUNS = [("ddp", []),
-            ("ddp+powersgd", ["--powersgd", "2", "--powersgd-start", str(POWERSGD_WARMUP)])]
-LABELS = {"data+topk": "data+topk:0.01", "data+powersgd": "data+powersgd:2",
-          "partial": "partial (4 chunks)", "ddp": "DDP (gloo)",
-          "ddp+powersgd": "DDP (gloo) + PowerSGD hook rank 2"}
-ROWS = [r[0] for r in RULE_RUNS] + [r[0] for r in DDP_RUNS]
-FMNIST_TRAIN, BATCH = 60_000, 64
 
 
 def host_load() -> dict:
@@ -92,35 +74,11 @@ def steal_share(a: dict, b: dict) -> float:
     return (b["steal_ticks"] - a["steal_ticks"]) / total if total else 0.0
 
 
-CLUSTER = {"prefix": "bc", "net": 66}  # --prefix/--net move it (two benchmarks at once)
-
-
-def cluster(hosts: int, rate: str | None):
-    from distnn.cluster import EmulatedCluster
-    return EmulatedCluster(hosts, rate=rate, cores="split", **CLUSTER)
-
-
-def steps_run(args, hosts: int = 2) -> int:
-    """Training steps of one accuracy run (every rank takes each)."""
-    per_epoch = -(-FMNIST_TRAIN // (BATCH * hosts))
-    if args.steps_per_epoch:
-        per_epoch = min(per_epoch, args.steps_per_epoch)
-    return per_epoch * args.epochs
-
-
-def crossed(sent: int, least: float, what: str) -> str | None:
-    """None when ``sent`` bytes crossed the links, at least ``least``; else the failure."""
-    if sent >= least and sent > 0:
-        return None
-    return (f"only {sent} bytes crossed the links, {what} need at least {least:.0f}: the "
-            "run did not train over the network")
-
-
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     if rate == opts.NETWORK_FREE:
         return opts.run_throughput_local(model, hosts, args)
     cmd = opts.throughput_worker(model, args)
-    with cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
+    with opts.cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
         before = c.link_bytes()
         t0 = host_load()
         proc = subprocess.run(c.mpiexec(cmd), env=c.env(), capture_output=True, text=True,
@@ -138,97 +96,10 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     rec["steal"] = steal_share(t0, t1)
     rec["load"] = t1["loadavg"]
     # bytes a parameter needs on the wire a step, at least (compressions: far fewer)
-    if hosts > 1 and sent < steps * PARAMS[model] * opts.least_bytes(args.compression):
+    if hosts > 1 and sent < steps * opts.PARAMS[model] * opts.least_bytes(args.compression):
         return {"error": f"only {sent} bytes crossed the links for {steps} steps: the "
                          "gradients did not travel over the network"}
     return rec
-
-
-def run_rule(name: str, rule: str, options: dict, rate: str, args, tmp: Path) -> dict:
-    from distnn.rules import get_rule
-    try:  # before a cluster comes up: can this checkout build the row's rule at all?
-        get_rule(rule, **options)
-    except (TypeError, ValueError) as exc:
-        return {"error": f"this distnn cannot build --parallel {rule} {options}: {exc}"}
-    out = tmp / f"{name}_{rate}.json"
-    cmd = [sys.executable, str(HERE / "rules.py"), "--run", rule, "--out", str(out),
-           "--epochs", str(args.epochs), "--batch", str(BATCH), "--lr", "0.01",
-           "--options", json.dumps(options), "--steps-per-epoch", str(args.steps_per_epoch),
-           *opts.eval_args(args)]
-    with cluster(2, rate) as c:
-        before = c.link_bytes()
-        t = time.perf_counter()
-        env = c.env()
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        proc = subprocess.run(c.mpiexec(cmd), env=env, capture_output=True, text=True,
-                              timeout=3600, cwd=ROOT)
-        wall = time.perf_counter() - t
-        from distnn.cluster import total_sent
-        sent = total_sent(before, c.link_bytes())
-    if proc.returncode != 0 or not out.exists():
-        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-    res = json.loads(out.read_text())
-    hist = res["history"]
-    # Every byte a rank counts as sent goes to the rank on the other host; at least half
-    # of what the busiest rank counted must be on the wire, and 1 kB a step.
-    counted = max(st.get("bytes", 0) for st in res["stats"])
-    steps = res.get("steps") or steps_run(args)
-    failed = crossed(sent, max(0.5 * counted, 1000 * steps),
-                     f"the {counted:.0f} bytes the ranks' counters say were sent")
-    if failed:
-        return {"error": failed}
-    reach = next((h for h in hist if h["val_accuracy"] >= args.target), None)
-    return {"epochs_to_target": reach and reach["epoch"],
-            "time_to_target": reach and sum(h["time"] for h in hist
-                                            if h["epoch"] <= reach["epoch"]),
-            "final_acc": hist[-1]["val_accuracy"], "wall": wall, "epochs": len(hist),
-            "bytes_per_epoch": sent / len(hist), "bytes_per_step": sent / steps,
-            "counted_per_epoch": counted / len(hist),
-            **opts.time_to_target(res.get("step_evals", []), args.target)}
-
-
-def run_ddp(name: str, extra: list[str], rate: str, args, tmp: Path) -> dict:
-    torchrun = BIN / "torchrun"
-    out = tmp / f"{name}_{rate}.json"
-    with cluster(2, rate) as c:
-        before = c.link_bytes()
-        master = c.hosts[0].address
-        env = c.env()
-        env.update(OMP_NUM_THREADS="1")
-        procs = []
-        t = time.perf_counter()
-        for i, h in enumerate(c.hosts):
-            argv = [str(torchrun), "--nnodes", "2", "--nproc_per_node", "1",
-                    "--node_rank", str(i), "--master_addr", master, "--master_port", "29577",
-                    str(HERE / "workers" / "ddp_main_job.py"), str(out), "--epochs",
-                    str(args.epochs), "--test-as-validation", "--steps-per-epoch",
-                    str(args.steps_per_epoch), *extra]
-            procs.append(subprocess.Popen(c.exec_argv(h.name, argv), env=env, cwd=ROOT,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True))
-        outs = [p.communicate(timeout=3600)[0] for p in procs]
-        wall = time.perf_counter() - t
-        from distnn.cluster import total_sent
-        sent = total_sent(before, c.link_bytes())
-    if any(p.returncode for p in procs) or not out.exists():
-        return {"error": [o.strip().splitlines()[-1:] for o in outs]}
-    steps = steps_run(args)
-    if extra:  # PowerSGD: at least the P and Q factors of Linear(1152, 128) after warm-up
-        least = (steps - POWERSGD_WARMUP) * 2 * (1152 + 128) * 4
-    else:  # the whole gradient every step
-        least = steps * PARAMS["simplecnn"] * 4
-    failed = crossed(sent, least, f"{steps} steps")
-    if failed:
-        return {"error": failed}
-    st = json.loads(out.read_text())
-    acc = st["val_accuracy"]
-    k = next((i for i, a in enumerate(acc) if a >= args.target), None)
-    return {"epochs_to_target": None if k is None else k + 1,
-            # training time only (as distnn's history 'time'), validation excluded
-            "time_to_target": None if k is None else sum(
-                st["epoch_train_end"][e] - st["epoch_start"][e] for e in range(k + 1)),
-            "final_acc": acc[-1], "wall": wall, "epochs": len(acc),
-            "bytes_per_epoch": sent / len(acc), "bytes_per_step": sent / steps}
 
 
 def med(values):
@@ -278,46 +149,6 @@ def throughput_part(args) -> dict:
     return {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in runs.items()}
 
 
-def accuracy_part(args) -> dict:
-    results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.network_free:  # the reference: the same 2 ranks on one host, no network
-            results[f"data/{opts.NETWORK_FREE}"] = opts.run_rule_local(
-                2, "data", {}, args, Path(tmp) / "data_shm.json")
-        for rate in args.rates:
-            for name, rule, options in [r for r in RULE_RUNS if r[0] in args.rules]:
-                results[f"{name}/{rate}"] = run_rule(name, rule, options, rate, args, Path(tmp))
-                print(f"  {name} {rate}: {results[f'{name}/{rate}']}", file=sys.stderr,
-                      flush=True)
-            for name, extra in [r for r in DDP_RUNS if r[0] in args.rules]:
-                results[f"{name}/{rate}"] = run_ddp(name, extra, rate, args, Path(tmp))
-                print(f"  {name} {rate}: {results[f'{name}/{rate}']}", file=sys.stderr,
-                      flush=True)
-    steps = (f", at most {args.steps_per_epoch} steps an epoch (smoke test)"
-             if args.steps_per_epoch else "")
-    print(f"\n### simplecnn on Fashion-MNIST, 2 hosts x 1 rank: time to "
-          f"{args.target:.0%} test accuracy{steps}\n")
-    print("| system | link | epochs to target | training time to target s | final acc "
-          f"({args.epochs} epochs) | wall s (launch to exit) | MB on the wire/epoch | "
-          f"kB on the wire/step | time to target, every {args.eval_every} steps s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for key, r in results.items():
-        name, rate = key.split("/")
-        name = LABELS.get(name, name)
-        if "error" in r:
-            print(f"| {name} | {rate} | failed: {r['error']} | | | | | | |")
-            continue
-        tt = f"{r['time_to_target']:.1f}" if r["time_to_target"] else "not reached"
-        fine = r.get("time_to_target_steps")
-        fine = (f"{fine:.1f} (step {r['step_to_target']})" if fine else
-                "not reached" if r.get("evals") else "-")
-        print(f"| {name} | {opts.rate_label(rate, 2, False)} | "
-              f"{r['epochs_to_target'] or '-'} | {tt} | {r['final_acc']:.4f} | "
-              f"{r['wall']:.1f} | {r['bytes_per_epoch'] / 1e6:.0f} | "
-              f"{r['bytes_per_step'] / 1e3:.1f} | {fine} |")
-    return results
-
-
 def listed(values: list[str], choices: list[str], option: str) -> list[str]:
     """Words given space- or comma-separated, each one of ``choices``."""
     out = [w for v in values for w in v.split(",") if w]
@@ -331,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["all", "throughput", "accuracy"], default="all")
     ap.add_argument("--models", nargs="+", default=["simplecnn", "resnet20", "vgg11bn"],
-                    choices=sorted(PARAMS))
+                    choices=sorted(opts.PARAMS))
     ap.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
@@ -349,12 +180,13 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run to check the harness: 1 epoch of 30 steps, 1 repetition, "
                          "2 windows of 3 steps")
-    ap.add_argument("--prefix", default=CLUSTER["prefix"], help="emulated cluster's name "
+    ap.add_argument("--prefix", default=opts.CLUSTER["prefix"], help="emulated cluster's name "
                     "prefix (its namespaces and links)")
-    ap.add_argument("--net", type=int, default=CLUSTER["net"], help="its addresses: "
+    ap.add_argument("--net", type=int, default=opts.CLUSTER["net"], help="its addresses: "
                     "198.18.NET.0/24")
     ap.add_argument("--hosts", nargs="+", type=int, default=None, help="throughput part: "
                     "host counts (default 2, and 4 for simplecnn)")
+    ap.add_argument("--acc-hosts", type=int, default=2, help="accuracy part: hosts x 1 rank")
     ap.add_argument("--compression", default="none", help="throughput part: the workers' "
                     "--gradient_compression (none, fp16, topk:R, powersgd:R)")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="throughput part: the "
@@ -376,7 +208,7 @@ def main() -> None:
     if args.smoke:
         args.epochs, args.steps_per_epoch = 1, args.steps_per_epoch or 30
         args.reps, args.warmup, args.windows, args.steps = 1, 1, 2, 3
-    CLUSTER.update(prefix=args.prefix, net=args.net)
+    opts.CLUSTER.update(prefix=args.prefix, net=args.net)
     from distnn.cluster import unavailable_reason
     why = unavailable_reason()
     if why:
@@ -387,6 +219,7 @@ def main() -> None:
         print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
     raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links,
+                    "acc_hosts": args.acc_hosts,
                     "compression": args.compression, "bucket_mb": args.bucket_mb}}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)

@@ -24,6 +24,33 @@ UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 NETWORK_FREE = "shm"  # the "rate" of a network-free row
 
 
+PARAMS = {"simplecnn": 149_210, "resnet20": 272_474, "vgg11bn": 9_753_674}
+FMNIST_TRAIN, BATCH = 60_000, 64
+
+CLUSTER = {"prefix": "bc", "net": 66}  # --prefix/--net move it (two benchmarks at once)
+
+
+def cluster(hosts: int, rate: str | None):
+    from distnn.cluster import EmulatedCluster
+    return EmulatedCluster(hosts, rate=rate, cores="split", **CLUSTER)
+
+
+def steps_run(args, hosts: int = 2) -> int:
+    """Training steps of one accuracy run on ``hosts`` ranks (every rank takes each)."""
+    per_epoch = -(-FMNIST_TRAIN // (BATCH * hosts))
+    if args.steps_per_epoch:
+        per_epoch = min(per_epoch, args.steps_per_epoch)
+    return per_epoch * args.epochs
+
+
+def crossed(sent: int, least: float, what: str) -> str | None:
+    """None when ``sent`` bytes crossed the links, at least ``least``; else the failure."""
+    if sent >= least and sent > 0:
+        return None
+    return (f"only {sent} bytes crossed the links, {what} need at least {least:.0f}: the "
+            "run did not train over the network")
+
+
 def parse_rate(rate: str) -> float:
     """Bits per second of a tc rate such as '1gbit', '250mbit', '1.5gbit'."""
     m = re.fullmatch(r"([0-9]*\.?[0-9]+)([kmg]?)bit", str(rate).strip().lower())

@@ -26,10 +26,10 @@ from pathlib import Path
 
 try:
     from benchmarks import cluster_opts as opts
-    from benchmarks.cluster import LABELS
+    from benchmarks.cluster_accuracy import LABELS
 except ImportError:  # run as a script: benchmarks/ is on sys.path
     import cluster_opts as opts
-    from cluster import LABELS
+    from cluster_accuracy import LABELS
 
 
 def pool(runs: list[dict]) -> list[dict]:
