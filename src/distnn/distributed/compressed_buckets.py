@@ -62,7 +62,7 @@ class _Part:
         else:
             self.buf = np.zeros(self.n_dense + self.n_comp, cr.flat.dtype)
         self.handles: list = []  # (what, handle) in the order posted
-        self.pairs = None  # threshold: (indices, values) until the counts have arrived
+        self.pairs = None  # (indices, values) until posted; then (payload, counts)
 
 
 class BucketedCompression:
