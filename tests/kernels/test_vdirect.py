@@ -160,6 +160,53 @@ def test_dw_with_filters_in_the_lanes(anywhere, monkeypatch, f, k, stride, dil):
         assert _rel(g, o) < 1e-6
 
 
+@settings(max_examples=25, deadline=None)
+@given(ars=st.integers(16, 40), crs=st.integers(16, 40), ao=st.integers(0, 7),
+       co=st.integers(0, 7))
+def test_transpose16_moves_every_element(ars, crs, ao, co):
+    """``_transpose16``: c[co + j*crs + i] = a[ao + i*ars + j] for i, j < 16, nothing else
+    written."""
+    import numba as nb
+    from distnn.kernels._vdirect import _transpose16
+
+    @nb.njit
+    def call(a, ao, ars, c, co, crs):
+        _transpose16(a, ao, ars, c, co, crs)
+
+    a = np.random.default_rng(ars * crs).standard_normal(ao + 16 * ars).astype(np.float32)
+    c = np.full(co + 16 * crs, np.nan, np.float32)
+    call(a, ao, ars, c, co, crs)
+    want = np.full_like(c, np.nan)
+    for i in range(16):
+        for j in range(16):
+            want[co + j * crs + i] = a[ao + i * ars + j]
+    np.testing.assert_array_equal(c, want)
+
+
+@pytest.mark.parametrize("f,width", [(16, 16), (16, 21), (32, 33), (48, 18)])
+def test_dw_in_the_lanes_on_rows_of_16_and_more(anywhere, monkeypatch, f, width):
+    """Output rows of 16 positions and more go through ``_transpose16`` (with a remainder
+    when not a multiple of 16): the same dw and db as the float64 reference and as the
+    other dw kernel."""
+    from distnn.kernels import _vdirect
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((2, 8, 5, width))
+    w = rng.standard_normal((f, 8, 3, 3)) / np.sqrt(72)
+    b = rng.standard_normal(f)
+    pads = (1, 1, 1, 1)
+    dy = rng.standard_normal(ref_conv(x, w, b, (1, 1), pads, (1, 1)).shape)
+    refs = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)[1:]
+    args = [a.astype(np.float32) for a in (x, w, b)] + [(1, 1), pads, (1, 1),
+                                                        dy.astype(np.float32)]
+    got = run(*args)
+    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
+        assert _rel(g, r) < 2e-6, name
+    monkeypatch.setattr(_vdirect, "lanes_apply", lambda f, kw: False)
+    other = run(*args)
+    for g, o in zip(got[2:], other[2:]):
+        assert _rel(g, o) < 1e-6
+
+
 def test_no_dx_for_first_layers(anywhere):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)

@@ -13,11 +13,12 @@ dw is the sum over positions of dy (as flat rows of Wp, zeros between rows) time
 shifted input rows: ``_vgemm._tile_nt`` 4 x 4 tiles of 16-lane partial sums per tap, summed
 per sample into float64 (so the result does not depend on how the batch is split).
 With filters a multiple of 16, dw instead keeps the filters in the vector lanes
-(``weight_grad_t``): dy of a sample transposed to (positions, F), and a tile of 24 (or 12)
-(channel, tap) rows x 16 (or 32) filters stays in registers over all positions of the
-sample: per position one or two vector loads of dy and 24 broadcasts of the input, no
-horizontal sums, no long rows in L1. Each sample's float32 sums go to float64 as above,
-into dw as (C*taps, F) so that a tile's filters are added as contiguous runs.
+(``weight_grad_t``): dy of a sample transposed to (positions, F) (16 x 16 blocks in
+registers, ``_transpose16``), and a tile of 24 (or 12) (channel, tap) rows x 16 (or 32)
+filters stays in registers over all positions of the sample: per position one or two
+vector loads of dy and 24 broadcasts of the input, no horizontal sums, no long rows in L1.
+Each sample's float32 sums go to float64 as above, into dw as (C*taps, F) so that a tile's
+filters are added as contiguous runs.
 dx is the forward kernel over dy padded for a full correlation with the flipped weights.
 
 The input buffers carry SLACK zeros past their last plane: a tile reads up to 31
@@ -33,7 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_runtime import _U
-from ._vgemm import (_I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
+from ._vgemm import (_I32, _I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
                      _store_tile, _tile_nt, _vptr)
 
 _jit = nb.njit(cache=True, nogil=True)
@@ -221,6 +222,40 @@ def _make_tile_dw(npr: int, ncol: int, nj: int):
     return tile
 
 
+def _swap_masks(h: int):
+    """Masks of one round of a 16x16 transpose in registers: rows i and i + h (i & h == 0)
+    trade their h-wide blocks (x & h set in row i, clear in row i + h)."""
+    lo = [x if not x & h else 16 + x - h for x in range(16)]
+    hi = [x + h if not x & h else 16 + x for x in range(16)]
+    return [ir.Constant(ir.VectorType(_I32, 16), m) for m in (lo, hi)]
+
+
+@intrinsic
+def _transpose16(typingctx, a, ao, ars, c, co, crs):
+    """c[co + j*crs + i] = a[ao + i*ars + j], i, j < 16: 16 vector loads, 4 rounds of
+    block swaps (h = 8, 4, 2, 1), 16 vector stores."""
+    sig = types.void(a, ao, ars, c, co, crs)
+
+    def codegen(context, builder, sig, args):
+        _, ao_, ars_, _, co_, crs_ = args
+        ap, cp = (_data(context, builder, sig, args, i) for i in (0, 3))
+        rows = [builder.load(_vptr(builder, ap, builder.add(ao_, builder.mul(
+            ir.Constant(_I64, i), ars_))), align=4) for i in range(16)]
+        for h in (8, 4, 2, 1):
+            lo, hi = _swap_masks(h)
+            new = list(rows)
+            for i in range(16):
+                if not i & h:
+                    new[i] = builder.shuffle_vector(rows[i], rows[i + h], lo)
+                    new[i + h] = builder.shuffle_vector(rows[i], rows[i + h], hi)
+            rows = new
+        for j in range(16):
+            builder.store(rows[j], _vptr(builder, cp, builder.add(co_, builder.mul(
+                ir.Constant(_I64, j), crs_))), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 _tile_dw1 = _make_tile_dw(DW1, 3, 1)  # input rows x 3 taps x 16 filters
 _tile_dw2 = _make_tile_dw(DW2, 3, 2)  # input rows x 3 taps x 32 filters
 DW_ROWS = 24  # input rows are padded to a multiple of this
@@ -258,12 +293,16 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64)
                 row += df[_U(src + f * plane + k)]
             db64[f] += row
         for p in range(oh):
-            for q0 in range(0, ow, 16):  # 16 positions x F: reads of whole lines
-                q1 = min(ow, q0 + 16)
-                for f in range(f_):
-                    sp = src + f * plane + p * ow
-                    for q in range(q0, q1):
-                        dyt[_U((p * wp + q) * f_ + f)] = df[_U(sp + q)]
+            q0 = 0
+            while q0 + 16 <= ow:  # 16 positions x 16 filters at a time, in registers
+                for f0 in range(0, f_, 16):
+                    _transpose16(df, src + f0 * plane + p * ow + q0, plane, dyt,
+                                 (p * wp + q0) * f_ + f0, f_)
+                q0 += 16
+            for f in range(f_):  # the rest of the row
+                sp = src + f * plane + p * ow
+                for q in range(q0, ow):
+                    dyt[_U((p * wp + q) * f_ + f)] = df[_U(sp + q)]
             if p < oh - 1:
                 for k in range((p * wp + ow) * f_, (p + 1) * wp * f_):
                     dyt[_U(k)] = 0
