@@ -207,6 +207,25 @@ def test_dw_in_the_lanes_on_rows_of_16_and_more(anywhere, monkeypatch, f, width)
         assert _rel(g, o) < 1e-6
 
 
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(1, 3), h=st.integers(1, 40), w=st.integers(1, 70),
+       pads=st.tuples(*[st.integers(0, 3)] * 4), n0=st.integers(0, 1))
+def test_pad_phases_splits_the_padded_planes(c, h, w, pads, n0):
+    """``pad_phases`` against NumPy: the padded planes' 4 phases (rows and columns of
+    each parity), zeros outside x; rows wide enough for whole vectors (wph >= 16) too."""
+    from distnn.kernels._vdirect import pad_phases
+    pt, pb, pl, pr = pads
+    x = np.random.default_rng(h * w).standard_normal((2, c, h, w)).astype(np.float32)
+    hp, wp = h + pt + pb, w + pl + pr
+    hph, wph = -(-hp // 2), -(-wp // 2)
+    out = np.full((2 - n0) * c * 4 * hph * wph, np.nan, np.float32)
+    pad_phases(x, n0, 2, pt, pl, hph, wph, out)
+    padded = np.zeros((2 - n0, c, 2 * hph, 2 * wph), np.float32)
+    padded[:, :, pt:pt + h, pl:pl + w] = x[n0:]
+    want = np.stack([padded[:, :, a::2, b::2] for a in (0, 1) for b in (0, 1)], axis=2)
+    np.testing.assert_array_equal(out.reshape(want.shape), want)
+
+
 def test_no_dx_for_first_layers(anywhere):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)

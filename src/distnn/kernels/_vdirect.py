@@ -114,30 +114,60 @@ def forward(xpf, c_, cs, wp, w, b, n0, n1, offs, oh, ow, acc, y, oy0, ox0, sy, s
                         yr[_U(dst + q * sx)] = acc[_U(src + q)] + bias
 
 
+_EVEN = ir.Constant(ir.VectorType(_I32, 16), list(range(0, 32, 2)))
+_ODD = ir.Constant(ir.VectorType(_I32, 16), list(range(1, 32, 2)))
+
+
+@intrinsic
+def _deinterleave(typingctx, a, ao, c, ce, co):
+    """c[ce + k] = a[ao + 2k] and c[co + k] = a[ao + 2k + 1], k < 16 (two vector loads,
+    two shuffles)."""
+    sig = types.void(a, ao, c, ce, co)
+
+    def codegen(context, builder, sig, args):
+        _, ao_, _, ce_, co_ = args
+        ap, cp = (_data(context, builder, sig, args, i) for i in (0, 2))
+        v0 = builder.load(_vptr(builder, ap, ao_), align=4)
+        v1 = builder.load(_vptr(builder, ap, builder.add(ao_, ir.Constant(_I64, 16))), align=4)
+        builder.store(builder.shuffle_vector(v0, v1, _EVEN), _vptr(builder, cp, ce_), align=4)
+        builder.store(builder.shuffle_vector(v0, v1, _ODD), _vptr(builder, cp, co_), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @_jit
 def pad_phases(x, n0, n1, pt, pl, hph, wph, out):
     """out = the planes of x[n0:n1] padded (pt rows, pl columns before) and split into
     their 4 phases: out[n - n0, c, 2a + b, r, s] = padded x[n, c, 2r + a, 2s + b] (zeros
-    outside x), each phase hph x wph."""
+    outside x), each phase hph x wph. Each padded row is copied whole into a small buffer,
+    then split into its even and odd columns 16 at a time."""
     _, c_, h_, w_ = x.shape
     xf = x.ravel()
     plane = hph * wph
+    z = xf.dtype.type(0)
+    row = np.zeros(2 * wph, x.dtype)  # a padded row: its zeros stay where x never writes
+    j0 = min(2 * wph, max(0, pl))
+    j1 = max(j0, min(2 * wph, pl + w_))
+    kv = wph - wph % 16
     for t in range((n1 - n0) * c_):
         s0 = (n0 * c_ + t) * h_ * w_
-        for ph in range(4):
-            a, bb = ph >> 1, ph & 1
-            d0 = (t * 4 + ph) * plane
+        for a in range(2):
             for r in range(hph):
-                d = d0 + r * wph
+                d = (t * 4 + 2 * a) * plane + r * wph  # phase (a, 0); (a, 1) a plane on
                 sr = 2 * r + a - pt
                 if sr < 0 or sr >= h_:
                     for k in range(wph):
-                        out[_U(d + k)] = 0
+                        out[_U(d + k)] = z
+                        out[_U(d + plane + k)] = z
                     continue
-                srow = s0 + sr * w_
-                for k in range(wph):
-                    sc = 2 * k + bb - pl
-                    out[_U(d + k)] = xf[_U(srow + sc)] if 0 <= sc < w_ else xf.dtype.type(0)
+                src = s0 + sr * w_ - pl
+                for j in range(j0, j1):
+                    row[_U(j)] = xf[_U(src + j)]
+                for k0 in range(0, kv, 16):
+                    _deinterleave(row, 2 * k0, out, d + k0, d + plane + k0)
+                for k in range(kv, wph):
+                    out[_U(d + k)] = row[_U(2 * k)]
+                    out[_U(d + plane + k)] = row[_U(2 * k + 1)]
 
 
 def phase_offsets(kh: int, kw: int, hph: int, wph: int) -> np.ndarray:
