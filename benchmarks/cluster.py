@@ -77,8 +77,8 @@ def steal_share(a: dict, b: dict) -> float:
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     if rate == opts.NETWORK_FREE:
         return opts.run_throughput_local(model, hosts, args)
-    cmd = opts.throughput_worker(model, args)
     with opts.cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
+        cmd = opts.throughput_worker(model, args, master=c.hosts[0].address)
         before = c.link_bytes()
         t0 = host_load()
         proc = subprocess.run(c.mpiexec(cmd), env=c.env(), capture_output=True, text=True,
@@ -188,7 +188,8 @@ def main() -> None:
                     "host counts (default 2, and 4 for simplecnn)")
     ap.add_argument("--acc-hosts", type=int, default=2, help="accuracy part: hosts x 1 rank")
     ap.add_argument("--compression", default="none", help="throughput part: the workers' "
-                    "--gradient_compression (none, fp16, topk:R, powersgd:R)")
+                    "--gradient_compression (none, fp16, topk:R, powersgd:R), or ddp: "
+                    "PyTorch DDP (gloo) on the same hosts and links")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="throughput part: the "
                     "workers' bucket_size_mb (a model in one bucket cannot overlap backward)")
     ap.add_argument("--scale-links", action="store_true", help="shape N hosts' links on C "

@@ -72,7 +72,7 @@ def least_bytes(compression: str) -> float:
     """Bytes per parameter a step's exchange puts on the wire at least: 4 dense, 2 fp16,
     0.004 for top-k/PowerSGD (simplecnn's powersgd:2 sends ~0.1; only 'nothing crossed'
     is to be caught)."""
-    return {"none": 4.0, "fp16": 2.0}.get(compression, 0.004)
+    return {"none": 4.0, "ddp": 4.0, "fp16": 2.0}.get(compression, 0.004)
 
 
 def cores() -> int:
@@ -145,8 +145,15 @@ def eval_args(args) -> list[str]:
     return ["--eval-every", str(args.eval_every), "--eval-samples", str(args.eval_samples)]
 
 
-def throughput_worker(model: str, args) -> list[str]:
-    """The throughput part's worker command (one rank; the launcher goes before it)."""
+def throughput_worker(model: str, args, master: str = "127.0.0.1") -> list[str]:
+    """The throughput part's worker command (one rank; the launcher goes before it):
+    distnn's, or with ``--compression ddp`` PyTorch DDP's (gloo, rendezvous at
+    ``master``: rank 0's address), the same model, batch and step counts."""
+    if getattr(args, "compression", "none") == "ddp":
+        return [sys.executable, str(HERE / "workers" / "torch_worker.py"), "--model", model,
+                "--threads", "1", "--warmup", str(args.warmup), "--windows",
+                str(args.windows), "--steps", str(args.steps), "--ddp", "--master-addr",
+                master, "--port", "29581"]
     return [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
             "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
             "--steps", str(args.steps), "--compression", getattr(args, "compression", "none"),

@@ -4,6 +4,7 @@
 python benchmarks/workers/torch_worker.py --model simplecnn --threads 2
 torchrun --standalone --nproc-per-node=2 benchmarks/workers/torch_worker.py --model lenet --ddp
 mpiexec -n 2 python benchmarks/workers/torch_worker.py --model lenet --ddp --port 29512
+(across hosts: ``--master-addr`` rank 0's address; benchmarks/cluster.py --compression ddp)
 
 The models match distnn's zoo (``distnn.models``) layer for layer; the step is the usual
 zero_grad / CrossEntropyLoss (mean over the local batch) / backward / SGD(lr 0.01,
@@ -28,6 +29,8 @@ import _common as C  # noqa: E402
 def _extra(ap):
     ap.add_argument("--ddp", action="store_true", help="DDP over gloo; rank/size from mpiexec")
     ap.add_argument("--port", type=int, default=29500, help="rendezvous port (DDP)")
+    ap.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address, for DDP "
+                    "under mpiexec across (emulated) hosts")
     ap.add_argument("--mode", choices=("eager", "channels_last", "compile"), default="eager")
 
 
@@ -120,7 +123,7 @@ if args.ddp:
         rank, size = tdist.get_rank(), tdist.get_world_size()
     else:
         rank, size = C.mpi_rank_size()
-        tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+        tdist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
                                  rank=rank, world_size=size)
 else:
     rank, size = 0, 1
