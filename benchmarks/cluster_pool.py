@@ -59,7 +59,7 @@ def pool(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], reference: str) -> str:
+def table(rows: list[dict], reference: str, hosts: int = 2, scale: bool = False) -> str:
     ref = next((r["time"] for r in rows if r["key"] == reference), None)
     out = ["| system | link | runs (reached) | time to target s, median | each run s | "
            "step of the crossing | vs network-free | at epoch ends s | final acc | "
@@ -67,7 +67,7 @@ def table(rows: list[dict], reference: str) -> str:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name, rate = r["key"].split("/")
-        link = opts.rate_label(rate, 2, False)
+        link = opts.rate_label(rate, hosts, scale)
         if not r["runs"]:
             out.append(f"| {LABELS.get(name, name)} | {link} | 0 | failed: "
                        f"{r['errors'][0] if r['errors'] else '?'} | | | | | | |")
@@ -158,7 +158,8 @@ def throughput_plot(pooled: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def curves_plot(runs: list[dict], target: float, path: str) -> None:
+def curves_plot(runs: list[dict], target: float, path: str, hosts: int = 2,
+                scale: bool = False) -> None:
     """Held-out accuracy against training time, one colour per row, every run drawn (the
     evaluations every K steps), the target dashed; written to ``path``."""
     import matplotlib
@@ -170,7 +171,7 @@ def curves_plot(runs: list[dict], target: float, path: str) -> None:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, key in enumerate(keys):
         name, rate = key.split("/")
-        label = f"{LABELS.get(name, name)}, {opts.rate_label(rate, 2, False)}"
+        label = f"{LABELS.get(name, name)}, {opts.rate_label(rate, hosts, scale)}"
         for j, run in enumerate(r for r in runs if r.get(key, {}).get("curve")):
             t, acc = zip(*run[key]["curve"])
             ax.plot(t, acc, "-", color=colours[i % len(colours)], lw=1, alpha=0.75,
@@ -180,7 +181,7 @@ def curves_plot(runs: list[dict], target: float, path: str) -> None:
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(max(0.5, target - 0.2), min(1.0, target + 0.06))
     ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("simplecnn, 2 hosts x 1 rank: every run")
+    ax.set_title(f"simplecnn, {hosts} hosts x 1 rank: every run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -203,9 +204,12 @@ def main() -> None:
             throughput_plot(pooled, args.plot)
     else:
         runs = [r["accuracy"] for r in raws]
-        print(table(pool(runs), args.reference))
+        meta = raws[0].get("meta", {})
+        print(table(pool(runs), args.reference, meta.get("acc_hosts", 2),
+                    bool(meta.get("scale_links"))))
         if args.plot:
-            curves_plot(runs, args.target, args.plot)
+            curves_plot(runs, args.target, args.plot, meta.get("acc_hosts", 2),
+                        bool(meta.get("scale_links")))
 
 
 if __name__ == "__main__":

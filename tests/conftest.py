@@ -70,7 +70,7 @@ if WORKER and "NUMBA_CACHE_DIR" not in os.environ:
 
 from distnn import kernels  # noqa: E402
 # The folders whose tests start processes that run the compiled kernels.
-LAUNCHING = {"cli", "cluster", "distributed", "rules", "run", "search", "torch"}
+LAUNCHING = {"cli", "cluster", "distributed", "models", "rules", "run", "search", "torch"}
 
 
 @pytest.fixture(params=["numpy", "numba"], scope="module")

@@ -4,6 +4,7 @@ ImageNet-sized images (PyDTNN's ``alexnet``, ``vgg16`` are its ImageNet models).
 import numpy as np
 import pytest
 
+from distnn import kernels
 from distnn.models import IMAGENET_SIDE, get_model, zoo_name
 from distnn.nn import Conv2D, Dense
 
@@ -29,7 +30,18 @@ def test_alexnet_cifar10_is_pydtnns_architecture():
     assert y.shape == (3, 10) and np.all(np.isfinite(y))
 
 
-def test_alexnet_cifar10_gradients_match_central_differences():
+@pytest.fixture
+def numpy_kernels():
+    """The NumPy kernels for one test: the model's assembly is what it checks (every
+    layer's gradients are checked on both backends in tests/nn and tests/kernels), and the
+    compiled backend would first compile its float64 kernels for this net, ~30 s."""
+    previous = kernels.backend()
+    kernels.set_backend("numpy")
+    yield
+    kernels.set_backend(previous)
+
+
+def test_alexnet_cifar10_gradients_match_central_differences(numpy_kernels):
     # float64, inference mode (dropout is the identity): the derivative of sum(y * r) along
     # a random direction v, (L(p + eps v) - L(p - eps v)) / 2 eps, equals <dL/dp, v> from
     # backward: for all parameters at once (the flat buffer), then for the arrays of the
