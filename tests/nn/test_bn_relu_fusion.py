@@ -1,6 +1,8 @@
 """BatchNormalization + ReLU fused: the zoo models with the pairs fused and unfused give the
-same outputs, gradients, running statistics, names, summaries and checkpoints (float64,
-real Fashion-MNIST images); the fused pair passes gradient checks; kept buffers (off by
+same outputs, gradients, running statistics, names, summaries and checkpoints, bit for bit
+(float32, the dtype the compiled kernels are built and cached for: on the compiled backend a
+float64 resnet20 first compiles its own kernels, about a minute; real Fashion-MNIST images);
+the fused pair passes gradient checks; kept buffers (off by
 default) are reused in training only and change no result."""
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 def images():
     """16 Fashion-MNIST training images padded to 1x32x32 (vgg11bn halves it 5 times)."""
     splits = load_dataset("fashion_mnist", path=FASHION, download=False)
-    x = splits.train.x[:16].astype(np.float64) / 255.0
+    x = splits.train.x[:16].astype(np.float32) / 255.0
     return np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2))), np.asarray(splits.train.y[:16])
 
 
@@ -49,8 +51,8 @@ def run_steps(model, x, y, steps=3):
 @pytest.mark.parametrize("name", ["resnet20", "vgg11bn"])
 def test_zoo_model_fused_equals_unfused(name, images):
     x, y = images
-    fused = get_model(name, input_shape=(1, 32, 32), num_classes=10, dtype=np.float64, rng=0)
-    plain = get_model(name, input_shape=(1, 32, 32), num_classes=10, dtype=np.float64, rng=0)
+    fused = get_model(name, input_shape=(1, 32, 32), num_classes=10, dtype=np.float32, rng=0)
+    plain = get_model(name, input_shape=(1, 32, 32), num_classes=10, dtype=np.float32, rng=0)
     set_bn_relu_fusion(plain, False)
     pairs = fused_pairs(fused)
     bns = [l for l in fused.walk() if isinstance(l, BatchNormalization)]
@@ -67,18 +69,18 @@ def test_zoo_model_fused_equals_unfused(name, images):
 
 def test_checkpoints_load_across_fused_and_unfused(images, tmp_path):
     x, y = images
-    fused = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float64,
+    fused = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float32,
                       rng=0)
     run_steps(fused, x, y, steps=1)
     fused.save_weights(tmp_path / "w.npz")
-    plain = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float64,
+    plain = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float32,
                       rng=1)
     set_bn_relu_fusion(plain, False)
     plain.load_weights(tmp_path / "w.npz")
     np.testing.assert_array_equal(plain.forward(x, training=False),
                                   fused.forward(x, training=False))
     plain.save_weights(tmp_path / "w2.npz")
-    again = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float64,
+    again = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float32,
                       rng=2)
     again.load_weights(tmp_path / "w2.npz")
     assert fused_pairs(again)
@@ -105,7 +107,7 @@ def test_fused_model_gradient_check(training, images):
             layer.buffers["running_mean"][...] = 0.1
             layer.buffers["running_var"][...] = 0.5
     model.layers[0].need_dx = True
-    x = images[0][:5, :, 10:16, 10:16].copy()
+    x = images[0][:5, :, 10:16, 10:16].astype(np.float64)  # the float64 small model
     check_layer(model, x, training=training, tol=1e-5)
     assert all(relu._passed for _, relu in fused_pairs(model))
 
@@ -128,7 +130,7 @@ def keep_buffers():
 
 
 def test_buffers_are_not_kept_by_default(images):
-    x = images[0][:4, :, 10:16, 10:16].copy()
+    x = images[0][:4, :, 10:16, 10:16].astype(np.float64)
     model = small_model()
     conv, bn = model.layers[0], model.layers[1]
     y1 = bn.forward(conv.forward(x, True), True)
@@ -138,7 +140,7 @@ def test_buffers_are_not_kept_by_default(images):
 
 
 def test_kept_buffers_reused_in_training_only(images, kernel_backend, keep_buffers):
-    x = images[0][:4, :, 10:16, 10:16].copy()
+    x = images[0][:4, :, 10:16, 10:16].astype(np.float64)
     model = small_model()
     conv, bn = model.layers[0], model.layers[1]
     y1 = bn.forward(conv.forward(x, True), True)
@@ -156,11 +158,11 @@ def test_kept_buffers_reused_in_training_only(images, kernel_backend, keep_buffe
 
 def test_kept_buffers_give_the_same_training(images, keep_buffers):
     x, y = images
-    kept = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float64,
+    kept = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float32,
                      rng=0)
     a = run_steps(kept, x, y)
     BatchNormalization.reuse_buffers = ReLU.reuse_buffers = False
-    fresh = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float64,
+    fresh = get_model("resnet20", input_shape=(1, 32, 32), num_classes=10, dtype=np.float32,
                       rng=0)
     b = run_steps(fresh, x, y)
     for u, v in zip(a, b):
