@@ -312,3 +312,26 @@ def test_real_fashion_mnist(monkeypatch, tmp_path):
         assert f.read(4) == b"\x00\x00\x08\x01"
     batch = next(splits.train.batches(64, seed=0))
     assert batch.x.shape == (64, 1, 28, 28) and 0.0 <= batch.x.min() <= batch.x.max() <= 1.0
+
+
+def test_digits_read_from_sklearns_file_equal_its_loader():
+    """The digits are read from the csv sklearn ships, without importing sklearn.datasets
+    (1.5 s of CPU in every rank): the same images and targets as ``load_digits()``, and a
+    fresh process that loads them does not import sklearn."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from distnn.data.readers import digits_arrays
+
+    images, target = digits_arrays()
+    ref = load_digits()
+    assert images.shape == (1797, 8, 8) and images.dtype == ref.images.dtype
+    np.testing.assert_array_equal(images, ref.images)
+    np.testing.assert_array_equal(target, ref.target)
+    code = ("import sys; from distnn.data import load_dataset; d = load_dataset('digits'); "
+            "print(len(d.train) + len(d.test), 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1797", "False"]

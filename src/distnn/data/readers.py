@@ -297,20 +297,40 @@ def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
     return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) float64, targets) of scikit-learn's bundled digits, as its
+    ``load_digits()`` gives them. Read from the file sklearn ships (datasets/data/
+    digits.csv.gz, found without importing sklearn: importing ``sklearn.datasets`` costs
+    about 1.5 s of CPU in every rank that loads the digits); sklearn's loader if the file
+    is not where that version keeps it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise DatasetError("the digits dataset comes with scikit-learn: "
+                           "pip install scikit-learn")
+    csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if csv.is_file():
+        data = np.loadtxt(csv, delimiter=",")
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return digits.images, digits.target
+
+
 def read_digits(*, path=None, preprocess: Preprocess, seed: int = 0,
                 test_fraction: float = 0.2) -> Splits:
     """scikit-learn's bundled 8x8 digits (1797 samples, offline) as (1, 8, 8), values 0..16.
 
     The samples are shuffled with ``seed`` and the last ``test_fraction`` is the test set.
     """
-    from sklearn.datasets import load_digits
-
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    digits = load_digits()
-    order = np.random.default_rng(seed).permutation(len(digits.target))
-    x = digits.images[order].astype(np.uint8)[:, None]
-    y = digits.target[order].astype(np.int64)
+    images, target = digits_arrays()
+    order = np.random.default_rng(seed).permutation(len(target))
+    x = images[order].astype(np.uint8)[:, None]
+    y = target[order].astype(np.int64)
     cut = len(y) - int(round(len(y) * test_fraction))
     kw = dict(value_range=16, preprocess=preprocess)
     return Splits(ArrayDataset(x[:cut], y[:cut], 10, **kw), None,
