@@ -133,3 +133,19 @@ def allgather_sends(part_bytes: float, hosts: int) -> tuple[int, float]:
         return 0, 0.0
     count = hosts - 1 if alg == "ring" else math.ceil(math.log2(hosts))
     return count, (hosts - 1) * part_bytes
+
+
+def direct_time(part_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
+    """Seconds of an exchange whose P-1 messages of ``part_bytes`` a rank posts at once
+    (``distributed/direct.py``: the fp16 exchange's phases, the overlapped top-k pairs):
+    the latency once, ``alpha + (P-1) c/beta``."""
+    if hosts <= 1 or part_bytes <= 0:
+        return 0.0, "none"
+    return link.latency_s + (hosts - 1) * part_bytes / link.bytes_per_s, "direct"
+
+
+def direct_sends(part_bytes: float, hosts: int) -> tuple[int, float]:
+    """(messages, bytes) one rank sends in ``direct_time``'s exchange."""
+    if hosts <= 1 or part_bytes <= 0:
+        return 0, 0.0
+    return hosts - 1, (hosts - 1) * part_bytes

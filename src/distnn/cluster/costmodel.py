@@ -18,8 +18,8 @@ from ..distributed.halfsum import GATHER_BYTES
 from ..distributed.powersgd import matrix_dims
 from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
-from .collectives import (Link, allgather_sends, allgather_time, allreduce_time,
-                          alltoall_sends, alltoall_time)
+from .collectives import (Link, allgather_time, allreduce_time, alltoall_time,
+                          direct_sends, direct_time)
 
 __all__ = ["Link", "allreduce_time", "allgather_time", "alltoall_time", "ModelCost",
            "Config", "Prediction", "HalfBucket", "half_bucket", "half_buckets",
@@ -127,7 +127,8 @@ class HalfBucket:
 
     ``whole``: the other ranks' float16 copies are at most ``GATHER_BYTES``: one all-gather
     of the whole bucket, summed on every rank; else an all-to-all of chunks of ceil(n/P)
-    elements (phase 1) and an all-gather of the summed chunks (phase 2). ``counted``: what
+    elements (phase 1) and an all-gather of the summed chunks (phase 2); each its P-1
+    messages posted at once (distributed/direct.py: one latency). ``counted``: what
     ``Reducer.bytes_reduced`` adds for it (its float16 bytes, once); ``sends``, ``sent``:
     the messages and bytes this rank puts on its link; ``seconds``, ``algorithm``."""
     elements: int
@@ -144,13 +145,13 @@ def half_bucket(elements: int, hosts: int, link: Link) -> HalfBucket:
     n, p = int(elements), int(hosts)
     whole = 2 * n * (p - 1) <= GATHER_BYTES  # halfsum._Bucket's rule
     if whole:
-        t, alg = allgather_time(2 * n * p, p, link)
-        count, sent = allgather_sends(2 * n, p)
+        t, alg = direct_time(2 * n, p, link)
+        count, sent = direct_sends(2 * n, p)
         return HalfBucket(n, True, 2 * n, count, sent, t, f"all-gather ({alg})")
     chunk = 2 * -(-n // p)  # bytes of ceil(n/p) float16 elements
-    t1, a1 = alltoall_time(chunk, p, link)
-    t2, a2 = allgather_time(chunk * p, p, link)
-    (c1, s1), (c2, s2) = alltoall_sends(chunk, p), allgather_sends(chunk, p)
+    t1, a1 = direct_time(chunk, p, link)
+    t2, a2 = direct_time(chunk, p, link)
+    (c1, s1), (c2, s2) = direct_sends(chunk, p), direct_sends(chunk, p)
     return HalfBucket(n, False, 2 * n, c1 + c2, s1 + s2, t1 + t2,
                       f"all-to-all ({a1}) + all-gather ({a2})")
 
@@ -221,8 +222,8 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
             if n_dense:
                 out.append(("dense tensors", n_dense * item,
                             *allreduce_time(n_dense * item, hosts, link), ready))
-            out.append(("sparse pairs", payload,
-                         *allgather_time(payload * hosts, hosts, link), ready))
+            out.append(("sparse pairs", payload,  # posted at once (direct.py)
+                         *direct_time(payload, hosts, link), ready))
         else:
             nbytes = (n_dense + sum(t[2] - t[1] for t in comp)) * item
             out.append(("selected, dense", nbytes, *allreduce_time(nbytes, hosts, link),

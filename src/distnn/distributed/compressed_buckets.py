@@ -8,7 +8,8 @@ they were posted and completes the step:
 
 - top-k / threshold: error feedback (accumulate, select, ``sent``, ``residual``) per
   tensor; the bucket's dense tensors in one ``iallreduce_``; its compressed tensors as an
-  ``iallgatherv`` of (index, value) pairs over the bucket's span, or, past the crossover of
+  all-gather of (index, value) pairs over the bucket's span (over an ``MPIComm``: messages
+  posted at once, ``direct.py``; else ``iallgatherv``), or, past the crossover of
   ``sparse.py`` (decided per bucket), in the dense ``iallreduce_``. Threshold's pair
   counts differ by rank: the bucket posts an ``iallgatherv`` of its count, and its pairs
   go out when the next bucket starts (or in ``finish``), after that count has arrived.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import sparse
+from . import direct, sparse
 from .compressors import TopK
 from .powersgd import LowRankStep, matrix_view
 
@@ -138,6 +139,8 @@ class BucketedCompression:
             # a JoinableComm: its joined ranks serve all-reduces (with zeros), not the
             # all-gathers of pairs; as the blocking path, refuse those (collective, once)
             self.comm.check_none_joined(f"compression {cr.config.spec}")
+        if self._gathers and direct.mpi_comm_of(self.comm) is not None:
+            direct.exchange_comm(direct.mpi_comm_of(self.comm))  # collective, the first time
         if cr.lowrank is not None and not cr.config.warm_start:
             for q, fresh in zip(cr.qs, cr._initial_qs(cr.lowrank.dims)):
                 q[...] = fresh
@@ -219,7 +222,18 @@ class BucketedCompression:
         indices, values = part.pairs
         payload, sizes = sparse.pairs_payload(indices, values, n, cr.flat.itemsize, counts)
         part.pairs = (payload, counts)  # MPI reads the payload until the wait
-        self._post(b, "pairs", self.comm.iallgatherv(payload, sizes), payload.nbytes)
+        self._post(b, "pairs", self._gather(payload, sizes), payload.nbytes)
+
+    def _gather(self, payload: np.ndarray, sizes) -> object:
+        """The all-gather of the pairs: over an ``MPIComm``, messages posted at once
+        (``direct.py``: one round, where MPICH's ``Iallgatherv`` takes several)."""
+        mpi = direct.mpi_comm_of(self.comm)
+        if mpi is None:
+            return self.comm.iallgatherv(payload, sizes)
+        out = np.empty(sum(sizes), np.uint8)
+        request = direct.post_allgatherv(mpi.MPI, direct.exchange_comm(mpi), payload, out,
+                                         sizes, direct.TAG_PAIRS)
+        return mpi._collective(request, out)
 
     def _post_pending(self) -> None:
         """Post the pairs of the threshold buckets waiting for their counts (in order)."""

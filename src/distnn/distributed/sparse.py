@@ -10,9 +10,12 @@ dtype). That is 2 + itemsize bytes a pair plus 4 bytes per 65536 elements, inste
 1.5% of its dense bytes, not 2%.
 
 Exchange: an all-gather of every rank's pair count (skipped when every rank sends the
-same known count, as top-k does), then one ``Allgatherv`` of the payloads; every rank adds
+same known count, as top-k does), then one ``Allgatherv`` of the payloads (the overlapped
+exchange posts them at once instead: compressed_buckets.py, direct.py); every rank adds
 the pairs of rank 0, 1, ... in that order into a zeroed buffer, so all ranks get the same
-sum, bit for bit.
+sum, bit for bit (``distnn.kernels.topk.add_block_pairs_``: compiled with numba).
+Selection: ``topk_indices`` of ``distnn.kernels.topk`` (ties at the k-th largest
+magnitude: the lowest indices).
 
 Crossover: an all-gather delivers all N payloads to every rank, about
 ``sum_r payload_r`` bytes per rank, while a ring all-reduce of n elements moves about
@@ -25,18 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.topk import add_block_pairs_, topk_indices  # noqa: F401  (re-exported)
+
 BLOCK_BITS = 16
 BLOCK = 1 << BLOCK_BITS
-
-
-def topk_indices(acc: np.ndarray, k: int) -> np.ndarray:
-    """Sorted indices of the ``k`` entries of 1-D ``acc`` largest in magnitude."""
-    n = acc.size
-    if k >= n:
-        return np.arange(n)
-    idx = np.argpartition(np.abs(acc), n - k)[n - k:]
-    idx.sort()
-    return idx
 
 
 def threshold_indices(acc: np.ndarray, value: float) -> np.ndarray:
@@ -61,15 +56,19 @@ def encode(indices: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
                            np.ascontiguousarray(values).view(np.uint8)])
 
 
+def _fields(payload: np.ndarray, pairs: int, n: int, dtype):
+    """(counts, offsets, values) of one rank's payload (views of it; values may be
+    unaligned)."""
+    nb = blocks_of(n)
+    at = 4 * nb + 2 * pairs
+    return (payload[:4 * nb].view(np.int32), payload[4 * nb:at].view(np.uint16),
+            payload[at:at + pairs * np.dtype(dtype).itemsize].view(dtype))
+
+
 def decode(payload: np.ndarray, pairs: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(indices, values) of one rank's payload."""
-    dtype = np.dtype(dtype)
-    nb = blocks_of(n)
-    raw = payload.tobytes()
-    counts = np.frombuffer(raw, np.int32, nb)
-    offsets = np.frombuffer(raw, np.uint16, pairs, 4 * nb)
-    values = np.frombuffer(raw, dtype, pairs, 4 * nb + 2 * pairs)
-    starts = np.repeat(np.arange(nb, dtype=np.int64) << BLOCK_BITS, counts)
+    counts, offsets, values = _fields(payload, pairs, n, dtype)
+    starts = np.repeat(np.arange(counts.size, dtype=np.int64) << BLOCK_BITS, counts)
     return starts + offsets, values
 
 
@@ -122,7 +121,7 @@ def sum_pairs_(out: np.ndarray, gathered: np.ndarray, pair_counts) -> np.ndarray
     start = 0
     for k in pair_counts:
         size = payload_bytes(int(k), n, out.itemsize)
-        idx, vals = decode(gathered[start:start + size], int(k), n, out.dtype)
-        out[idx] += vals  # indices are unique within one rank's pairs
+        counts, offsets, values = _fields(gathered[start:start + size], int(k), n, out.dtype)
+        add_block_pairs_(out, counts, offsets, values, BLOCK_BITS)  # unique within a rank
         start += size
     return out
