@@ -173,11 +173,37 @@ if importlib.util.find_spec("xdist") is not None:
         return SharedSetUpsTogether(config, log)
 
 
+_BACKGROUND: list = []  # the controller's AVX2 run (tests/avx2_on_host.py) and its folder
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    # under pytest -n N: the controller warms the shared cache before it starts the workers
+    # under pytest -n N: the controller warms the shared cache before it starts the workers,
+    # and on an AVX-512 host compiles and runs the AVX2 code on the other core meanwhile
     if getattr(session.config.option, "numprocesses", None) and not WORKER:
+        _start_avx2_run(session.config)
         _warm(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for proc, folder in _BACKGROUND:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    _BACKGROUND.clear()
+
+
+def _start_avx2_run(config: pytest.Config) -> None:
+    import avx2_on_host
+    from distnn.kernels import plan
+
+    if importlib.util.find_spec("numba") is None or \
+            plan.target_cpu(None, None) != plan.CPU("avx512") or \
+            not avx2_on_host.wanted([str(a) for a in config.args]):
+        return
+    folder = Path(tempfile.mkdtemp(prefix="distnn-avx2-"))
+    _BACKGROUND.append((avx2_on_host.start(folder), folder))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -4,14 +4,13 @@ kind run for real where the host can (the AVX2 code on an AVX-512 host, compiled
 older CPU through numba's NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import avx2_on_host
 
 from distnn.kernels import plan
 from distnn.kernels.im2col import conv_geometry
@@ -181,15 +180,8 @@ def test_the_avx2_code_runs_on_this_host(kernel_backend):
     if plan.target_cpu(None, None) != AVX512:
         pytest.skip("needs an AVX-512 host (an AVX2 host runs the AVX2 code in the suite "
                     "itself; the AVX-512 code needs AVX-512)")
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="")
-    code = ("from distnn.kernels import plan, _vgemm; "
-            "print(plan.TARGET.kind, _vgemm.WIDTH, plan.tile_products())")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True, cwd=ROOT).stdout.split()
-    assert out == ["avx2", "8", "False"]
-    tests = ["tests/kernels/test_vgemm.py", "tests/kernels/test_winograd_blocks.py"]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-x", *tests], env=env, capture_output=True, text=True, cwd=ROOT)
-    tail = run.stdout[-3000:]
-    assert run.returncode == 0, tail
+    result = avx2_on_host.result()  # started by the controller under pytest -n N
+    assert result["probe"] == ["avx2", "8", "False"], result["probe_err"]
+    tail = result["tail"]
+    assert result["rc"] == 0, tail
     assert " passed" in tail and " failed" not in tail, tail
