@@ -82,3 +82,27 @@ def test_add_block_pairs_equals_a_loop(dtype, shift):
     want = naive_add(start.copy(), counts, offsets, values, bits)
     assert np.array_equal(got.view(f"u{np.dtype(dtype).itemsize}"),
                           want.view(f"u{np.dtype(dtype).itemsize}"))
+
+
+def big_cases():
+    rng = np.random.default_rng(3)
+    for n in (8192, 147_584):
+        x = rng.standard_normal(n).astype(np.float32)
+        yield x
+        yield np.round(x * 3).astype(np.float32)  # few distinct values: many ties
+        y = x.copy()
+        y[: n // 2] = 0
+        yield y
+        yield (x.astype(np.float64) ** 9).astype(np.float32)  # heavy tails
+        yield np.sort(x)  # the sample sees a sorted run
+        yield np.full(n, 0.5, np.float32)  # every entry a tie: the sample's bound lets all in
+
+
+@pytest.mark.parametrize("x", list(big_cases()), ids=lambda x: f"{x.size}")
+def test_the_sampled_bound_picks_the_rules_set(x):
+    """Big buffers first keep the entries above a bound read off a sample; the set must be
+    the rule's over all entries, for every k."""
+    mag = topk.magnitudes(x)
+    for k in (1, 7, x.size // 1000, x.size // 100, x.size // 20, x.size // 8):
+        want = np.flatnonzero(topk._largest(mag, k))
+        assert np.array_equal(topk.topk_indices(x, k), want), (x.size, k)
