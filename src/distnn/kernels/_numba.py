@@ -183,6 +183,34 @@ def add(a, b, out, lo, hi):
         of[_U(i)] = af[_U(i)] + bf[_U(i)]
 
 
+@_jit
+def add_relu(a, b, y, lo, hi):
+    """y = max(a + b, 0) over flat elements lo to hi: a residual sum and the ReLU after it
+    in one pass, rounded as ``add`` then ``relu_forward`` (NaN stays NaN)."""
+    af = a.ravel()
+    bf = b.ravel()
+    yf = y.ravel()
+    z = a.dtype.type(0)
+    for i in nb.prange(lo, hi):
+        v = af[_U(i)] + bf[_U(i)]
+        yf[_U(i)] = z if v <= z else v
+
+
+@_jit
+def add_relu_backward(a, b, y, dx, lo, hi):
+    """dx = a + b where y > 0, else (a + b) * 0, over flat elements lo to hi: a residual
+    block's gradient sum masked by the ReLU that made the block's input y (``add`` then
+    ``relu_backward``, the same bits, in one pass)."""
+    af = a.ravel()
+    bf = b.ravel()
+    yf = y.ravel()
+    xf = dx.ravel()
+    z = a.dtype.type(0)
+    for i in nb.prange(lo, hi):
+        d = af[_U(i)] + bf[_U(i)]
+        xf[_U(i)] = d if yf[_U(i)] > z else d * z
+
+
 # -- max pooling --------------------------------------------------------------------------
 @_jit
 def maxpool_forward(x, kh, kw, sh, sw, ph, pw, y, idx):
@@ -300,7 +328,7 @@ def maxpool_backward(dy, idx, kh, kw, sh, sw, ph, pw, dx):
 
 for _name in ("im2col", "col2im", "cols_to_nchw", "nchw_to_cols"):
     globals()[_name] = _dispatch(globals()[_name])
-for _name in ("relu_forward", "relu_backward", "add"):
+for _name in ("relu_forward", "relu_backward", "add", "add_relu", "add_relu_backward"):
     globals()[_name] = _dispatch(globals()[_name], small_serial=True, split=elements,
                                  pieces=pieces)
 for _name in ("maxpool_forward", "maxpool_backward"):

@@ -160,10 +160,12 @@ class Limits:
             where they apply; False keeps the Python loop over blocks.
         tile_products: the Python loops' GEMMs on the register tiles; None: by CPU kind
             (AVX-512 only: on AVX2 they tied or lost against BLAS there).
+        add_relu: a residual block's sum and the ReLU after it as one pass (``fuse_add_relu``).
     """
     register_tiles: bool = True
     block_drivers: bool = True
     tile_products: bool | None = None
+    add_relu: bool = True
     # Winograd over im2col for 3x3 stride-1 layers with this many channels, outputs this
     # wide (the transforms cost more than the 2.25x fewer multiplies save below)
     winograd_min_channels: int = 16
@@ -273,6 +275,14 @@ def tile_products(cpu: CPU | None = None, limits: Limits | None = None) -> bool:
     if not tiles_on(cpu, lim):
         return False
     return lim.tile_products if lim.tile_products is not None else cpu.kind == "avx512"
+
+
+def fuse_add_relu(dtype, limits: Limits | None = None) -> bool:
+    """Whether a residual sum and the ReLU after it run fused on the compiled path: forward
+    max(a + b, 0) in one pass; backward the ReLU's mask into a new array, into which the
+    branches' gradients are then summed in place. Floats, switch on (the layer also asks
+    for contiguous arrays of one shape)."""
+    return _limits(limits).add_relu and np.dtype(dtype).kind == "f"
 
 
 # -- convolution --------------------------------------------------------------------------

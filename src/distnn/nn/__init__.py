@@ -2,7 +2,7 @@
 from .activations import ACTIVATIONS, LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from .allocator import reuse_freed_memory
 from .base import Layer
-from .containers import Add, Concat, Sequential
+from .containers import Add, Concat, Sequential, set_add_relu_fusion
 from .conv import Conv2D
 from .core import Dense, Dropout, Flatten
 from .model import Model, ModelMethods
@@ -16,4 +16,4 @@ __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential",
            "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
            "BatchNormalization", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS",
-           "set_bn_relu_fusion"]
+           "set_bn_relu_fusion", "set_add_relu_fusion"]

@@ -10,7 +10,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..kernels import plan
 from ..kernels.backend import compiled
+from .activations import ReLU
 from .base import Layer, check_input
 from .model import ModelMethods
 from .normalization import link_bn_relu
@@ -57,6 +59,29 @@ def _sum_fresh(arrays):
     return total
 
 
+def _sum_into(g: np.ndarray, arrays, mask: np.ndarray | None = None):
+    """(sum, masked): ``_sum_fresh``'s sum of two branch gradients (same bits) into g where
+    it fits (the fused Add's own dy for its branches, which are done with it); with
+    ``mask`` (the block's input from a fused Add + ReLU) masked as that ReLU's backward
+    would (``add_relu_backward``): masked True. Else as ``_sum_fresh``."""
+    arrays = [a for a in arrays if a is not None]
+    fast = compiled()
+    if (fast is None or len(arrays) != 2
+            or not all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype
+                       and a.flags.c_contiguous for a in arrays)):
+        return _sum_fresh(arrays), False
+    a, b = arrays
+    into = (a.shape == g.shape and a.dtype == g.dtype and g.flags.c_contiguous
+            and all(v is g or not np.may_share_memory(v, g) for v in arrays))
+    out = g if into else np.empty_like(a)
+    if (mask is not None and mask.shape == a.shape and mask.dtype == a.dtype
+            and mask.flags.c_contiguous):
+        fast.add_relu_backward(a, b, mask, out)
+        return out, True
+    fast.add(a, b, out)
+    return out, False
+
+
 class _Chain(Layer):
     """Layers applied one after another; shared by Sequential and the block branches."""
 
@@ -72,6 +97,7 @@ class _Chain(Layer):
         for layer in self.layers:
             shape = layer.build(shape, rng=rng, dtype=self.dtype)
         link_bn_relu(self.layers)  # a BatchNormalization + ReLU pair runs as one pass
+        link_add_relu(self.layers)  # and so does an Add + ReLU pair (compiled path)
         return shape
 
     def forward(self, x, training=False):
@@ -109,9 +135,27 @@ class Add(_Block):
     Args:
         *branches: each a layer or a list of layers; ``[]`` or ``None`` is the identity.
 
+    Attributes:
+        fused_relu: the ``ReLU`` right after this block in a chain (linked when built),
+            else None. Where ``kernels.plan.fuse_add_relu`` allows (compiled backend, two
+            branches, contiguous outputs) the pair runs fused: forward max(sum, 0) in one
+            pass, the ReLU passing it on; backward this block masks dy (the ReLU passes it
+            on) into a new array for its branches and sums their gradients into it, masked
+            in the same pass by the ReLU of a fused pair before it, if its input is that
+            pair's output (that pair then skips its mask). The same bits as unfused;
+            ``set_add_relu_fusion(model, False)`` undoes the link.
+
     Example:
         Add([Conv2D(16, 3, padding="same"), BatchNormalization()], [])  # x + f(x)
     """
+
+    def __init__(self, *branches, name: str | None = None):
+        super().__init__(*branches, name=name)
+        self.fused_relu: Layer | None = None
+        self._upstream: Add | None = None  # a fused Add whose ReLU's output feeds this one
+        self._relu_y = None  # the fused forward's output: the ReLU's mask for backward
+        self._x = None  # the input, where it is the upstream pair's fused output
+        self._premasked = None  # dy that the block after this one already masked
 
     def _build(self, input_shape, rng):
         shapes = self._build_branches(input_shape, rng)
@@ -121,16 +165,79 @@ class Add(_Block):
 
     def forward(self, x, training=False):
         check_input(self, x)
+        up = self._upstream
+        self._x = x if up is not None and up._relu_y is not None and x is up._relu_y else None
+        self._premasked = None
         # Branch outputs may be arrays their last layer caches for backward: never add into
         # them in place; the first sum makes a fresh array that later ones accumulate into.
         outs = [b.forward(x, training) for b in self.branches]
+        self._relu_y = y = self._sum_relu(outs)
+        if y is not None:
+            self.fused_relu._rectified = y  # the ReLU passes this array on
+            return y
         y = _add(outs[0], outs[1])
         for out in outs[2:]:
             y += out
         return y
 
+    def _sum_relu(self, outs) -> np.ndarray | None:
+        """max(outs[0] + outs[1], 0) in one pass where the fusion applies, else None."""
+        fast = compiled()
+        if self.fused_relu is None or fast is None or len(outs) != 2:
+            return None
+        a, b = outs
+        if not (plan.fuse_add_relu(a.dtype) and a.shape == b.shape and a.dtype == b.dtype
+                and a.size and a.flags.c_contiguous and b.flags.c_contiguous):
+            return None
+        y = np.empty_like(a)
+        fast.add_relu(a, b, y)
+        return y
+
     def backward(self, dy):
-        return _sum_fresh([b.backward(dy) for b in self.branches])
+        y = self._relu_y
+        if y is None:
+            return _sum_fresh([b.backward(dy) for b in self.branches])
+        # fused: the ReLU passed dy on unmasked, unless the fused block after this one
+        # masked it in its sum (dy is then that sum, which this block may overwrite)
+        fast = compiled()
+        if dy is self._premasked:
+            g = dy
+        elif (fast is not None and dy.shape == y.shape and dy.dtype == y.dtype
+                and dy.flags.c_contiguous and y.flags.c_contiguous):
+            g = np.empty_like(dy)
+            fast.relu_backward(dy, y, g)
+        else:
+            g = dy * (y > 0)
+        up, x, self._premasked = self._upstream, self._x, None
+        mask = x if up is not None and up._relu_y is x else None
+        dx, masked = _sum_into(g, [b.backward(g) for b in self.branches], mask)
+        if masked:
+            up._premasked = dx
+        return dx
+
+
+def link_add_relu(layers, enabled: bool = True) -> None:
+    """Link every Add block in ``layers`` (one chain, in order) that is directly followed
+    by a ReLU, so that the pair may run fused; ``enabled=False`` unlinks them."""
+    layers = list(layers)
+    for i, block in enumerate(layers):
+        if type(block) is Add:
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            block.fused_relu = nxt if enabled and type(nxt) is ReLU else None
+            block._relu_y = block._x = block._premasked = None
+            if type(nxt) is ReLU:
+                nxt._rectified = None
+            up = layers[i - 2] if i >= 2 else None  # a fused pair feeding this block
+            block._upstream = up if type(up) is Add and up.fused_relu is layers[i - 1] else None
+
+
+def set_add_relu_fusion(model: Layer, enabled: bool) -> None:
+    """Fuse (True, the default after building) or unfuse every Add + ReLU pair of a built
+    model; results are the same either way."""
+    for layer in model.walk():
+        chain = getattr(layer, "layers", None)
+        if isinstance(chain, list):
+            link_add_relu(chain, enabled)
 
 
 class Concat(_Block):
