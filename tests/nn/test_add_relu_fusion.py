@@ -1,13 +1,15 @@
-"""Add + ReLU fused (a residual block's sum and the ReLU after it): the fused pair gives the
-unfused pair's outputs, gradients and running statistics bit for bit (the same float
-operations in the same order: a + b then max(., 0) forward; the mask dy * (y > 0), then the
-branches' gradients summed as ``_sum_fresh`` sums them, only into the masked array); the
-fusion runs on the compiled backend only (the NumPy path is the reference, unchanged), where
-the planner allows it; the fused pair passes gradient checks."""
+"""Add + ReLU fused (a residual block's sum and the ReLU after it, with the batch norm
+ending its first branch in training): the fused pair gives the unfused pair's outputs,
+gradients and running statistics bit for bit (the same float operations in the same order:
+gamma * xhat + beta, + the other branch, max(., 0) forward; the mask dy * (y > 0), then the
+branches' gradients summed as ``_sum_fresh`` sums them, masked by the ReLU before the
+block); the fusion runs on the compiled backend only (the NumPy path is the reference,
+unchanged), where the planner allows it; the fused pair passes gradient checks."""
 import numpy as np
 import pytest
 
 from distnn import kernels
+from distnn.kernels import batchnorm as K
 from distnn.kernels import plan
 from distnn.kernels.backend import compiled
 from distnn.models import get_model
@@ -170,13 +172,57 @@ def test_add_relu_kernel_matches_numpy(kernel_backend, dtype, threads):
 def test_the_block_after_a_fused_pair_masks_its_sum_for_it(kernel_backend, monkeypatch):
     if kernel_backend != "numba":
         pytest.skip("the fusion runs on the compiled backend")
+    from distnn.kernels import _numba_bnrelu
     fast, calls = compiled(), []
-    for name in ("add_relu_backward", "relu_backward"):
-        kernel = getattr(fast, name)
-        monkeypatch.setattr(fast, name, lambda *a, k=kernel, n=name: calls.append(n) or k(*a))
+    for module, name in ((fast, "add_relu_backward"), (fast, "relu_backward"),
+                         (fast, "add_relu"), (_numba_bnrelu, "bn_add_relu_forward_train")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, k=kernel, n=name: calls.append(n) or k(*a))
     model = residual_model(np.float32)
     x, _ = data(n=3, shape=(2, 6, 6), dtype=np.float32)
     model.forward(x, training=True)
+    # in training each block's last batch norm writes the sum and the ReLU
+    assert calls == ["bn_add_relu_forward_train"] * 2
     model.backward(np.ones((3, 3), np.float32))
     # the second block masks dy for itself and its sum for the first, which masks nothing
-    assert calls == ["relu_backward", "add_relu_backward"]
+    assert calls[2:] == ["relu_backward", "add_relu_backward"]
+    model.forward(x, training=False)
+    assert calls[4:] == ["add_relu"] * 2  # evaluation: the batch norms apart
+
+
+def test_sync_batchnorm_at_a_branch_end_runs_apart_with_the_same_results(kernel_backend):
+    x, y = data(n=5, shape=(2, 6, 6), classes=3, dtype=np.float32)
+    fused, plain = residual_model(np.float32), residual_model(np.float32)
+    set_add_relu_fusion(plain, False)
+    for model in (fused, plain):  # a stat_reducer of one rank: the sums unchanged
+        for layer in model.walk():
+            if isinstance(layer, BatchNormalization):
+                layer.stat_reducer = lambda sums: sums
+    a, b = run_steps(fused, x, y), run_steps(plain, x, y)
+    assert (fused.layers[1]._relu_y is not None) == (kernel_backend == "numba")
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bn_add_relu_kernel_gives_the_three_steps_bits(kernel_backend, dtype, threads):
+    rng = np.random.default_rng(5)
+    x = (1.0 + 2.0 * rng.standard_normal((6, 16, 8, 8))).astype(dtype)
+    r = rng.standard_normal(x.shape).astype(dtype)
+    gamma = rng.uniform(0.5, 2.0, 16).astype(dtype)
+    beta = rng.standard_normal(16).astype(dtype)
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    try:
+        out = K.bn_add_relu_forward_train(x, r, gamma, beta, 1e-5)
+        y, _, mean, var, invstd = K.bn_forward_train(x, gamma, beta, 1e-5, keep_xhat=False)
+    finally:
+        kernels.set_num_threads(previous)
+    if kernel_backend == "numpy":
+        assert out is None  # no fused kernel: the layers run apart
+        return
+    for u, v in zip(out, (np.maximum(y + r, 0), mean, var, invstd)):
+        np.testing.assert_array_equal(u, v)
+    assert K.bn_add_relu_forward_train(x, r[:, :, :, :4], gamma, beta, 1e-5) is None

@@ -50,6 +50,37 @@ def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, h
 
 
 @_jit
+def bn_add_relu_forward_train(x, r, gamma, beta, eps, y, xhat, mean, var, invstd, lo, hi):
+    """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta + r, 0): a residual
+    branch's last batch norm, the sum with the other branch's output r and the ReLU after
+    it in one pass, rounded as the three apart (no FMA contraction); channels lo to hi."""
+    n_, c_, s_ = x.shape
+    xf = x.ravel()
+    rf = r.ravel()
+    yf = y.ravel()
+    hf = xhat.ravel()
+    keep = hf.size > 0
+    for c in nb.prange(lo, hi):
+        m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
+        mean[c] = m
+        var[c] = v
+        invstd[c] = inv
+        mx = x.dtype.type(m)
+        ix = x.dtype.type(inv)
+        g = gamma[c]
+        bb = beta[c]
+        z = x.dtype.type(0)
+        for n in range(n_):
+            b = (n * c_ + c) * s_
+            for k in range(s_):
+                h = (xf[_U(b + k)] - mx) * ix
+                if keep:
+                    hf[_U(b + k)] = h
+                o = (h * g + bb) + rf[_U(b + k)]
+                yf[_U(b + k)] = z if o <= z else o
+
+
+@_jit
 def scale_shift_relu(x, scale, shift, y):
     """y = max(x * scale[c] + shift[c], 0) over (N, C, S) (batch norm in inference)."""
     n_, c_, s_ = x.shape
@@ -172,5 +203,5 @@ def bn_backward(dy, xhat, mean, gamma, beta, invstd, count, relu, centre, sum_dy
 
 for _name in ("scale_shift_relu", "bn_relu_grad_sums", "bn_relu_backward_dx"):
     globals()[_name] = _dispatch(globals()[_name])
-for _name in ("bn_relu_forward_train", "bn_backward"):
+for _name in ("bn_relu_forward_train", "bn_add_relu_forward_train", "bn_backward"):
     globals()[_name] = _dispatch(globals()[_name], split=channels, pieces=pieces)

@@ -262,6 +262,26 @@ def bn_relu_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, ep
     return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
 
 
+def bn_add_relu_forward_train(x: np.ndarray, r: np.ndarray, gamma: np.ndarray,
+                              beta: np.ndarray, eps: float):
+    """(max(bn(x) + r, 0), mean, var, invstd) in one compiled pass, bn as
+    ``bn_forward_train``'s with keep_xhat=False and the same bits as the three steps apart;
+    None where the compiled fused kernels do not take x and r (the caller runs them apart)."""
+    fast = _fused_for(x, r)
+    if fast is None:
+        return None
+    c = x.shape[1]
+    y = np.empty_like(x)
+    mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
+    fast.bn_add_relu_forward_train(_by_channel(x), _by_channel(r),
+                                   np.ascontiguousarray(gamma, x.dtype),
+                                   np.ascontiguousarray(beta, x.dtype), float(eps),
+                                   _by_channel(y), np.empty((0, 0, 0), x.dtype), mean, var,
+                                   invstd)
+    dt = x.dtype
+    return y, mean.astype(dt), var.astype(dt), invstd.astype(dt)
+
+
 def bn_relu_inference(x: np.ndarray, mean: np.ndarray, var: np.ndarray, gamma: np.ndarray,
                       beta: np.ndarray, eps: float) -> np.ndarray:
     """max(``bn_inference``(...), 0) in one pass."""

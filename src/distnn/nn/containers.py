@@ -15,7 +15,8 @@ from ..kernels.backend import compiled
 from .activations import ReLU
 from .base import Layer, check_input
 from .model import ModelMethods
-from .normalization import link_bn_relu
+from .normalization import BatchNormalization, link_bn_relu
+from .sums import _add, _sum_fresh, _sum_into
 
 GradHook = Callable[[Layer], None]
 
@@ -26,60 +27,6 @@ def _as_layers(branch) -> list[Layer]:
     if isinstance(branch, Layer):
         return [branch]
     return list(branch)
-
-
-def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b into a new array: for contiguous floats of one shape and dtype the compiled
-    kernel, whose elements the block threads share at 2+ threads (the same bits)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return a + b
-    out = np.empty_like(a)
-    fast = compiled()
-    if (fast is not None and a.dtype.kind == "f" and a.size and a.flags.c_contiguous
-            and b.flags.c_contiguous):
-        fast.add(a, b, out)
-        return out
-    return np.add(a, b, out=out)
-
-
-def _sum_fresh(arrays):
-    """Sum of the non-None arrays into a new array (inputs may be views of dy or caches)."""
-    arrays = [a for a in arrays if a is not None]
-    if not arrays:
-        return None
-    if len(arrays) == 1:
-        return arrays[0].copy()
-    # one pass (not a copy, then +=), into arrays[0]'s shape and dtype as += would be
-    if arrays[0].shape == arrays[1].shape and arrays[0].dtype == arrays[1].dtype:
-        total = _add(arrays[0], arrays[1])
-    else:
-        total = np.add(arrays[0], arrays[1], out=np.empty_like(arrays[0]))
-    for a in arrays[2:]:
-        total += a
-    return total
-
-
-def _sum_into(g: np.ndarray, arrays, mask: np.ndarray | None = None):
-    """(sum, masked): ``_sum_fresh``'s sum of two branch gradients (same bits) into g where
-    it fits (the fused Add's own dy for its branches, which are done with it); with
-    ``mask`` (the block's input from a fused Add + ReLU) masked as that ReLU's backward
-    would (``add_relu_backward``): masked True. Else as ``_sum_fresh``."""
-    arrays = [a for a in arrays if a is not None]
-    fast = compiled()
-    if (fast is None or len(arrays) != 2
-            or not all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype
-                       and a.flags.c_contiguous for a in arrays)):
-        return _sum_fresh(arrays), False
-    a, b = arrays
-    into = (a.shape == g.shape and a.dtype == g.dtype and g.flags.c_contiguous
-            and all(v is g or not np.may_share_memory(v, g) for v in arrays))
-    out = g if into else np.empty_like(a)
-    if (mask is not None and mask.shape == a.shape and mask.dtype == a.dtype
-            and mask.flags.c_contiguous):
-        fast.add_relu_backward(a, b, mask, out)
-        return out, True
-    fast.add(a, b, out)
-    return out, False
 
 
 class _Chain(Layer):
@@ -139,10 +86,11 @@ class Add(_Block):
         fused_relu: the ``ReLU`` right after this block in a chain (linked when built),
             else None. Where ``kernels.plan.fuse_add_relu`` allows (compiled backend, two
             branches, contiguous outputs) the pair runs fused: forward max(sum, 0) in one
-            pass, the ReLU passing it on; backward this block masks dy (the ReLU passes it
-            on) into a new array for its branches and sums their gradients into it, masked
-            in the same pass by the ReLU of a fused pair before it, if its input is that
-            pair's output (that pair then skips its mask). The same bits as unfused;
+            pass (in training, where branch 0 ends in a batch norm, that batch norm's pass,
+            after branch 1), the ReLU passing it on; backward this block masks dy (the
+            ReLU passes it on) into a new array for its branches and sums their gradients
+            into it, masked in the same pass by the ReLU of a fused pair before it, if its
+            input is that pair's output (that pair then skips its mask). The same bits as unfused;
             ``set_add_relu_fusion(model, False)`` undoes the link.
 
     Example:
@@ -168,30 +116,43 @@ class Add(_Block):
         up = self._upstream
         self._x = x if up is not None and up._relu_y is not None and x is up._relu_y else None
         self._premasked = None
+        self._relu_y, outs = self._fused(x, training)
+        if outs is None:
+            self.fused_relu._rectified = self._relu_y  # the ReLU passes this array on
+            return self._relu_y
         # Branch outputs may be arrays their last layer caches for backward: never add into
         # them in place; the first sum makes a fresh array that later ones accumulate into.
-        outs = [b.forward(x, training) for b in self.branches]
-        self._relu_y = y = self._sum_relu(outs)
-        if y is not None:
-            self.fused_relu._rectified = y  # the ReLU passes this array on
-            return y
         y = _add(outs[0], outs[1])
         for out in outs[2:]:
             y += out
         return y
 
-    def _sum_relu(self, outs) -> np.ndarray | None:
-        """max(outs[0] + outs[1], 0) in one pass where the fusion applies, else None."""
-        fast = compiled()
-        if self.fused_relu is None or fast is None or len(outs) != 2:
-            return None
+    def _fused(self, x, training):
+        """(max(sum, 0), None) where the fusion applies, else (None, the branch outputs). In
+        training, where branch 0 ends in a batch norm, branch 1 runs first, and that batch
+        norm writes the sum and the ReLU in its own pass (``forward_add_relu``)."""
+        fast, branches = compiled(), self.branches
+        if (self.fused_relu is None or fast is None or len(branches) != 2
+                or not plan.fuse_add_relu(x.dtype)):
+            return None, [b.forward(x, training) for b in branches]
+        bn = branches[0].layers[-1] if branches[0].layers else None
+        if training and type(bn) is BatchNormalization:
+            r = branches[1].forward(x, training)
+            for layer in branches[0].layers[:-1]:
+                x = layer.forward(x, training)
+            y = bn.forward_add_relu(x, r)
+            if y is not None:
+                return y, None
+            outs = [bn.forward(x, training), r]
+        else:
+            outs = [b.forward(x, training) for b in branches]
         a, b = outs
-        if not (plan.fuse_add_relu(a.dtype) and a.shape == b.shape and a.dtype == b.dtype
-                and a.size and a.flags.c_contiguous and b.flags.c_contiguous):
-            return None
+        if not (a.shape == b.shape and a.dtype == b.dtype and a.size and a.flags.c_contiguous
+                and b.flags.c_contiguous):
+            return None, outs
         y = np.empty_like(a)
         fast.add_relu(a, b, y)
-        return y
+        return y, None
 
     def backward(self, dy):
         y = self._relu_y

@@ -129,6 +129,24 @@ class BatchNormalization(Layer):
         self._cache = (True, xhat, invstd, count, relu, source)
         return self._hand_over(y)
 
+    def forward_add_relu(self, x, r):
+        """Training forward fused with the residual sum after it and the ReLU after that:
+        max(y + r, 0) in one compiled pass (``Add`` asks it of its branch's last batch
+        norm), the same bits and cache as ``forward`` then the sum and ReLU; None where it
+        does not apply (SyncBatchNorm, a fused ReLU, no compiled kernel for x and r)."""
+        if self.stat_reducer is not None or self.fused_relu is not None:
+            return None
+        check_input(self, x)
+        out = K.bn_add_relu_forward_train(x, r, self.params["gamma"], self.params["beta"],
+                                          self.epsilon)
+        if out is None:
+            return None
+        y, mean, var, invstd = out
+        count = K.channel_count(x)
+        self._update_running(mean, var, count)
+        self._cache = (True, None, invstd, count, False, (x, mean))
+        return y
+
     def _hand_over(self, y):
         """Tell the fused ReLU which array is already rectified (it passes that one on)."""
         if self.fused_relu is not None:
