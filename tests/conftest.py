@@ -68,6 +68,21 @@ def _numba_cache_of_this_worker(worker: str) -> None:
 if WORKER and "NUMBA_CACHE_DIR" not in os.environ:
     _numba_cache_of_this_worker(WORKER)
 
+# Under pytest -n N each worker computes on one thread (BLAS, OpenMP, distnn's kernels,
+# torch): two workers on two cores with two threads each spent their time in the threads'
+# spinning (tests/nn: 84 CPU-s at 2 threads a worker against 49 at one). The processes the
+# launching folders' tests start get the environment as it was (``_launched_kernels``).
+_THREAD_VARIABLES = ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                     "MKL_NUM_THREADS")
+_THREADS_BEFORE = {v: os.environ.get(v) for v in _THREAD_VARIABLES}
+if WORKER:
+    os.environ.update({v: "1" for v in _THREAD_VARIABLES})
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(1)  # a BLAS loaded before this file: its pool too
+    except ImportError:
+        pass
+
 from distnn import kernels  # noqa: E402
 # The folders whose tests start processes that run the compiled kernels.
 LAUNCHING = {"cli", "cluster", "distributed", "models", "rules", "run", "search", "torch"}
@@ -93,8 +108,16 @@ kernels.backend()
 
 @pytest.fixture(autouse=True)
 def _launched_kernels(request, monkeypatch):
-    if _launches(request.node) and request.node.get_closest_marker("compiled") is None:
+    if not _launches(request.node):
+        return
+    if request.node.get_closest_marker("compiled") is None:
         monkeypatch.setenv("DISTNN_KERNELS", "numpy")
+    if WORKER:  # the launched processes decide their threads as users' processes do
+        for var, value in _THREADS_BEFORE.items():
+            if value is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, value)
 
 
 def _launches(item: pytest.Item) -> bool:

@@ -101,14 +101,19 @@ def test_a_script_under_mpiexec_shares_the_node_from_init(tmp_path):
     if MPIEXEC is None:
         pytest.skip("needs mpiexec")
     script = tmp_path / "script.py"
-    script.write_text("from distnn import distributed as dist, kernels\n"
+    # each rank writes its own file: two ranks' prints can interleave in mpiexec's output
+    script.write_text("import sys\n"
+                      "from distnn import distributed as dist, kernels\n"
                       "comm = dist.init()\n"
-                      "print(comm.rank, kernels.get_num_threads())\n")
+                      "line = f'{comm.rank} {kernels.get_num_threads()}'\n"
+                      "open(f'{sys.argv[1]}{comm.rank}', 'w').write(line)\n"
+                      "print(line)\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "DISTNN_NUM_THREADS")}
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], env=env,
+    subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script), str(tmp_path / "r")],
+                   env=env, capture_output=True, text=True, timeout=120, check=True)
+    got = sorted((tmp_path / f"r{r}").read_text() for r in range(2))
+    assert got == [f"{r} {max(1, CORES // 2)}" for r in range(2)], got
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    assert sorted(out.split()) == sorted(["0", "1"] + [str(max(1, CORES // 2))] * 2), out
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
     assert out.split() == ["0", str(CORES)], out
