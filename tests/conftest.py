@@ -72,10 +72,13 @@ if WORKER and "NUMBA_CACHE_DIR" not in os.environ:
 # torch): two workers on two cores with two threads each spent their time in the threads'
 # spinning (tests/nn: 84 CPU-s at 2 threads a worker against 49 at one). The processes the
 # launching folders' tests start get the environment as it was (``_launched_kernels``).
+# Paired on tests/kernels' Winograd, backends and vector-direct files and tests/nn, cold
+# worker caches: 70.6 and 74.4 s (131, 134 CPU-s) against 81.7 and 85.7 s (153, 161) with
+# two threads a worker. DISTNN_TEST_ONE_THREAD=0 leaves the workers' threads alone.
 _THREAD_VARIABLES = ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                      "MKL_NUM_THREADS")
 _THREADS_BEFORE = {v: os.environ.get(v) for v in _THREAD_VARIABLES}
-if WORKER:
+if WORKER and os.environ.get("DISTNN_TEST_ONE_THREAD", "1") != "0":
     os.environ.update({v: "1" for v in _THREAD_VARIABLES})
     try:
         from threadpoolctl import threadpool_limits
