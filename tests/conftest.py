@@ -17,15 +17,13 @@
   tests/kernels on both backends. The suite's own process keeps its default backend.
 - ``pytest -n 2`` (the README's test command; pytest-xdist): two worker processes take
   tests as they free up, the emulated-cluster tests (tests/cluster) all on one of them, one
-  after another. The controller fills numba's cache before the workers start, and each
-  worker (with the processes it launches) then compiles into a copy of its own
-  (``NUMBA_CACHE_DIR``): two processes compiling different signatures of one kernel at
-  once can give both the same cache file name.
+  after another. The controller fills numba's cache before the workers start; the workers
+  and the processes they launch then share that cache, so that a kernel one worker
+  compiled the other loads (distnn locks numba's cache files: kernels/_numba_cache.py).
 - ``slow`` (registered in pyproject.toml) marks tests of 15 s and more on 2 cores: real-data
   training and tests of several launches. Nothing is deselected by default:
   ``pytest -m "not slow"`` is the quick pass.
 """
-import hashlib
 import importlib.util
 import os
 import re
@@ -42,31 +40,6 @@ import pytest  # noqa: E402
 HERE = Path(__file__).resolve().parent
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1... under pytest -n N
 
-
-def _numba_cache_of_this_worker(worker: str) -> None:
-    """A numba cache folder of this worker's own, filled from the shared one (in
-    src/distnn/kernels/__pycache__, warmed before the workers start). Two processes that
-    compile different signatures of one kernel at the same moment can each write its
-    index with the same data file name, so one signature may later load the other's code;
-    each worker (and the ranks it launches) compiles into its own folder instead. Set
-    before numba is imported: its config reads NUMBA_CACHE_DIR then."""
-    spec = importlib.util.find_spec("distnn")
-    if spec is None or importlib.util.find_spec("numba") is None:
-        return
-    source = Path(next(iter(spec.submodule_search_locations))).resolve() / "kernels"
-    root = Path(tempfile.gettempdir()) / f"distnn-numba-{os.getuid()}" / worker
-    # numba's user cache path for a source folder: '<folder name>_<sha1 of its path>'
-    folder = root / f"kernels_{hashlib.sha1(str(source).encode()).hexdigest()}"
-    folder.mkdir(parents=True, exist_ok=True)
-    for shared in (source / "__pycache__").glob("*.nb[ic]"):
-        mine = folder / shared.name
-        if not mine.exists() or mine.stat().st_mtime < shared.stat().st_mtime:
-            shutil.copy2(shared, mine)
-    os.environ["NUMBA_CACHE_DIR"] = str(root)
-
-
-if WORKER and "NUMBA_CACHE_DIR" not in os.environ:
-    _numba_cache_of_this_worker(WORKER)
 
 # Under pytest -n N each worker computes on one thread (BLAS, OpenMP, distnn's kernels,
 # torch): two workers on two cores with two threads each spent their time in the threads'

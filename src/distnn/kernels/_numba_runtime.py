@@ -20,7 +20,9 @@ os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
-from . import plan  # noqa: E402
+from . import _numba_cache, plan  # noqa: E402
+
+_numba_cache.install()  # before any kernel compiles: processes compiling at once share it
 
 _U = np.uintp
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
