@@ -119,7 +119,22 @@ def _numba_target() -> CPU:
     return target_cpu(name, features)
 
 
-TARGET = _numba_target()
+_TARGET: list[CPU] = []
+
+
+def target() -> CPU:
+    """The CPU the compiled kernels are built for (``TARGET``), read on first use: the
+    host's feature list comes from llvmlite (0.1-0.2 s of import), which a process on the
+    NumPy backend never needs."""
+    if not _TARGET:
+        _TARGET.append(_numba_target())
+    return _TARGET[0]
+
+
+def __getattr__(name: str):
+    if name == "TARGET":
+        return target()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -161,11 +176,14 @@ class Limits:
         tile_products: the Python loops' GEMMs on the register tiles; None: by CPU kind
             (AVX-512 only: on AVX2 they tied or lost against BLAS there).
         add_relu: a residual block's sum and the ReLU after it as one pass (``fuse_add_relu``).
+        vector_rows: the register-tiled direct kernels' tiles on whole output rows where
+            they fit (``vector_rows``); False keeps the tiles over flat padded rows.
     """
     register_tiles: bool = True
     block_drivers: bool = True
     tile_products: bool | None = None
     add_relu: bool = True
+    vector_rows: bool = True
     # Winograd over im2col for 3x3 stride-1 layers with this many channels, outputs this
     # wide (the transforms cost more than the 2.25x fewer multiplies save below)
     winograd_min_channels: int = 16
@@ -265,13 +283,13 @@ def _limits(limits: Limits | None) -> Limits:
 
 def tiles_on(cpu: CPU | None = None, limits: Limits | None = None) -> bool:
     """Whether the register tiles run: built for this CPU and not switched off."""
-    return _limits(limits).register_tiles and (cpu or TARGET).tiles
+    return _limits(limits).register_tiles and (cpu or target()).tiles
 
 
 def tile_products(cpu: CPU | None = None, limits: Limits | None = None) -> bool:
     """Whether the Python loops' GEMMs (``_vgemm.product``) take the register tiles: on
     AVX-512 (on AVX2 the tiles pay only inside the compiled drivers)."""
-    lim, cpu = _limits(limits), cpu or TARGET
+    lim, cpu = _limits(limits), cpu or target()
     if not tiles_on(cpu, lim):
         return False
     return lim.tile_products if lim.tile_products is not None else cpu.kind == "avx512"
@@ -336,13 +354,22 @@ def use_vector(g, f: int, dtype, cpu: CPU | None = None, limits: Limits | None =
                ) -> bool:
     """The register-tiled direct kernels: float32 on AVX-512, filters and channels
     multiples of 8, few channels on big planes (stride 1) or few filter pairs (stride 2)."""
-    lim, cpu = _limits(limits), cpu or TARGET
+    lim, cpu = _limits(limits), cpu or target()
     if not (tiles_on(cpu, lim) and cpu.kind == "avx512" and np.dtype(dtype) == np.float32
             and vector_applies(g) and f % 8 == 0 and g.c % 8 == 0):
         return False
     if (g.sh, g.sw) == (2, 2):
         return g.c * f <= lim.vector_max_cf2
     return g.c * f <= lim.vector_max_cf and g.oh * g.ow >= lim.vector_min_area
+
+
+def vector_rows(oh: int, ow: int, limits: Limits | None = None) -> bool:
+    """Whether a register-tiled direct kernel writing oh x ow outputs at step 1 tiles
+    whole output rows (``_vdirect_rows``): rows of a multiple of 32 outputs (a tile 32 of
+    one row) or of 16 in an even number of rows (a tile two rows), the switch on. Its
+    tiles then skip the padding columns between rows and store into the output directly,
+    with the same sums (the flat tiles compute Wp - OW wasted columns a row and copy)."""
+    return _limits(limits).vector_rows and (ow % 32 == 0 or (ow == 16 and oh % 2 == 0))
 
 
 def use_direct(g, f: int, limits: Limits | None = None) -> bool:
@@ -362,7 +389,7 @@ def drivers_apply(dtype, c: int, f: int, cpu: CPU | None = None,
     """Whether Winograd's compiled block drivers take a layer: float32, channels and
     filters multiples of 8 (the tiles' rows on either CPU), at most drivers_max_fc filter
     pairs, register tiles on."""
-    lim, cpu = _limits(limits), cpu or TARGET
+    lim, cpu = _limits(limits), cpu or target()
     return (lim.block_drivers and tiles_on(cpu, lim) and np.dtype(dtype) == np.float32
             and c % 8 == 0 and f % 8 == 0 and c * f <= lim.drivers_max_fc)
 
@@ -381,7 +408,7 @@ def plan_conv(g, f: int, dtype, *, threads: int = 1, cpu: CPU | None = None,
     with ``f`` filters: the register-tiled direct kernels, Winograd, the direct kernels,
     the 1x1 kernels, else im2col + GEMM, in that order of preference where each applies
     and was measured faster, for ``threads`` threads of the rank."""
-    lim, cpu = _limits(limits), cpu or TARGET
+    lim, cpu = _limits(limits), cpu or target()
     if use_vector(g, f, dtype, cpu, lim):
         return ConvPlan("vector")
     tile = winograd_tile(g, f, lim)
@@ -444,7 +471,7 @@ def forward_cols(dtype, c: int, f: int, threads: int, cpu: CPU | None = None,
     """The register tile's columns where a Winograd forward runs its products on them (in
     the compiled drivers, at one thread), else 0: ``winograd_blocks`` then sizes its blocks
     in whole tiles of columns."""
-    lim, cpu = _limits(limits), cpu or TARGET
+    lim, cpu = _limits(limits), cpu or target()
     if threads != 1 or not drivers_apply(dtype, c, f, cpu, lim):
         return 0
     return TILES[cpu.kind].cols
