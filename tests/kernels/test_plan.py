@@ -61,6 +61,20 @@ def test_conv_plans_for_every_cpu_kind(name, g, f, dtype, on512, on2, generic):
         assert plan.plan_conv(g, f, dtype, cpu=cpu) == _expect(want), cpu
 
 
+
+# (output rows, output width) -> whether the vector kernels tile whole rows: resnet20's
+# 32x32 and 16x16 planes (forward and dx), wider multiples of 32; not odd counts of 16-wide
+# rows, nor widths that are not whole vectors
+ROW_CASES = [((32, 32), True), ((16, 16), True), ((5, 64), True), ((15, 16), False),
+             ((8, 8), False), ((30, 30), False), ((16, 48), False), ((1, 32), True)]
+
+
+@pytest.mark.parametrize("shape,want", ROW_CASES, ids=[f"{h}x{w}" for (h, w), _ in ROW_CASES])
+def test_vector_kernels_tile_whole_rows_where_they_fit(shape, want):
+    assert plan.vector_rows(*shape) is want
+    # only the register-tiled kernels ask, which only AVX-512 runs (float32)
+    assert plan.vector_rows(*shape, limits=replace(plan.LIMITS, vector_rows=False)) is False
+
 def test_the_tiles_switch_sends_every_kind_to_blas_and_the_loops():
     off = replace(plan.LIMITS, register_tiles=False)
     for cpu in (AVX512, AVX2):

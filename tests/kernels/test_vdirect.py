@@ -5,7 +5,7 @@ kernel sizes, stride 2 (by input phases), odd batches and positions past a tile,
 threads; and the choice."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from test_conv_kernels import ref_conv
@@ -253,3 +253,66 @@ def test_choice_follows_the_measurements():
                                 np.zeros((16, 16, 3, 3), np.float32), None, (1, 1),
                                 (1, 1, 1, 1))
     assert cache.direct and not cache.winograd
+
+
+@st.composite
+def row_cases(draw):
+    """Outputs whose rows the row tiles take (``plan.vector_rows``): 16 wide in an even
+    number of rows, or a multiple of 32 wide; any kernel, padding and dilation."""
+    k = draw(st.sampled_from([(3, 3), (1, 3), (5, 5), (2, 2)]))
+    dil = draw(st.sampled_from([(1, 1), (2, 1)]))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    ow = draw(st.sampled_from([16, 32, 64]))
+    oh = 2 * draw(st.integers(1, 5)) if ow == 16 else draw(st.integers(1, 6))
+    n = draw(st.integers(1, 3))
+    c, f = 8 * draw(st.integers(1, 3)), 8 * draw(st.integers(1, 3))
+    h = oh - pads[0] - pads[1] + dil[0] * (k[0] - 1)
+    w = ow - pads[2] - pads[3] + dil[1] * (k[1] - 1)
+    assume(h >= 1 and w >= 1)
+    return (n, c, h, w), (f, c) + k, pads, dil, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
+@given(case=row_cases())
+def test_row_tiles_match_float64_loops_and_the_flat_tiles_bit_for_bit(anywhere, case):
+    x_shape, w_shape, pads, dil, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))
+    b = rng.standard_normal(w_shape[0])
+    y_ref = ref_conv(x, w, b, (1, 1), pads, dil)
+    assert plan.vector_rows(*y_ref.shape[2:])
+    dy = rng.standard_normal(y_ref.shape)
+    refs = (y_ref,) + tuple(ref_conv(x, w, b, (1, 1), pads, dil, dy)[1:])
+    args = (*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
+            dy.astype(np.float32))
+    got = run(*args)
+    for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
+        assert _rel(g, r) < 2e-6, name
+    with plan.using(vector_rows=False):  # the same sums in the same order
+        flat = run(*args)
+    for name, g, r in zip(("y", "dx", "dw", "db"), got, flat):
+        np.testing.assert_array_equal(g, r, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_tiles_on_resnets_shapes_at_both_threads(threads, dtype):
+    """16->16 32x32, 32->32 16x16 and the stride-2 16->32 32x32 (16x16 outputs): the row
+    tiles where the planner sends them (float32), the float64 reference's results either
+    way (float64 takes other kernels)."""
+    rng = np.random.default_rng(7)
+    for c, f, h, s in [(16, 16, 32, 1), (32, 32, 16, 1), (16, 32, 32, 2)]:
+        x = rng.standard_normal((5, c, h, h))
+        w = rng.standard_normal((f, c, 3, 3)) / np.sqrt(9 * c)
+        b = rng.standard_normal(f)
+        y_ref = ref_conv(x, w, b, (s, s), (1, 1, 1, 1), (1, 1))
+        dy = rng.standard_normal(y_ref.shape)
+        refs = (y_ref,) + tuple(ref_conv(x, w, b, (s, s), (1, 1, 1, 1), (1, 1), dy)[1:])
+        y, cache = K.conv2d_forward(*(a.astype(dtype) for a in (x, w, b)), (s, s),
+                                    (1, 1, 1, 1))
+        assert cache.vector == (dtype == np.float32)
+        got = (y,) + K.conv2d_backward(dy.astype(dtype), cache, w.astype(dtype))
+        for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
+            assert g.dtype == dtype
+            assert _rel(g, r) < (2e-6 if dtype == np.float32 else 1e-12), name

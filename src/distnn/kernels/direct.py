@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import plan
 from .im2col import ConvGeometry, _buffer
 from .plan import (direct_applies, pointwise_applies, use_direct,  # noqa: F401
                    use_pointwise, use_vector, vector_applies)
@@ -174,21 +175,27 @@ def _vector_forward(x, w, b, g: ConvGeometry):
     from ._numba import scratch
     from ._threads import run
     from . import _vdirect as v
+    from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
     lp = v.tiles_of(g.oh, g.ow, lay.rows)
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     blocks, workers, k = _vector_blocks(g, lay.cs)
+    rows = plan.vector_rows(g.oh, g.ow)
 
     def body(indices, serial):
-        acc = scratch("vdirect_acc", (f * lp,), x.dtype)
+        acc = None if rows else scratch("vdirect_acc", (f * lp,), x.dtype)
         xpf = scratch("vdirect_xp", (k * g.c * lay.cs + v.SLACK,), x.dtype)
         for i in indices:
             n0, n1 = blocks[i]
             lay.pad(x, n0, n1, xpf)
-            v.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh, g.ow,
-                      acc, y, 0, 0, 1, 1)
+            if rows:
+                vr.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh,
+                           g.ow, y)
+            else:
+                v.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh, g.ow,
+                          acc, y, 0, 0, 1, 1)
 
     run(len(blocks), workers, body)
     return y, x
@@ -230,6 +237,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
     from ._numba import scratch
     from ._threads import run
     from . import _vdirect as v
+    from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
     l16 = -(-((g.oh - 1) * lay.rows + g.ow) // 16) * 16
@@ -273,8 +281,11 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
             if need_dx:
                 _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
-                    v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, acc,
-                              dx, oy0, ox0, step, step)
+                    if step == 1 and plan.vector_rows(ph, pw):  # whole dx planes
+                        vr.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, dx)
+                    else:
+                        v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw,
+                                  acc, dx, oy0, ox0, step, step)
         return (np.ascontiguousarray(dw64.T) if lanes else dw64), db64
 
     _sum_into(run(len(blocks), workers, body), dw_out, db_out)
