@@ -75,6 +75,15 @@ def test_vector_kernels_tile_whole_rows_where_they_fit(shape, want):
     # only the register-tiled kernels ask, which only AVX-512 runs (float32)
     assert plan.vector_rows(*shape, limits=replace(plan.LIMITS, vector_rows=False)) is False
 
+
+def test_dw_by_shifted_dy_at_stride_1_only():
+    """A row's 3 taps are one shift apart in the input at stride 1 (dilated or not); at
+    stride 2 they lie in different phases of it."""
+    assert plan.dw_shift(geo(64, 16, 32))
+    assert plan.dw_shift(conv_geometry((2, 8, 9, 9), (3, 3), (1, 1), (1,) * 4, (2, 2)))
+    assert not plan.dw_shift(geo(64, 16, 32, stride=2))
+    assert not plan.dw_shift(geo(64, 16, 32), limits=replace(plan.LIMITS, dw_shift=False))
+
 def test_the_tiles_switch_sends_every_kind_to_blas_and_the_loops():
     off = replace(plan.LIMITS, register_tiles=False)
     for cpu in (AVX512, AVX2):

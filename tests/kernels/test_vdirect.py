@@ -316,3 +316,39 @@ def test_row_tiles_on_resnets_shapes_at_both_threads(threads, dtype):
         for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
             assert g.dtype == dtype
             assert _rel(g, r) < (2e-6 if dtype == np.float32 else 1e-12), name
+
+
+@st.composite
+def shift_cases(draw):
+    """16 or 48 filters (one vector left over a multiple of 32), rows of 3 taps, stride 1."""
+    kh = draw(st.sampled_from([1, 3]))
+    dil = draw(st.sampled_from([(1, 1), (1, 2), (2, 3)]))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    n, c, f = draw(st.integers(1, 3)), 8 * draw(st.integers(1, 3)), draw(st.sampled_from([16, 48]))
+    h = draw(st.integers(max(1, dil[0] * (kh - 1) + 1 - pads[0] - pads[1]), 12))
+    w = draw(st.integers(max(1, 2 * dil[1] + 1 - pads[2] - pads[3]), 40))
+    return (n, c, h, w), (f, c, kh, 3), pads, dil, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
+@given(case=shift_cases())
+def test_dw_by_shifted_dy_matches_float64_loops_and_the_broadcasts_bit_for_bit(anywhere, case):
+    """``plan.dw_shift``: dw of 16 filters summed by shifting dy (``_vdirect_dw``) gives
+    the float64 loops' dw and the same bits as the tile that broadcasts every tap."""
+    x_shape, w_shape, pads, dil, seed = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape)
+    w = rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))
+    b = rng.standard_normal(w_shape[0])
+    dy = rng.standard_normal(ref_conv(x, w, b, (1, 1), pads, dil).shape)
+    refs = ref_conv(x, w, b, (1, 1), pads, dil, dy)[1:]
+    args = (*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
+            dy.astype(np.float32))
+    got = run(*args)
+    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
+        assert _rel(g, r) < 2e-6, name
+    with plan.using(dw_shift=False):
+        other = run(*args)
+    for name, g, o in zip(("dx", "dw", "db"), got[1:], other[1:]):
+        np.testing.assert_array_equal(g, o, err_msg=name)

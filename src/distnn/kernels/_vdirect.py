@@ -33,6 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _vdirect_dw as _dw
 from ._numba_runtime import _U
 from ._vgemm import (_I32, _I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
                      _store_tile, _tile_nt, _vptr)
@@ -305,16 +306,26 @@ def row_offsets(c_: int, cs: int, rows: np.ndarray) -> np.ndarray:
 
 
 @_jit_sums
-def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64):
+def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64, shift):
     """``weight_grad`` where ``lanes_apply``, filters in the vector lanes, dw transposed:
-    dwt64 (C*taps, F) += the sums; dyt (F*L) and s (3*DW_ROWS*16) work; roffs from
-    ``row_offsets``, cols: the 3 taps' offsets in a kernel row."""
+    dwt64 (C*taps, F) += the sums; dyt (F*(L + 2*cols[2])) and s (3*DW_ROWS*16) work;
+    roffs from ``row_offsets``, cols: the 3 taps' offsets in a kernel row. ``shift``
+    (``plan.dw_shift``): 16 filters by ``_vdirect_dw``'s tiles (dy then has cols[2]
+    positions of zeros before and after it in dyt)."""
     _, f_, oh, ow = dy.shape
     ll = (oh - 1) * wp + ow
     nrow = dwt64.shape[0]
     dwf = dwt64.ravel()
     plane = oh * ow
     df = dy.ravel()
+    # taps within one row of the input (stride 1), the shifts inside dyt's margins
+    shifted = shift and f_ % 32 != 0 and cols[0] == 0 and 0 <= cols[1] <= cols[2]
+    d0 = cols[2] * f_ if shifted else 0  # dy's first position in dyt
+    if shifted:
+        for k in range(d0):
+            dyt[_U(k)] = 0
+        for k in range(d0 + ll * f_, 2 * d0 + ll * f_):
+            dyt[_U(k)] = 0
     for n in range(n0, n1):
         src = n * f_ * plane
         for f in range(f_):
@@ -327,14 +338,14 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64)
             while q0 + 16 <= ow:  # 16 positions x 16 filters at a time, in registers
                 for f0 in range(0, f_, 16):
                     _transpose16(df, src + f0 * plane + p * ow + q0, plane, dyt,
-                                 (p * wp + q0) * f_ + f0, f_)
+                                 d0 + (p * wp + q0) * f_ + f0, f_)
                 q0 += 16
             for f in range(f_):  # the rest of the row
                 sp = src + f * plane + p * ow
                 for q in range(q0, ow):
-                    dyt[_U((p * wp + q) * f_ + f)] = df[_U(sp + q)]
+                    dyt[_U(d0 + (p * wp + q) * f_ + f)] = df[_U(sp + q)]
             if p < oh - 1:
-                for k in range((p * wp + ow) * f_, (p + 1) * wp * f_):
+                for k in range(d0 + (p * wp + ow) * f_, d0 + (p + 1) * wp * f_):
                     dyt[_U(k)] = 0
         base = (n - n0) * c_ * cs
         if f_ % 32 == 0:
@@ -345,6 +356,15 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64)
                         d = (3 * r0 + r) * f_ + f0
                         for j in range(32):
                             dwf[_U(d + j)] += s[_U(r * 32 + j)]
+        elif shifted:
+            for f0 in range(0, f_, 16):
+                for r0 in range(0, roffs.shape[0], _dw.ROWS):
+                    _dw._tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
+                                       ll + cols[2], s, 0)
+                    for r in range(min(3 * _dw.ROWS, nrow - 3 * r0)):
+                        d = (3 * r0 + r) * f_ + f0
+                        for j in range(16):
+                            dwf[_U(d + j)] += s[_U(r * 16 + j)]
         else:
             for f0 in range(0, f_, 16):
                 for r0 in range(0, roffs.shape[0], DW1):

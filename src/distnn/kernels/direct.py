@@ -253,10 +253,11 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
     if lanes:  # tap (i, j) at offs[i*kw + j] = offs[i*kw] + offs[j]
         roffs = v.row_offsets(g.c, lay.cs, lay.offs[::g.kw])
         cols = np.ascontiguousarray(lay.offs[:g.kw])
+        shift = plan.dw_shift(g)
 
     def body(indices, serial):
-        if lanes:
-            dyt = scratch("vdirect_dyt", (f * l16,), dy.dtype)
+        if lanes:  # dy with margins of cols[2] positions (``weight_grad_t``'s shift)
+            dyt = scratch("vdirect_dyt", (f * (l16 + 2 * int(cols[-1])),), dy.dtype)
             s = scratch("vdirect_dws", (3 * v.DW_ROWS * 16,), dy.dtype)
         else:
             dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
@@ -273,7 +274,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
             lay.pad(x, n0, n1, xpf)
             if lanes:
                 v.weight_grad_t(xpf, g.c, lay.cs, lay.rows, dy, n0, n1, roffs, cols, dyt, s,
-                                dw64, db64)
+                                dw64, db64, shift)
             else:
                 for m0 in range(n0, n1, nb):
                     v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy,

@@ -178,12 +178,15 @@ class Limits:
         add_relu: a residual block's sum and the ReLU after it as one pass (``fuse_add_relu``).
         vector_rows: the register-tiled direct kernels' tiles on whole output rows where
             they fit (``vector_rows``); False keeps the tiles over flat padded rows.
+        dw_shift: the register-tiled direct kernels' weight gradient for 16 filters with
+            its taps by shifting dy (``dw_shift``); False keeps the input's broadcasts.
     """
     register_tiles: bool = True
     block_drivers: bool = True
     tile_products: bool | None = None
     add_relu: bool = True
     vector_rows: bool = True
+    dw_shift: bool = True
     # Winograd over im2col for 3x3 stride-1 layers with this many channels, outputs this
     # wide (the transforms cost more than the 2.25x fewer multiplies save below)
     winograd_min_channels: int = 16
@@ -370,6 +373,15 @@ def vector_rows(oh: int, ow: int, limits: Limits | None = None) -> bool:
     tiles then skip the padding columns between rows and store into the output directly,
     with the same sums (the flat tiles compute Wp - OW wasted columns a row and copy)."""
     return _limits(limits).vector_rows and (ow % 32 == 0 or (ow == 16 and oh % 2 == 0))
+
+
+def dw_shift(g, limits: Limits | None = None) -> bool:
+    """Whether the register-tiled direct kernels sum the weight gradient of 16 filters
+    (filters in the vector lanes, rows of 3 taps) with the taps by shifting dy: each input
+    value is broadcast once for its 3 taps rather than once a tap, so that the
+    multiply-adds rather than the loads bound the tile (``_vdirect_dw``); the same sums.
+    Stride 1 only (at stride 2 a row's taps lie in different input phases)."""
+    return _limits(limits).dw_shift and (g.sh, g.sw) == (1, 1)
 
 
 def use_direct(g, f: int, limits: Limits | None = None) -> bool:
