@@ -354,22 +354,18 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64,
                     _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                     for r in range(min(3 * DW2, nrow - 3 * r0)):
                         d = (3 * r0 + r) * f_ + f0
-                        for j in range(32):
-                            dwf[_U(d + j)] += s[_U(r * 32 + j)]
+                        _dw._widen_add(s, r * 32, dwf, d)
+                        _dw._widen_add(s, r * 32 + 16, dwf, d + 16)
         elif shifted:
             for f0 in range(0, f_, 16):
                 for r0 in range(0, roffs.shape[0], _dw.ROWS):
                     _dw._tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
                                        ll + cols[2], s, 0)
                     for r in range(min(3 * _dw.ROWS, nrow - 3 * r0)):
-                        d = (3 * r0 + r) * f_ + f0
-                        for j in range(16):
-                            dwf[_U(d + j)] += s[_U(r * 16 + j)]
+                        _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
         else:
             for f0 in range(0, f_, 16):
                 for r0 in range(0, roffs.shape[0], DW1):
                     _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                     for r in range(min(3 * DW1, nrow - 3 * r0)):
-                        d = (3 * r0 + r) * f_ + f0
-                        for j in range(16):
-                            dwf[_U(d + j)] += s[_U(r * 16 + j)]
+                        _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)

@@ -51,3 +51,21 @@ def _tile_dw_shift(typingctx, a, ao, aks, b, bo, roffs, ro, cols, nk, c, co):
                     co_, ir.Constant(_I64, (r * TAPS + q) * 16))), align=4)
         return context.get_dummy_value()
     return sig, codegen
+
+
+@intrinsic
+def _widen_add(typingctx, s, so, c, co):
+    """c[co + l] += float64(s[so + l]), l < 16: a tile's float32 sums added into the
+    float64 dw in two vectors (numba's loop stays scalar there: it cannot tell the
+    arrays apart). Each element the same conversion and addition: the same bits."""
+    sig = types.void(s, so, c, co)
+
+    def codegen(context, builder, sig, args):
+        _, so_, _, co_ = args
+        sp, cp = (_data(context, builder, sig, args, i) for i in (0, 2))
+        wide = ir.VectorType(ir.DoubleType(), 16)
+        v = builder.fpext(builder.load(_vptr(builder, sp, so_), align=4), wide)
+        dst = builder.bitcast(builder.gep(cp, [co_]), wide.as_pointer())
+        builder.store(builder.fadd(builder.load(dst, align=8), v), dst, align=8)
+        return context.get_dummy_value()
+    return sig, codegen
