@@ -296,11 +296,24 @@ def test_row_tiles_match_float64_loops_and_the_flat_tiles_bit_for_bit(anywhere, 
         np.testing.assert_array_equal(g, r, err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_row_tiles_on_resnets_shapes_at_both_threads(threads, dtype):
+def test_row_tiles_on_resnets_shapes_at_both_threads(threads):
     """16->16 32x32, 32->32 16x16 and the stride-2 16->32 32x32 (16x16 outputs): the row
-    tiles where the planner sends them (float32), the float64 reference's results either
-    way (float64 takes other kernels)."""
+    tiles where the planner sends them, the float64 reference's results."""
+    _resnet_shapes(np.float32)
+
+
+def test_float64_on_resnets_shapes_takes_other_kernels():
+    """float64 is not sent to the row tiles and gives the reference's results (at one
+    thread: its kernels compile for each thread count, and this checks the routing)."""
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(1)
+    try:
+        _resnet_shapes(np.float64)
+    finally:
+        kernels.set_num_threads(previous)
+
+
+def _resnet_shapes(dtype):
     rng = np.random.default_rng(7)
     for c, f, h, s in [(16, 16, 32, 1), (32, 32, 16, 1), (16, 32, 32, 2)]:
         x = rng.standard_normal((5, c, h, h))
