@@ -70,6 +70,15 @@ def cases(draw):
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
 @given(case=cases())
 def test_matches_float64_loops(anywhere, case):
+    args, refs = _float32_args_and_float64_refs(case)
+    got = run(*args)
+    for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
+        assert g.dtype == np.float32
+        assert _rel(g, r) < 2e-6, name
+
+
+def _float32_args_and_float64_refs(case):
+    """A stride-1 case's float32 arguments for ``run`` and the float64 loops' y, dx, dw, db."""
     x_shape, w_shape, pads, dil, seed = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape)
@@ -78,11 +87,9 @@ def test_matches_float64_loops(anywhere, case):
     y_ref = ref_conv(x, w, b, (1, 1), pads, dil)
     dy = rng.standard_normal(y_ref.shape)
     refs = (y_ref,) + tuple(ref_conv(x, w, b, (1, 1), pads, dil, dy)[1:])
-    got = run(*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
-              dy.astype(np.float32))
-    for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
-        assert g.dtype == np.float32
-        assert _rel(g, r) < 2e-6, name
+    args = (*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
+            dy.astype(np.float32))
+    return args, refs
 
 
 @st.composite
@@ -276,17 +283,8 @@ def row_cases(draw):
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # patched once
 @given(case=row_cases())
 def test_row_tiles_match_float64_loops_and_the_flat_tiles_bit_for_bit(anywhere, case):
-    x_shape, w_shape, pads, dil, seed = case
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(x_shape)
-    w = rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))
-    b = rng.standard_normal(w_shape[0])
-    y_ref = ref_conv(x, w, b, (1, 1), pads, dil)
-    assert plan.vector_rows(*y_ref.shape[2:])
-    dy = rng.standard_normal(y_ref.shape)
-    refs = (y_ref,) + tuple(ref_conv(x, w, b, (1, 1), pads, dil, dy)[1:])
-    args = (*(a.astype(np.float32) for a in (x, w, b)), (1, 1), pads, dil,
-            dy.astype(np.float32))
+    args, refs = _float32_args_and_float64_refs(case)
+    assert plan.vector_rows(*refs[0].shape[2:])
     got = run(*args)
     for name, g, r in zip(("y", "dx", "dw", "db"), got, refs):
         assert _rel(g, r) < 2e-6, name
