@@ -25,7 +25,10 @@ ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 POWERSGD_WARMUP = 10  # dense steps before PowerSGD, in distnn and in DDP's hook
 # The rows of the accuracy part: (name, --parallel rule, the rule's options).
-RULE_RUNS = [("data", "data", {}), ("data+fp16", "data", {"compression": "fp16"}),
+RULE_RUNS = [("data", "data", {}),
+             ("data+buckets", "data", {"bucket_size_mb": 0.25}),
+             ("data+autotune", "data", {"autotune": True}),
+             ("data+fp16", "data", {"compression": "fp16"}),
              ("data+topk", "data", {"compression": "topk:0.01"}),
              ("data+powersgd", "data", {"compression": "powersgd:2",
                                         "compression_warmup_steps": POWERSGD_WARMUP}),
@@ -35,7 +38,8 @@ RULE_RUNS = [("data", "data", {}), ("data+fp16", "data", {"compression": "fp16"}
 # PyTorch DDP rows: (name, extra arguments of ddp_main_job.py).
 DDP_RUNS = [("ddp", []),
             ("ddp+powersgd", ["--powersgd", "2", "--powersgd-start", str(POWERSGD_WARMUP)])]
-LABELS = {"data+topk": "data+topk:0.01", "data+powersgd": "data+powersgd:2",
+LABELS = {"data+buckets": "data (0.25 MiB buckets)", "data+autotune": "data (--autotune)",
+          "data+topk": "data+topk:0.01", "data+powersgd": "data+powersgd:2",
           "partial": "partial (4 chunks)", "ddp": "DDP (gloo)",
           "ddp+powersgd": "DDP (gloo) + PowerSGD hook rank 2"}
 ROWS = [r[0] for r in RULE_RUNS] + [r[0] for r in DDP_RUNS]
