@@ -9,6 +9,12 @@ the measured one, and the error.
 
 A run with ``--compression SPEC`` (the workers' --gradient_compression) is checked against
 the model of that compression (its JSON records which).
+
+Each row is predicted twice: without the exchange's own CPU (the model as before) and
+with it (``distnn.cluster.cpucost``: the Reducer's work per step measured here, in this
+run, on the model's tensors over a phantom communicator of N ranks, and TCP's CPU per
+message and byte measured on 127.0.0.1; printed), both slowed N/C times as the compute.
+``--no-cpu`` skips the calibration.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -32,13 +39,37 @@ def _step(recs: list[dict]) -> float | None:
     return statistics.median(ok) if ok else None
 
 
+def _net(model: str):
+    from distnn.models import get_model
+    return get_model(model, input_shape=SHAPES[model], num_classes=10)
+
+
+def calibrate(raw: dict, compression: str, overlap_link: bool = True) -> dict:
+    """{model: CpuCost} for the models and host counts of ``raw``'s rows."""
+    from distnn.cluster.cpucost import calibrate_cpu
+    from distnn.distributed.optimizer import parameter_tensors
+    hosts: dict = {}
+    for key in raw["throughput"]:
+        model, n, _ = key.split("/")
+        if int(n) > 1:
+            hosts.setdefault(model, set()).add(int(n))
+    out = {}
+    for model, counts in sorted(hosts.items()):
+        net = _net(model)
+        out[model] = calibrate_cpu(parameter_tensors(net),
+                                   [(ly.name, lo, hi) for ly, lo, hi in net.layer_ranges()],
+                                   specs=[compression], hosts=sorted(counts),
+                                   overlap_link=overlap_link)
+    return out
+
+
 def check(raw: dict, latency_s: float, cores: int, scale: bool,
-          compression: str = "none") -> list[dict]:
+          compression: str = "none", cpu: dict | None = None) -> list[dict]:
     """One row per measured N-host row of ``raw["throughput"]``: measured and predicted
-    step seconds and the relative error (predicted / measured - 1)."""
+    step seconds and the relative error (predicted / measured - 1); with ``cpu``
+    ({model: CpuCost}) also ``predicted_cpu_s``, ``rel_error_cpu`` (with the term)."""
     from distnn.cluster.costmodel import Config, Link, ModelCost, predict
     from distnn.distributed.optimizer import parameter_tensors
-    from distnn.models import get_model
     runs = raw["throughput"]
     out = []
     for key, recs in runs.items():
@@ -50,16 +81,21 @@ def check(raw: dict, latency_s: float, cores: int, scale: bool,
         if base is None or measured is None:
             out.append({"row": key, "error": "no measurement (1-host or this row failed)"})
             continue
-        net = get_model(model, input_shape=SHAPES[model], num_classes=10)
+        net = _net(model)
         batch = recs[0].get("batch_per_rank", 64)
-        cost = ModelCost(base * max(1.0, hosts / cores), parameter_tensors(net), batch=batch,
+        slow = max(1.0, hosts / cores)
+        cost = ModelCost(base * slow, parameter_tensors(net), batch=batch,
                          segments=[(ly.name, lo, hi) for ly, lo, hi in net.layer_ranges()])
         shaped = opts.link_rate(rate, hosts, scale, cores)
         link = Link(opts.parse_rate(shaped) / 1e9, latency_s)
         pred = predict(Config("data", compression), cost, hosts, link).step_s
-        out.append({"row": key, "link": shaped, "compute_s": cost.compute_s,
-                    "measured_s": measured, "predicted_s": pred,
-                    "rel_error": pred / measured - 1})
+        row = {"row": key, "link": shaped, "compute_s": cost.compute_s,
+               "measured_s": measured, "predicted_s": pred, "rel_error": pred / measured - 1}
+        if cpu is not None:
+            with_cpu = replace(cost, cpu=cpu[model], slowdown=slow)
+            p = predict(Config("data", compression), with_cpu, hosts, link).step_s
+            row.update(predicted_cpu_s=p, rel_error_cpu=p / measured - 1)
+        out.append(row)
     return out
 
 
@@ -74,6 +110,10 @@ def main() -> None:
                     "what its JSON says, else this machine's)")
     ap.add_argument("--scale-links", action="store_true", default=None,
                     help="the run had --scale-links (default: what its JSON says)")
+    ap.add_argument("--no-cpu", action="store_true", help="skip the exchange's CPU term "
+                    "(no calibration)")
+    ap.add_argument("--cpu-additive", action="store_true", help="add a transfer's TCP CPU "
+                    "to its time on the link instead of taking the longer of the two")
     args = ap.parse_args()
     raws = [json.loads(Path(p).read_text()) for p in args.json]
     for path, one in zip(args.json, raws):
@@ -91,22 +131,30 @@ def main() -> None:
     cores = args.cores or meta.get("cores") or opts.cores()
     scale = bool(meta.get("scale_links")) if args.scale_links is None else True
     compression = meta.get("compression", "none")
-    rows = check(raw, args.latency_us * 1e-6, cores, scale, compression)
+    cpu = None if args.no_cpu else calibrate(raw, compression, not args.cpu_additive)
+    rows = check(raw, args.latency_us * 1e-6, cores, scale, compression, cpu)
     print(f"cost model vs measured, --parallel data, compression {compression}, {cores} "
           f"cores, links {'scaled' if scale else 'as named'}, latency {args.latency_us:g} us\n")
-    print("| row | link shaped | compute ms | measured ms | predicted ms | error |")
-    print("|---|---|---|---|---|---|")
+    for model, cost in sorted((cpu or {}).items()):
+        print(f"the exchange's CPU, calibrated here ({model}; ms a step on one core, "
+              f"before + after the last bucket starts):\n{cost.describe()}\n")
+    extra = " with CPU ms | error |" if cpu else ""
+    print("| row | link shaped | compute ms | measured ms | predicted ms | error |" + extra)
+    print("|---|---|---|---|---|---|" + ("---|---|" if cpu else ""))
     for r in rows:
         if "error" in r:
-            print(f"| {r['row']} | failed: {r['error']} | | | | |")
+            print(f"| {r['row']} | failed: {r['error']} | | | | |" + (" | |" if cpu else ""))
             continue
+        more = (f" {r['predicted_cpu_s'] * 1e3:.2f} | {r['rel_error_cpu']:+.1%} |"
+                if cpu else "")
         print(f"| {r['row']} | {r['link']} | {r['compute_s'] * 1e3:.2f} | "
               f"{r['measured_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} | "
-              f"{r['rel_error']:+.1%} |")
-    errs = [abs(r["rel_error"]) for r in rows if "rel_error" in r]
-    if errs:
-        print(f"\n{sum(e <= 0.15 for e in errs)} of {len(errs)} rows within ±15%; "
-              f"largest |error| {max(errs):.1%}")
+              f"{r['rel_error']:+.1%} |" + more)
+    for key, what in (("rel_error", "without the CPU term"), ("rel_error_cpu", "with it")):
+        errs = [abs(r[key]) for r in rows if key in r]
+        if errs:
+            print(f"\n{what}: {sum(e <= 0.15 for e in errs)} of {len(errs)} rows within "
+                  f"±15%; largest |error| {max(errs):.1%}")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,10 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
                    help="The pick: the fastest exact configuration (data, fp16) when it "
                    "scales at least this well, else the fastest compressed one, else the "
                    "fastest of all. Default: 0.9.")
+    p.add_argument("--cpu", action="store_true", help="Also count the CPU the exchange takes "
+                   "on each host's core (the Reducer's compression, error feedback, casts and "
+                   "sums, timed here on this model's tensors; TCP's per-message and per-byte "
+                   "work, timed on 127.0.0.1): docs/costmodel.md. Adds a few seconds.")
     p.add_argument("--json", default=None, metavar="FILE", help="Also write every prediction "
                    "here.")
     return p
@@ -137,10 +141,21 @@ def run_plan(args: argparse.Namespace) -> int:
     how = "given" if args.compute_s else f"measured here, median of {args.steps} steps"
     cost = ModelCost(compute, parameter_tensors(model), batch=args.batch_size,
                      segments=[(layer.name, lo, hi) for layer, lo, hi in model.layer_ranges()])
+    if args.cpu:
+        from dataclasses import replace
+
+        from ..cluster.cpucost import calibrate_cpu
+        specs = sorted({c.compression for c in DEFAULT_CONFIGS if c.rule == "data"})
+        cost = replace(cost, cpu=calibrate_cpu(cost.tensors, cost.segments, specs=specs,
+                                               hosts=[h for h in hosts if h > 1] or [2],
+                                               steps=3))
     print(f"distnn plan: {args.model} on {args.dataset}, batch {args.batch_size} per rank, "
           f"{cost.size:,} parameters ({cost.size * cost.itemsize / 1e6:.2f} MB of gradients), "
           f"compute {compute * 1e3:.2f} ms a step ({how}); {args.latency_us:g} us a message. "
           "Predicted by the cost model (docs/costmodel.md), not measured.")
+    if cost.cpu is not None:
+        print("With the exchange's CPU on each host's core, calibrated here (ms a step, "
+              "compressing + the rest):\n" + cost.cpu.describe())
     rows, picks = [], []
     for gbits in rates:
         link = Link(gbits, args.latency_us * 1e-6)
@@ -167,7 +182,10 @@ def run_plan(args: argparse.Namespace) -> int:
           "counts step time only: check accuracy per epoch on your data before switching.")
     if args.json:
         with open(args.json, "w") as f:
+            cpu = cost.cpu and {"tcp_message_s": cost.cpu.tcp_message_s,
+                                "tcp_byte_s": cost.cpu.tcp_byte_s, "steps": cost.cpu.steps}
             json.dump({"compute_s": compute, "batch": args.batch_size, "params": cost.size,
+                       "cpu": cpu,
                        "latency_s": args.latency_us * 1e-6, "rows": [
                            {"gbits": g, "config": p.config.label, "rule": p.config.rule,
                             "compression": p.config.compression, "hosts": p.hosts,

@@ -64,6 +64,22 @@ def allreduce_time(nbytes: float, hosts: int, link: Link, *, itemsize: int = 4,
     return t + fold, "reduce-scatter + all-gather"
 
 
+def allreduce_sends(nbytes: float, hosts: int, *, itemsize: int = 4,
+                    builtin_op: bool = True) -> tuple[int, float]:
+    """(messages, bytes) one rank sends (and receives) in ``allreduce_time``'s all-reduce:
+    recursive doubling log2 p' messages of the whole buffer; Rabenseifner 2 log2 p'
+    messages, 2 (p'-1)/p' of the buffer; a P that is not a power of two adds the fold
+    (one message of the buffer each way, for the ranks that fold)."""
+    if hosts <= 1 or nbytes <= 0:
+        return 0, 0.0
+    p = _pof2(hosts)
+    steps = p.bit_length() - 1
+    fold = (1, nbytes) if hosts != p else (0, 0.0)
+    if nbytes <= ALLREDUCE_SHORT_MSG_SIZE or not builtin_op or nbytes / itemsize < p:
+        return steps + fold[0], steps * nbytes + fold[1]
+    return 2 * steps + fold[0], 2 * (p - 1) / p * nbytes + fold[1]
+
+
 def allgather_time(total_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
     """Seconds of an all-gather that delivers ``total_bytes`` (all ranks' parts) to every
     rank: recursive doubling below MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE on a power of two,

@@ -1,8 +1,9 @@
 """A cost model of one training step on N hosts x 1 rank: what each rule and compression
 sends (taken from the code that sends it), what MPICH's collectives cost on a link of a
-given latency and bandwidth, and how much of it hides behind backward. Equations,
-assumptions and what it leaves out: docs/costmodel.md. Not yet validated against the
-2/4/8-host measurements of benchmarks/cluster.py.
+given latency and bandwidth, how much of it hides behind backward, and (with a
+``CpuCost`` of ``cpucost.py``, measured here) the CPU the exchange itself takes on the
+rank's core. Equations, assumptions and what it leaves out: docs/costmodel.md; validated
+against benchmarks/cluster.py's 2/4/8-host runs with benchmarks/costmodel_check.py.
 
     model = ModelCost(compute_s=0.012, tensors=parameter_tensors(net), batch=64)
     predict(Config("data", "topk:0.01"), model, hosts=64, link=Link(gbits=10))
@@ -18,8 +19,8 @@ from ..distributed.halfsum import GATHER_BYTES
 from ..distributed.powersgd import matrix_dims
 from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
-from .collectives import (Link, allgather_time, allreduce_time, alltoall_time,
-                          direct_sends, direct_time)
+from .collectives import (Link, allgather_time, allreduce_sends, allreduce_time,
+                          alltoall_time, direct_sends, direct_time)
 
 __all__ = ["Link", "allreduce_time", "allgather_time", "alltoall_time", "ModelCost",
            "Config", "Prediction", "HalfBucket", "half_bucket", "half_buckets",
@@ -42,6 +43,10 @@ class ModelCost:
         backward_share: share of ``compute_s`` after forward, in which the gradients
             become ready (assumed 2/3: backward costs about twice forward).
         itemsize: bytes per gradient element (float32: 4).
+        cpu: a ``cpucost.CpuCost`` (the exchange's own CPU a step, measured here) or None
+            (not counted: the model's predictions before that term).
+        slowdown: how many ways the rank's core is shared (``compute_s`` is already that
+            much slower); the ``cpu`` seconds are multiplied by it.
     """
     compute_s: float
     tensors: list
@@ -49,12 +54,23 @@ class ModelCost:
     segments: list | None = None
     backward_share: float = 2 / 3
     itemsize: int = 4
+    cpu: object = None
+    slowdown: float = 1.0
 
     def __post_init__(self):
         if not self.compute_s > 0:
             raise ValueError(f"compute_s must be > 0 seconds, got {self.compute_s!r}")
         if not 0 <= self.backward_share <= 1:
             raise ValueError(f"backward_share must be in [0, 1], got {self.backward_share!r}")
+        if not self.slowdown >= 1:
+            raise ValueError(f"slowdown must be >= 1, got {self.slowdown!r}")
+
+    def exchange(self, seconds: float, sends: tuple) -> float:
+        """An exchange of ``seconds`` on the link whose rank sends (and receives)
+        ``sends`` = (messages, bytes): with its TCP CPU when ``cpu`` is set."""
+        if self.cpu is None:
+            return seconds
+        return self.cpu.exchange_s(seconds, *sends, self.slowdown)
 
     @property
     def size(self) -> int:
@@ -186,10 +202,13 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
             done += hi - lo  # buckets come in backward order
             if half:
                 hb = half_bucket(hi - lo, hosts, link)
-                out.append(("bucket", hb.counted, hb.seconds, hb.algorithm, done / n))
+                out.append(("bucket", hb.counted, model.exchange(hb.seconds, (hb.sends,
+                            hb.sent)), hb.algorithm, done / n))
             else:
-                t, alg = allreduce_time((hi - lo) * item, hosts, link, itemsize=item)
-                out.append(("bucket", (hi - lo) * item, t, alg, done / n))
+                nb = (hi - lo) * item
+                t, alg = allreduce_time(nb, hosts, link, itemsize=item)
+                out.append(("bucket", nb, model.exchange(
+                    t, allreduce_sends(nb, hosts, itemsize=item)), alg, done / n))
         return out
     if isinstance(cfg, Threshold):
         raise ValueError("the cost model cannot know how many entries a threshold keeps; "
@@ -198,6 +217,11 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
     # (compressed_buckets.py); PowerSGD's Q all-reduces after backward
     comp_all, _ = _compressed(config.compression, model.tensors)
     out, later, done = [], [], 0
+
+    def allreduce(nbytes):  # (seconds with the TCP CPU, algorithm)
+        t, alg = allreduce_time(nbytes, hosts, link)
+        return model.exchange(t, allreduce_sends(nbytes, hosts)), alg
+
     for lo, hi in bucket_ranges(config, model):
         done += hi - lo
         ready = done / n
@@ -209,9 +233,9 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
             ranks = [min(cfg.rank, d[0]) for d in dims]
             p_bytes = (n_dense + sum(d[0] * r for d, r in zip(dims, ranks))) * item
             q_bytes = sum(d[1] * r for d, r in zip(dims, ranks)) * item
-            out.append(("P + dense", p_bytes, *allreduce_time(p_bytes, hosts, link), ready))
+            out.append(("P + dense", p_bytes, *allreduce(p_bytes), ready))
             if q_bytes:
-                later.append(("Q", q_bytes, *allreduce_time(q_bytes, hosts, link), None))
+                later.append(("Q", q_bytes, *allreduce(q_bytes), None))
             continue
         assert isinstance(cfg, TopK)
         pairs = sum(max(1, int(cfg.ratio * (b - a))) for _, a, b, _ in comp)
@@ -220,14 +244,14 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
                                                                    hi - lo, item)):
             payload = payload_bytes(pairs, hi - lo, item)
             if n_dense:
-                out.append(("dense tensors", n_dense * item,
-                            *allreduce_time(n_dense * item, hosts, link), ready))
-            out.append(("sparse pairs", payload,  # posted at once (direct.py)
-                         *direct_time(payload, hosts, link), ready))
+                out.append(("dense tensors", n_dense * item, *allreduce(n_dense * item),
+                            ready))
+            t, alg = direct_time(payload, hosts, link)  # posted at once (direct.py)
+            out.append(("sparse pairs", payload,
+                        model.exchange(t, direct_sends(payload, hosts)), alg, ready))
         else:
             nbytes = (n_dense + sum(t[2] - t[1] for t in comp)) * item
-            out.append(("selected, dense", nbytes, *allreduce_time(nbytes, hosts, link),
-                        ready))
+            out.append(("selected, dense", nbytes, *allreduce(nbytes), ready))
     return out + later
 
 
@@ -243,11 +267,16 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
     elif config.rule == "data":
         msgs = data_messages(config, model, hosts, link)
         overlapped = [m for m in msgs if m[4] is not None]
-        fwd = c * (1 - model.backward_share)
+        # the Reducer's own CPU (cpucost.py): compressing as buckets start, during
+        # backward (spread like the gradients), and the rest in synchronize, after
+        pre, post = ((0.0, 0.0) if model.cpu is None else
+                     [model.slowdown * s for s in model.cpu.step_s(config.compression,
+                                                                   hosts)])
+        fwd, back = c * (1 - model.backward_share), model.backward_share * c + pre
         end = 0.0
         for _, _, t, _, ready in overlapped:  # one at a time, in order, once ready
-            end = max(end, fwd + model.backward_share * c * ready) + t
-        step = max(c, end) + sum(m[2] for m in msgs if m[4] is None)
+            end = max(end, fwd + back * ready) + t
+        step = max(c + pre, end) + sum(m[2] for m in msgs if m[4] is None) + post
     elif config.rule in ("localsgd", "partial"):
         k = config.period
         if config.rule == "localsgd":  # every k steps: the weights and a sample count
