@@ -84,6 +84,32 @@ def test_dw_by_shifted_dy_at_stride_1_only():
     assert not plan.dw_shift(geo(64, 16, 32, stride=2))
     assert not plan.dw_shift(geo(64, 16, 32), limits=replace(plan.LIMITS, dw_shift=False))
 
+
+# (C, H, F) 3x3 'same', batch 64 -> whether a Winograd layer's backward runs on the
+# register-tiled kernels over column copies (``plan.vector_backward``) on AVX-512: narrow
+# planes of whole tiles, up to vector_cols_max_cf filter pairs; 16x16 planes are the row
+# tiles' (forward and backward)
+COLS_CASES = [((64, 8, 64), True), ((32, 8, 32), True), ((16, 8, 16), True),
+              ((64, 8, 128), False), ((128, 8, 128), False), ((64, 7, 64), False),
+              ((32, 16, 32), False), ((64, 4, 64), False)]
+
+
+@pytest.mark.parametrize("shape,want", COLS_CASES,
+                         ids=[f"{c}->{f} {h}x{h}" for (c, h, f), _ in COLS_CASES])
+def test_winograds_backward_over_column_copies_on_avx512_only(shape, want):
+    c, h, f = shape
+    g = geo(64, c, h)
+    assert plan.vector_backward(g, f, np.float32, cpu=AVX512) is want
+    assert not plan.vector_backward(g, f, np.float32, cpu=AVX2)
+    assert not plan.vector_backward(g, f, np.float64, cpu=AVX512)
+    off = replace(plan.LIMITS, vector_cols=False)
+    assert not plan.vector_backward(g, f, np.float32, cpu=AVX512, limits=off)
+    assert not plan.vector_backward(g, f, np.float32, cpu=AVX512,
+                                    limits=replace(plan.LIMITS, register_tiles=False))
+    if want:  # the forward stays Winograd's
+        assert plan.plan_conv(g, f, np.float32, cpu=AVX512).method == "winograd"
+
+
 def test_the_tiles_switch_sends_every_kind_to_blas_and_the_loops():
     off = replace(plan.LIMITS, register_tiles=False)
     for cpu in (AVX512, AVX2):

@@ -65,7 +65,9 @@ class ConvCache(NamedTuple):
     (``x`` is the strided input), "im2col" (compiled; ``x`` is the input, ``col`` the kept
     columns or None, ``chunks`` the blocks of samples they were built in), or the NumPy
     reference's "flat" (``x`` the padded channel-major input, ``col`` the kept columns or
-    None) and "compact" (``col`` the column matrix).
+    None) and "compact" (``col`` the column matrix). ``vector_backward``: a Winograd layer
+    the planner chose whose backward runs on the register-tiled kernels
+    (``plan.vector_backward``).
     """
     geometry: ConvGeometry
     method: str
@@ -73,6 +75,7 @@ class ConvCache(NamedTuple):
     col: np.ndarray | None = None
     tile: int = 0
     chunks: tuple | None = None
+    vector_backward: bool = False
 
     @property
     def winograd(self) -> bool:
@@ -232,7 +235,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         from . import winograd
         x = np.ascontiguousarray(x)
         y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=chosen.tile)
-        return y, ConvCache(g, "winograd", x, tile=chosen.tile)
+        return y, ConvCache(g, "winograd", x, tile=chosen.tile, vector_backward=method is None
+                            and plan.vector_backward(g, f, x.dtype))
     if method == "direct" and fast is not None and plan.use_vector(g, f, x.dtype):
         chosen = plan.ConvPlan("vector")  # the register-tiled kernels where they apply
     if chosen is not None and chosen.method in ("direct", "vector"):
@@ -303,7 +307,7 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     accumulated). The cached columns are overwritten when dx is computed, so call this
     once per forward.
     """
-    if cache.winograd:
+    if cache.winograd and not cache.vector_backward:
         from . import winograd
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)
@@ -312,13 +316,14 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
         return winograd.backward(dy, cache.x, w, cache.geometry.pt, cache.geometry.pl,
                                  dw_out, db_out if need_db else None, need_dx,
                                  tile=cache.tile)
-    if cache.direct:
+    if cache.direct or cache.vector_backward:  # the latter from x, as Winograd's
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)
         if need_db and db_out is None:
             db_out = np.empty(w.shape[0], dy.dtype)
         return direct.backward(dy, cache.x, w, cache.geometry, dw_out,
-                               db_out if need_db else None, need_dx, ws, cache.vector)
+                               db_out if need_db else None, need_dx, ws,
+                               cache.vector or cache.vector_backward)
     if cache.pointwise:
         if dw_out is None:
             dw_out = np.empty(w.shape, dy.dtype)

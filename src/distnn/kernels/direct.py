@@ -122,12 +122,16 @@ def _sum_into(parts, dw_out, db_out) -> None:
 class _Layout:
     """Where a block of samples' padded input lies in the flat work array of the
     register-tiled kernels: stride 1 as Hp x Wp planes, stride 2 as the 4 phases of each
-    plane (``_vdirect.pad_phases``), so that every tap reads contiguous runs."""
+    plane (``_vdirect.pad_phases``), so that every tap reads contiguous runs; narrow
+    planes as KW column-shifted copies of each plane (``plan.vector_cols``)."""
 
     def __init__(self, g: ConvGeometry):
         from . import _vdirect as v
-        self.g = g
-        if (g.sh, g.sw) == (1, 1):
+        from . import _vdirect_cols as vc
+        self.g, self.cols = g, plan.vector_cols(g)
+        if self.cols:
+            self.rows, self.cs, self.offs = vc.layout(g)
+        elif (g.sh, g.sw) == (1, 1):
             self.rows, self.cs = g.wp, g.hp * g.wp
             self.offs = v.tap_offsets(g.kh, g.kw, g.dh, g.dw, g.wp)
         else:
@@ -137,8 +141,11 @@ class _Layout:
 
     def pad(self, x, n0, n1, out):
         from . import _vdirect as v
+        from . import _vdirect_cols as vc
         g = self.g
-        if (g.sh, g.sw) == (1, 1):
+        if self.cols:
+            vc.pad_cols(x, n0, n1, g.pt, g.pl, g.kw, g.dw, g.hp, g.ow, out)
+        elif (g.sh, g.sw) == (1, 1):
             _pad_block(x, n0, n1, g.pt, g.pl, g.hp, g.wp, out)
         else:
             v.pad_phases(x, n0, n1, g.pt, g.pl, self.hph, self.rows, out)
@@ -175,6 +182,7 @@ def _vector_forward(x, w, b, g: ConvGeometry):
     from ._numba import scratch
     from ._threads import run
     from . import _vdirect as v
+    from . import _vdirect_cols as vc
     from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
@@ -182,7 +190,7 @@ def _vector_forward(x, w, b, g: ConvGeometry):
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     blocks, workers, k = _vector_blocks(g, lay.cs)
-    rows = plan.vector_rows(g.oh, g.ow)
+    rows = plan.vector_rows(g.oh, g.ow) or lay.cols
 
     def body(indices, serial):
         acc = None if rows else scratch("vdirect_acc", (f * lp,), x.dtype)
@@ -190,7 +198,9 @@ def _vector_forward(x, w, b, g: ConvGeometry):
         for i in indices:
             n0, n1 = blocks[i]
             lay.pad(x, n0, n1, xpf)
-            if rows:
+            if lay.cols:
+                vc.forward(xpf, g.c, lay.cs, w, bias, n0, n1, lay.offs, y)
+            elif rows:
                 vr.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh,
                            g.ow, y)
             else:
@@ -237,6 +247,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
     from ._numba import scratch
     from ._threads import run
     from . import _vdirect as v
+    from . import _vdirect_cols as vc
     from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
@@ -248,12 +259,15 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
         (et, el, hq, wq), parts = _dx_parts(w.astype(dy.dtype, copy=False), g)
         lx = max(v.tiles_of(ph, pw, wq) for _, _, ph, pw, _, _, _ in parts)
         nobias = np.zeros(g.c, dy.dtype)
+        if lay.cols:  # dx over copies of dy
+            cq, offq = vc.dx_layout(g)
+    dyv = dy.reshape(g.n, f, 1, -1) if lay.cols else dy  # the copies' positions: one run
 
     lanes = v.lanes_apply(f, g.kw)
     if lanes:  # tap (i, j) at offs[i*kw + j] = offs[i*kw] + offs[j]
         roffs = v.row_offsets(g.c, lay.cs, lay.offs[::g.kw])
         cols = np.ascontiguousarray(lay.offs[:g.kw])
-        shift = plan.dw_shift(g)
+        shift = plan.dw_shift(g) and not lay.cols
 
     def body(indices, serial):
         if lanes:  # dy with margins of cols[2] positions (``weight_grad_t``'s shift)
@@ -263,7 +277,8 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
             dyw = scratch("vdirect_dyw", (nb * f * l16,), dy.dtype)
         xpf = scratch("vdirect_xp", (k * g.c * lay.cs + v.SLACK,), dy.dtype)
         if need_dx:
-            dypf = scratch("vdirect_dyp", (k * f * hq * wq + v.SLACK,), dy.dtype)
+            dypf = scratch("vdirect_dyp", (k * f * (cq if lay.cols else hq * wq) + v.SLACK,),
+                           dy.dtype)
             acc = scratch("vdirect_acc", (g.c * lx,), dy.dtype)
         # with the filters in the lanes dw is summed transposed, (C*taps, F)
         dw64 = np.zeros((g.c * g.kh * g.kw, f) if lanes else (f, g.c * g.kh * g.kw),
@@ -273,13 +288,16 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
             n0, n1 = blocks[i]
             lay.pad(x, n0, n1, xpf)
             if lanes:
-                v.weight_grad_t(xpf, g.c, lay.cs, lay.rows, dy, n0, n1, roffs, cols, dyt, s,
+                v.weight_grad_t(xpf, g.c, lay.cs, lay.rows, dyv, n0, n1, roffs, cols, dyt, s,
                                 dw64, db64, shift)
             else:
                 for m0 in range(n0, n1, nb):
-                    v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dy,
+                    v.weight_grad(xpf[(m0 - n0) * g.c * lay.cs:], g.c, lay.cs, lay.rows, dyv,
                                   m0, min(n1, m0 + nb), lay.offs, dyw, dw64, db64)
-            if need_dx:
+            if need_dx and lay.cols:
+                vc.pad_cols(dy, n0, n1, et, el, g.kw, g.dw, hq, g.w, dypf)
+                vc.forward(dypf, f, cq, parts[0][0], nobias, n0, n1, offq, dx)
+            elif need_dx:
                 _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
                     if step == 1 and plan.vector_rows(ph, pw):  # whole dx planes

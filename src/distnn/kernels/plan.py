@@ -180,6 +180,9 @@ class Limits:
             they fit (``vector_rows``); False keeps the tiles over flat padded rows.
         dw_shift: the register-tiled direct kernels' weight gradient for 16 filters with
             its taps by shifting dy (``dw_shift``); False keeps the input's broadcasts.
+        vector_cols: the register-tiled direct kernels over column-shifted copies of the
+            input on narrow planes (``vector_cols``), and there the backward of Winograd's
+            layers on them (``vector_backward``); False keeps the flat tiles and Winograd.
     """
     register_tiles: bool = True
     block_drivers: bool = True
@@ -187,6 +190,7 @@ class Limits:
     add_relu: bool = True
     vector_rows: bool = True
     dw_shift: bool = True
+    vector_cols: bool = True
     # Winograd over im2col for 3x3 stride-1 layers with this many channels, outputs this
     # wide (the transforms cost more than the 2.25x fewer multiplies save below)
     winograd_min_channels: int = 16
@@ -203,6 +207,8 @@ class Limits:
     vector_max_cf: int = 32 * 32
     vector_min_area: int = 16 * 16
     vector_max_cf2: int = 32 * 64
+    # Winograd layers' backward on them over column copies up to this C*F
+    vector_cols_max_cf: int = 64 * 64
     # the 1x1 kernels up to this F*C (more channels on small planes: im2col's one GEMM)
     pointwise_max_fc: int = 1 << 16
     # Winograd's compiled block drivers up to this F*C (beyond, dU = dM V^T is BLAS's)
@@ -373,6 +379,28 @@ def vector_rows(oh: int, ow: int, limits: Limits | None = None) -> bool:
     tiles then skip the padding columns between rows and store into the output directly,
     with the same sums (the flat tiles compute Wp - OW wasted columns a row and copy)."""
     return _limits(limits).vector_rows and (ow % 32 == 0 or (ow == 16 and oh % 2 == 0))
+
+
+def vector_cols(g, limits: Limits | None = None) -> bool:
+    """Whether the register-tiled direct kernels of a stride-1 layer run over KW
+    column-shifted copies of the input (``_vdirect_cols``): rows narrower than 16 that the
+    row tiles do not take, OH*OW and H*W multiples of 32 (each plane then whole tiles of
+    32 outputs, dx's too), the switch on. The flat tiles' sums (3x3 forwards and dx in
+    another order)."""
+    return (_limits(limits).vector_cols and (g.sh, g.sw) == (1, 1) and g.ow < 16
+            and (g.oh * g.ow) % 32 == 0 and (g.h * g.w) % 32 == 0)
+
+
+def vector_backward(g, f: int, dtype, cpu: CPU | None = None, limits: Limits | None = None
+                    ) -> bool:
+    """Whether a Winograd layer's backward (dx, dw, db) runs on the register-tiled direct
+    kernels over column copies (its forward stays Winograd's): float32 on AVX-512, filters
+    and channels multiples of 8, ``vector_cols`` planes, up to vector_cols_max_cf filter
+    pairs (resnet20's 64->64 8x8)."""
+    lim, cpu = _limits(limits), cpu or target()
+    return (tiles_on(cpu, lim) and cpu.kind == "avx512" and np.dtype(dtype) == np.float32
+            and f % 8 == 0 and g.c % 8 == 0 and vector_cols(g, lim)
+            and g.c * f <= lim.vector_cols_max_cf)
 
 
 def dw_shift(g, limits: Limits | None = None) -> bool:
