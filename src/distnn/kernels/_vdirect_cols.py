@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from . import _vdirect_rows as _rows
 from ._numba_runtime import _U
-from ._vgemm import _I64, _accumulators, _data, _outer_fma, _splat, _vptr
+from ._vgemm import _I64, _accumulators, _broadcast_step, _data, _store_tile
 
 _jit = nb.njit(cache=True, nogil=True)
 ROWS = 8  # filters a tile
@@ -61,22 +61,9 @@ def _make_tile(ntaps: int):
                 kb = builder.add(bo_, builder.mul(k, cs_))
                 ka = builder.add(ao_, builder.mul(k, nt))
                 for t in range(ntaps):
-                    tb = builder.add(kb, toffs[t])
-                    bv = [builder.load(_vptr(builder, bp, tb), align=4),
-                          builder.load(_vptr(builder, bp, builder.add(
-                              tb, ir.Constant(_I64, LANES))), align=4)]
-                    ta = builder.add(ka, ir.Constant(_I64, t))
-                    av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
-                        ta, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
-                    _outer_fma(builder, acc, av, bv)
-            for r, row in enumerate(acc):
-                add = _splat(builder, builder.load(builder.gep(
-                    biasp, [builder.add(fo_, ir.Constant(_I64, r))])))
-                crow = builder.add(co_, builder.mul(ir.Constant(_I64, r), crs_))
-                for j, cell in enumerate(row):
-                    dst = builder.add(crow, ir.Constant(_I64, LANES * j))
-                    builder.store(builder.fadd(builder.load(cell), add),
-                                  _vptr(builder, cp, dst), align=4)
+                    _broadcast_step(builder, acc, ap, builder.add(ka, ir.Constant(_I64, t)),
+                                    ars_, bp, builder.add(kb, toffs[t]), LANES)
+            _store_tile(builder, cp, co_, crs_, acc, LANES, bias=(biasp, fo_))
             return context.get_dummy_value()
         return sig, codegen
     return tile

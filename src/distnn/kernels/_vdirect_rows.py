@@ -17,12 +17,11 @@ Reads stay inside each channel's padded plane (no SLACK needed past the last one
 from __future__ import annotations
 
 import numba as nb
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._vgemm import _I64, _accumulators, _data, _outer_fma, _splat, _vptr
+from ._vgemm import _accumulators, _broadcast_step, _data, _store_tile
 
 _jit = nb.njit(cache=True, nogil=True)
 ROWS = 8  # filters a tile
@@ -49,21 +48,9 @@ def _tile_rows(typingctx, a, ao, ars, b, bo, bjs, offs, ntaps, cs, nc, bias, fo,
             ta = builder.add(ao_, t)
             with cgutils.for_range(builder, nc_) as chans:
                 k = chans.index
-                kb = builder.add(tb, builder.mul(k, cs_))
-                bv = [builder.load(_vptr(builder, bp, kb), align=4),
-                      builder.load(_vptr(builder, bp, builder.add(kb, bjs_)), align=4)]
-                ka = builder.add(ta, builder.mul(k, nt_))
-                av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
-                    ka, builder.mul(ir.Constant(_I64, r), ars_))]))) for r in range(ROWS)]
-                _outer_fma(builder, acc, av, bv)
-        for r, row in enumerate(acc):
-            add = _splat(builder, builder.load(builder.gep(
-                biasp, [builder.add(fo_, ir.Constant(_I64, r))])))
-            crow = builder.add(co_, builder.mul(ir.Constant(_I64, r), crs_))
-            for j, cell in enumerate(row):
-                dst = builder.add(crow, builder.mul(ir.Constant(_I64, j), cjs_))
-                builder.store(builder.fadd(builder.load(cell), add), _vptr(builder, cp, dst),
-                              align=4)
+                _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, nt_)), ars_,
+                                bp, builder.add(tb, builder.mul(k, cs_)), bstep=bjs_)
+        _store_tile(builder, cp, co_, crs_, acc, cstep=cjs_, bias=(biasp, fo_))
         return context.get_dummy_value()
     return sig, codegen
 

@@ -89,22 +89,39 @@ def _outer_fma(builder, acc, avs, bvs) -> None:
             builder.store(builder.call(fma, [av, bv, builder.load(acc[i][j])]), acc[i][j])
 
 
-def _broadcast_step(builder, acc, ap, acol, ars, bp, brow, width: int = 16) -> None:
-    """One k of a tile: acc[r][j] += a[acol + r*ars] * b[brow + width*j : +width]."""
-    bv = [builder.load(_vptr(builder, bp, builder.add(brow, ir.Constant(_I64, width * j)),
-                             width), align=4) for j in range(len(acc[0]))]
+def _step_offset(builder, j: int, width: int, step):
+    """j vectors along: width*j elements, or j*step for an i64 ``step``."""
+    if step is None:
+        return ir.Constant(_I64, width * j)
+    return builder.mul(ir.Constant(_I64, j), step)
+
+
+def _broadcast_step(builder, acc, ap, acol, ars, bp, brow, width: int = 16,
+                    bstep=None) -> None:
+    """One k of a tile: acc[r][j] += a[acol + r*ars] * b[brow + j*bstep : +width]
+    (``bstep`` an i64 value; None: width)."""
+    bv = [builder.load(_vptr(builder, bp, builder.add(
+        brow, _step_offset(builder, j, width, bstep)), width), align=4)
+        for j in range(len(acc[0]))]
     av = [_splat(builder, builder.load(builder.gep(ap, [builder.add(
         acol, builder.mul(ir.Constant(_I64, r), ars))])), width) for r in range(len(acc))]
     _outer_fma(builder, acc, av, bv)
 
 
-def _store_tile(builder, cp, co, crs, acc, width: int = 16) -> None:
-    """c[co + r*crs + width*j : +width] = acc[r][j]."""
+def _store_tile(builder, cp, co, crs, acc, width: int = 16, cstep=None,
+                bias=None) -> None:
+    """c[co + r*crs + j*cstep : +width] = acc[r][j] (``cstep`` an i64 value; None:
+    width), plus bias[fo + r] in every lane with ``bias=(bias pointer, fo)``."""
     for r, row in enumerate(acc):
         crow = builder.add(co, builder.mul(ir.Constant(_I64, r), crs))
+        add = None if bias is None else _splat(builder, builder.load(builder.gep(
+            bias[0], [builder.add(bias[1], ir.Constant(_I64, r))])), width)
         for j, a in enumerate(row):
-            builder.store(builder.load(a), _vptr(builder, cp, builder.add(
-                crow, ir.Constant(_I64, width * j)), width), align=4)
+            v = builder.load(a)
+            if add is not None:
+                v = builder.fadd(v, add)
+            builder.store(v, _vptr(builder, cp, builder.add(
+                crow, _step_offset(builder, j, width, cstep)), width), align=4)
 
 
 def _tile_nn(nv: int, rows: int, width: int):
