@@ -71,7 +71,7 @@ def test_each_fault_kind_once_and_the_job_finishes():
     assert "host dnc3 back;" in said                              # taken again
     # a full disk: one warning line per failed write, the job goes on (nobody relaunches)
     assert "warning: could not write checkpoint" in said and "No space left on device" \
-        in said and "training goes on" in said, said
+        in said and "training goes on" in said, (rows["disk_full"], said)
     assert rows["disk_full"]["restart"] is None and rows["disk_full"]["survived"]
     assert result["relaunches"] == [], result["relaunches"]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
