@@ -33,15 +33,6 @@ def both(fn):
     return out
 
 
-@pytest.fixture
-def threads(request):
-    """kernels.set_num_threads(request.param) for the test, restored after."""
-    previous = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    yield request.param
-    kernels.set_num_threads(previous)
-
-
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
 @pytest.mark.parametrize("chunk", [None, 1])

@@ -10,14 +10,6 @@ SHAPES = [(5, 3), (4, 3, 5, 7), (2, 16, 8, 8), (1, 1, 1, 1)]
 EPS = 1e-5
 
 
-@pytest.fixture(params=[1, 2], ids=["1t", "2t"])
-def threads(request):
-    previous = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    yield request.param
-    kernels.set_num_threads(previous)
-
-
 def reference(x, gamma, beta, dy):
     """y = relu(bn(x)) and its backward, one channel at a time in float64 loops."""
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)

@@ -21,24 +21,14 @@ pytestmark = pytest.mark.skipif(
            "them, tests/kernels/test_plan.py)")
 
 
-@pytest.fixture(autouse=True)
-def _compiled_only(kernel_backend):
-    if kernel_backend == "numpy":
-        pytest.skip("the register-tiled kernels are compiled only")
+# tests/kernels/conftest.py skips the NumPy backend for this module
+COMPILED_ONLY = "the register-tiled kernels are compiled only"
 
 
 @pytest.fixture
 def anywhere(limits):
     """use_vector for every shape it can take (not only where it was measured faster)."""
     limits(vector_max_cf=1 << 30, vector_max_cf2=1 << 30, vector_min_area=1)
-
-
-@pytest.fixture(params=[1, 2])
-def threads(request):
-    previous = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    yield request.param
-    kernels.set_num_threads(previous)
 
 
 def _rel(got, want):

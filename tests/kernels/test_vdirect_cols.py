@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
-from distnn import kernels  # noqa: E402
 from distnn.kernels import _vdirect_cols as vc  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
 from distnn.kernels import plan  # noqa: E402
@@ -22,10 +21,8 @@ pytestmark = pytest.mark.skipif(
            "pick the register-tiled kernels, tests/kernels/test_plan.py)")
 
 
-@pytest.fixture(autouse=True)
-def _compiled_only(kernel_backend):
-    if kernel_backend == "numpy":
-        pytest.skip("the register-tiled kernels are compiled only")
+# tests/kernels/conftest.py skips the NumPy backend for this module
+COMPILED_ONLY = "the register-tiled kernels are compiled only"
 
 
 @pytest.fixture
@@ -33,14 +30,6 @@ def anywhere(limits):
     """use_vector for every shape it can take (not only where it was measured faster)."""
     limits(vector_max_cf=1 << 30, vector_max_cf2=1 << 30, vector_min_area=1,
            vector_cols_max_cf=1 << 30)
-
-
-@pytest.fixture(params=[1, 2])
-def threads(request):
-    previous = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
-    yield request.param
-    kernels.set_num_threads(previous)
 
 
 def _rel(got, want):

@@ -16,10 +16,8 @@ from distnn.kernels import winograd as W  # noqa: E402
 from distnn.nn.conv import Conv2D  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _compiled_only(kernel_backend):
-    if kernel_backend == "numpy":
-        pytest.skip("Winograd runs on the compiled backend only")
+# tests/kernels/conftest.py skips the NumPy backend for this module
+COMPILED_ONLY = "Winograd runs on the compiled backend only"
 
 
 METHODS = {"winograd": 2, "winograd4": 4}

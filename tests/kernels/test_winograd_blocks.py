@@ -22,10 +22,8 @@ pytestmark = pytest.mark.skipif(not plan.TARGET.tiles, reason="needs an AVX-512 
                                 "(the drivers run on those kinds only)")
 
 
-@pytest.fixture(autouse=True)
-def _compiled_only(kernel_backend):
-    if kernel_backend == "numpy":
-        pytest.skip("Winograd runs on the compiled backend only")
+# tests/kernels/conftest.py skips the NumPy backend for this module
+COMPILED_ONLY = "Winograd runs on the compiled backend only"
 
 
 @pytest.fixture
