@@ -184,7 +184,8 @@ def inject(ctx, f: Fault) -> None:
         # Full for the whole duration, as a disk another writer keeps filling: a fill
         # made once can land while a checkpoint's finished temporary file waits for its
         # rename; the rename then frees the previous copy, and every later write fits in
-        # the space the copy before it leaves (seen once in CI: no write failed).
+        # the space the copy before it leaves (the likely cause of one CI run in which no
+        # write failed).
         filler = os.path.join(ctx.ck_dir, "filler")
         end, fills, topped = time.monotonic() + f.duration, 0, 0
         while time.monotonic() < end and not ctx.stopping:
