@@ -75,6 +75,37 @@ class Layer:
     def __call__(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         return self.forward(x, training)
 
+    # -- declarations: this layer in other formats ----------------------------------------
+    # A layer declares its ONNX node(s), its torch counterpart and the ONNX ops it reads
+    # back here, in its own family module: nn/onnx_export.py, nn/torch_export.py and
+    # models/onnx_import.py only dispatch to these, so adding a layer touches one file.
+    onnx_ops: tuple[str, ...] = ()  # ONNX op types ``from_onnx`` converts
+
+    def onnx_node(self, g, x: str) -> str:
+        """Write this layer's inference into the ONNX graph being built ``g`` (nn/onnx_export.py's
+        ``_Graph``: ``g.node(op, inputs, layer, **attrs)``, ``g.const(layer, key, array)``)
+        fed by the tensor named ``x``; return the name of its output tensor."""
+        raise NotImplementedError
+
+    def torch_module(self):
+        """A ``torch.nn.Module`` computing this layer's inference with its weights copied
+        (torch is imported by the caller, nn/torch_export.py)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs: dict):
+        """The layer for the ONNX ``node`` (an op in ``onnx_ops``) of the graph being read
+        ``g`` (models/onnx_import.py's ``_Graph``: ``g.const(node, i)``, ``g.refuse(node,
+        why)``): ``(layer, arrays)``, arrays by parameter key, or ``(None, {})`` for the
+        identity."""
+        raise NotImplementedError
+
+    @classmethod
+    def declares(cls, what: str) -> bool:
+        """Whether this class declares ``what`` ("onnx_node", "torch_module", "from_onnx")
+        itself or through a distnn base class, rather than leaving Layer's default."""
+        return getattr(cls, what).__qualname__ != f"Layer.{what}"
+
     # -- introspection ------------------------------------------------------------------
     def sublayers(self) -> list["Layer"]:
         """Direct children (containers and blocks override)."""
