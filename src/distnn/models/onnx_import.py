@@ -31,9 +31,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout, Flatten,
-                  GlobalAvgPool2D, LeakyReLU, MaxPool2D, ReLU, Sequential, Sigmoid, Softmax,
-                  Tanh)
+from ..nn import Add, Concat, Dense, GlobalAvgPool2D, Sequential
+from ..nn.base import layer_classes
 __all__ = ["ModelFileError", "load_onnx_model", "sequential_from_onnx", "SUPPORTED_OPS"]
 
 
@@ -42,7 +41,7 @@ class ModelFileError(ValueError):
     ``models.files`` raises it again as its own ``ModelFileError``."""
 
 MERGES = ("Add", "Sum", "Concat")
-PADS = "pads"  # a convolution's uneven ONNX pads, (top, bottom, left, right)
+PADS = "pads"  # a convolution's uneven ONNX pads, (top, bottom, left, right): Conv2D.from_onnx
 
 
 class _Graph:
@@ -84,6 +83,12 @@ class _Graph:
             self.refuse(node, f"input {index} ({name!r}) computed in the graph, not a constant")
         return self.consts[name]
 
+    @staticmethod
+    def auto_pad(attrs) -> str:
+        """A node's ``auto_pad`` attribute as text (NOTSET when absent)."""
+        pad = attrs.get("auto_pad", b"NOTSET")
+        return pad.decode() if isinstance(pad, bytes) else str(pad)
+
     def refuse(self, node, why: str):
         raise ModelFileError(f"--model {self.label!r}: ONNX op {node.op_type!r} (node "
                              f"{node.name or node.output[0]!r}): {why}")
@@ -96,134 +101,20 @@ def _attrs(node) -> dict:
     return {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in values.items()}
 
 
-def _pads(g: _Graph, node, attrs, ndim: int = 2) -> tuple[int, int]:
-    pads = list(attrs.get("pads", [0] * 2 * ndim))
-    if pads[:ndim] != pads[ndim:]:
-        g.refuse(node, f"pads {pads} differ before and after; distnn pads symmetrically")
-    return tuple(int(p) for p in pads[:ndim])
+def _readers() -> dict[str, type]:
+    """ONNX op -> the distnn layer class that declares it reads it (``onnx_ops``)."""
+    readers: dict[str, type] = {}
+    for cls in layer_classes():
+        for op in cls.__dict__.get("onnx_ops", ()):
+            if op in readers:
+                raise RuntimeError(f"ONNX op {op} is declared by both {readers[op].__name__} "
+                                   f"and {cls.__name__}")
+            readers[op] = cls
+    return readers
 
 
-def _auto_pad(attrs) -> str:
-    pad = attrs.get("auto_pad", b"NOTSET")
-    return pad.decode() if isinstance(pad, bytes) else str(pad)
-
-
-def _conv(g: _Graph, node, attrs):
-    w = g.const(node, 1)
-    b = g.const(node, 2)
-    if int(attrs.get("group", 1)) != 1:
-        g.refuse(node, f"group={attrs['group']}; distnn's Conv2D has no groups")
-    if w.ndim != 4:
-        g.refuse(node, f"a {w.ndim - 2}-D convolution; distnn's is 2-D")
-    auto = _auto_pad(attrs)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        padding = "same"
-        if auto == "SAME_LOWER":
-            g.refuse(node, "auto_pad SAME_LOWER; distnn's 'same' pads at the bottom/right")
-    elif auto == "VALID":
-        padding = 0
-    else:
-        pads = [int(p) for p in attrs.get("pads", (0, 0, 0, 0))]
-        padding = (pads[0], pads[1])
-        if pads[:2] != pads[2:]:  # distnn's "same" pads so, at the bottom/right: checked
-            padding = "same"      # against the built layer's (PADS)
-    layer = Conv2D(w.shape[0], tuple(w.shape[2:]), strides=tuple(attrs.get("strides", (1, 1))),
-                   padding=padding, dilation=tuple(attrs.get("dilations", (1, 1))),
-                   use_bias=b is not None)
-    arrays = {"w": w, **({"b": b} if b is not None else {})}
-    if padding == "same" and auto == "NOTSET":
-        arrays[PADS] = (pads[0], pads[2], pads[1], pads[3])
-    return layer, arrays
-
-
-def _gemm(g: _Graph, node, attrs):
-    if attrs.get("transA", 0):
-        g.refuse(node, "transA=1; distnn's Dense takes (batch, features)")
-    w = g.const(node, 1).astype(np.float64) * attrs.get("alpha", 1.0)
-    w = w.T if attrs.get("transB", 0) else w
-    b = g.const(node, 2)
-    arrays = {"w": w}
-    if b is not None:
-        arrays["b"] = np.broadcast_to(b * attrs.get("beta", 1.0), (w.shape[1],))
-    return Dense(w.shape[1], use_bias=b is not None), arrays
-
-
-def _matmul(g: _Graph, node, attrs):
-    w = g.const(node, 1)
-    if w.ndim != 2:
-        g.refuse(node, f"a {w.ndim}-D right operand; distnn's Dense multiplies by a matrix")
-    return Dense(w.shape[1], use_bias=False), {"w": w}
-
-
-def _batchnorm(g: _Graph, node, attrs):
-    gamma, beta, mean, var = (g.const(node, i) for i in range(1, 5))
-    layer = BatchNormalization(momentum=float(attrs.get("momentum", 0.9)),
-                               epsilon=float(attrs.get("epsilon", 1e-5)))
-    return layer, {"gamma": gamma, "beta": beta, "running_mean": mean, "running_var": var}
-
-
-def _pool(cls):
-    def make(g: _Graph, node, attrs):
-        if attrs.get("ceil_mode", 0):
-            g.refuse(node, "ceil_mode=1; distnn's pools round down")
-        if any(d != 1 for d in attrs.get("dilations", (1, 1))):
-            g.refuse(node, "dilated pooling")
-        if _auto_pad(attrs) not in ("NOTSET", "VALID"):
-            g.refuse(node, f"auto_pad {_auto_pad(attrs)}; give explicit pads")
-        pads = _pads(g, node, attrs)
-        if cls is AvgPool2D and any(pads) and not attrs.get("count_include_pad", 0):
-            g.refuse(node, "count_include_pad=0 with padding; distnn's AvgPool2D counts the "
-                     "padded zeros (PyTorch's default)")
-        kernel = tuple(attrs["kernel_shape"])
-        return cls(kernel, strides=tuple(attrs.get("strides", kernel)), padding=pads), {}
-    return make
-
-
-def _reduce_mean(g: _Graph, node, attrs):
-    axes = attrs.get("axes")
-    if axes is None and len(node.input) > 1:
-        axes = g.const(node, 1).tolist()
-    if sorted(int(a) % 4 for a in (axes or ())) != [2, 3]:
-        g.refuse(node, f"a mean over axes {axes}; distnn averages over H and W only")
-    return GlobalAvgPool2D(), {}
-
-
-def _reshape(g: _Graph, node, attrs):
-    shape = g.const(node, 1).tolist()
-    if len(shape) != 2:
-        g.refuse(node, f"a reshape to {shape}; distnn reshapes only to (batch, features)")
-    return Flatten(), {}
-
-
-def _flatten(g: _Graph, node, attrs):
-    if int(attrs.get("axis", 1)) != 1:
-        g.refuse(node, f"axis={attrs['axis']}; distnn flattens all but the batch axis")
-    return Flatten(), {}
-
-
-def _softmax(g: _Graph, node, attrs):
-    if int(attrs.get("axis", -1)) not in (-1, 1):
-        g.refuse(node, f"axis={attrs['axis']}; distnn's Softmax is over the last axis")
-    return Softmax(), {}
-
-
-def _dropout(g: _Graph, node, attrs):
-    ratio = g.const(node, 1) if len(node.input) > 1 and node.input[1] else None
-    rate = float(attrs.get("ratio", 0.5) if ratio is None else ratio)
-    return Dropout(rate), {}
-
-
-CONVERTERS = {
-    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "BatchNormalization": _batchnorm,
-    "Relu": lambda g, n, a: (ReLU(), {}),
-    "LeakyRelu": lambda g, n, a: (LeakyReLU(a.get("alpha", 0.01)), {}),
-    "Sigmoid": lambda g, n, a: (Sigmoid(), {}), "Tanh": lambda g, n, a: (Tanh(), {}),
-    "Softmax": _softmax, "MaxPool": _pool(MaxPool2D), "AveragePool": _pool(AvgPool2D),
-    "GlobalAveragePool": lambda g, n, a: (GlobalAvgPool2D(), {}), "ReduceMean": _reduce_mean,
-    "Flatten": _flatten, "Reshape": _reshape, "Dropout": _dropout,
-    "Identity": lambda g, n, a: (None, {}),
-}
-SUPPORTED_OPS = tuple(sorted({*CONVERTERS, *MERGES}))
+READERS = _readers()
+SUPPORTED_OPS = tuple(sorted({*READERS, *MERGES, "Identity"}))
 
 
 class _Builder:
@@ -248,10 +139,12 @@ class _Builder:
         if (node.op_type in ("Flatten", "Reshape") and layers
                 and isinstance(layers[-1], GlobalAvgPool2D)):
             return  # distnn's global pool already gives (batch, channels)
-        make = CONVERTERS.get(node.op_type)
-        if make is None:
+        if node.op_type == "Identity":
+            return
+        cls = READERS.get(node.op_type)
+        if cls is None:
             g.refuse(node, f"distnn has no such layer; it reads {', '.join(SUPPORTED_OPS)}")
-        layer, arrays = make(g, node, _attrs(node))
+        layer, arrays = cls.from_onnx(g, node, _attrs(node))
         if layer is not None:
             layers.append(layer)
             self.arrays.append((layer, arrays))

@@ -76,6 +76,20 @@ class ReLU(Layer):
         return dy * (self._y > 0)
 
 
+    onnx_ops = ("Relu",)
+
+    def onnx_node(self, g, x):
+        return g.node("Relu", [x], self)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.ReLU()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        return cls(), {}
+
+
 class LeakyReLU(Layer):
     """x if x > 0 else alpha * x."""
 
@@ -96,6 +110,19 @@ class LeakyReLU(Layer):
     def describe(self):
         return f"alpha={self.alpha}"
 
+    onnx_ops = ("LeakyRelu",)
+
+    def onnx_node(self, g, x):
+        return g.node("LeakyRelu", [x], self, alpha=self.alpha)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.LeakyReLU(self.alpha)
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        return cls(attrs.get("alpha", 0.01)), {}
+
 
 class Sigmoid(Layer):
     """1 / (1 + exp(-x)), computed without overflow."""
@@ -111,6 +138,19 @@ class Sigmoid(Layer):
             return None
         return dy * self._y * (1 - self._y)
 
+    onnx_ops = ("Sigmoid",)
+
+    def onnx_node(self, g, x):
+        return g.node("Sigmoid", [x], self)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Sigmoid()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        return cls(), {}
+
 
 class Tanh(Layer):
     """tanh(x)."""
@@ -124,6 +164,19 @@ class Tanh(Layer):
         if not self.need_dx:
             return None
         return dy * (1 - self._y * self._y)
+
+    onnx_ops = ("Tanh",)
+
+    def onnx_node(self, g, x):
+        return g.node("Tanh", [x], self)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Tanh()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        return cls(), {}
 
 
 class Softmax(Layer):
@@ -143,6 +196,21 @@ class Softmax(Layer):
             return None
         y = self._y
         return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+    onnx_ops = ("Softmax",)
+
+    def onnx_node(self, g, x):
+        return g.node("Softmax", [x], self, axis=-1)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Softmax(dim=-1)
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        if int(attrs.get("axis", -1)) not in (-1, 1):
+            g.refuse(node, f"axis={attrs['axis']}; distnn's Softmax is over the last axis")
+        return cls(), {}
 
 
 ACTIVATIONS = {"relu": ReLU, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid, "tanh": Tanh,

@@ -130,6 +130,19 @@ class Layer:
         return f"{type(self).__name__}({extra})" if extra else f"{type(self).__name__}()"
 
 
+def layer_classes() -> list[type[Layer]]:
+    """Every layer class defined in ``distnn.nn`` (the family modules must be imported,
+    as ``import distnn.nn`` does), in a stable order: the exporters and the ONNX reader
+    find the layers' declarations through it."""
+    found, todo = [], [Layer]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found and sub.__module__.startswith("distnn.nn."):
+                found.append(sub)
+                todo.append(sub)
+    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
 def check_input(layer: Layer, x: np.ndarray) -> None:
     """Raise a clear error when x does not have the per-sample shape the layer was built for."""
     if layer.input_shape is not None and tuple(x.shape[1:]) != layer.input_shape:

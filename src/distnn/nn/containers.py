@@ -57,6 +57,18 @@ class _Chain(Layer):
             dy = layer.backward(dy)
         return dy
 
+    def onnx_node(self, g, x):
+        from .onnx_export import emit
+        for layer in self.layers:
+            x = emit(g, layer, x)
+        return x
+
+    def torch_module(self):
+        from torch import nn
+
+        from .torch_export import convert
+        return nn.Sequential(*(convert(layer) for layer in self.layers))
+
 
 class _Block(Layer):
     """Parallel branches fed the same input; subclasses combine their outputs."""
@@ -74,6 +86,25 @@ class _Block(Layer):
 
     def _build_branches(self, input_shape, rng) -> list[tuple[int, ...]]:
         return [b.build(input_shape, rng=rng, dtype=self.dtype) for b in self.branches]
+
+    _merge = ""  # the ONNX op where the branches meet (the reader builds blocks itself)
+
+    def onnx_node(self, g, x):
+        outs = [branch.onnx_node(g, x) for branch in self.branches]
+        if self._merge == "Concat":
+            return g.node("Concat", outs, self, axis=1)
+        y = outs[0]
+        for other in outs[1:]:
+            y = g.node("Add", [y, other], self)
+        return y
+
+    def torch_module(self):
+        from torch import nn
+
+        from . import torch_export
+        branches = [b.torch_module() if b.layers else nn.Identity() for b in self.branches]
+        block = torch_export.ConcatBlock if self._merge == "Concat" else torch_export.AddBlock
+        return block(branches)
 
 
 class Add(_Block):
@@ -96,6 +127,8 @@ class Add(_Block):
     Example:
         Add([Conv2D(16, 3, padding="same"), BatchNormalization()], [])  # x + f(x)
     """
+
+    _merge = "Add"
 
     def __init__(self, *branches, name: str | None = None):
         super().__init__(*branches, name=name)
@@ -210,6 +243,8 @@ class Concat(_Block):
     Example:
         Concat([], [BatchNormalization(), ReLU(), Conv2D(32, 3, padding="same")])  # DenseNet
     """
+
+    _merge = "Concat"
 
     def _build(self, input_shape, rng):
         shapes = self._build_branches(input_shape, rng)

@@ -119,6 +119,56 @@ class Conv2D(Layer):
             parts.append("use_bias=False")
         return ", ".join(parts)
 
+    # -- declarations (nn/base.py) -------------------------------------------------------
+    onnx_ops = ("Conv",)
+
+    def onnx_node(self, g, x):
+        pt, pb, pl, pr = self._pads
+        inputs = [x, g.const(self, "w", self.params["w"])]
+        if self.use_bias:
+            inputs.append(g.const(self, "b", self.params["b"]))
+        return g.node("Conv", inputs, self, kernel_shape=list(self.kernel_size),
+                      strides=list(self.strides), dilations=list(self.dilation),
+                      pads=[pt, pl, pb, pr])
+
+    def torch_module(self):
+        from torch import nn
+
+        from .torch_export import tensor
+        f, c, kh, kw = self.params["w"].shape
+        pt, pb, pl, pr = self._pads
+        even = pt == pb and pl == pr
+        conv = nn.Conv2d(c, f, (kh, kw), stride=self.strides, dilation=self.dilation,
+                         padding=(pt, pl) if even else 0, bias=self.use_bias)
+        conv.weight.data = tensor(self.params["w"])
+        if self.use_bias:
+            conv.bias.data = tensor(self.params["b"])
+        # distnn's "same" with an even kernel pads more at the bottom/right
+        return conv if even else nn.Sequential(nn.ZeroPad2d((pl, pr, pt, pb)), conv)
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        """Also returns ``"pads"`` (top, bottom, left, right) where the file's pads differ
+        before and after: the reader checks them against the built layer's "same" pads."""
+        w, b = g.const(node, 1), g.const(node, 2)
+        if int(attrs.get("group", 1)) != 1:
+            g.refuse(node, f"group={attrs['group']}; distnn's Conv2D has no groups")
+        if w.ndim != 4:
+            g.refuse(node, f"a {w.ndim - 2}-D convolution; distnn's is 2-D")
+        auto = g.auto_pad(attrs)
+        if auto == "SAME_LOWER":
+            g.refuse(node, "auto_pad SAME_LOWER; distnn's 'same' pads at the bottom/right")
+        pads = [int(p) for p in attrs.get("pads", (0, 0, 0, 0))]
+        padding = ("same" if auto == "SAME_UPPER" else 0 if auto == "VALID"
+                   else (pads[0], pads[1]) if pads[:2] == pads[2:] else "same")
+        layer = cls(w.shape[0], tuple(w.shape[2:]), strides=tuple(attrs.get("strides", (1, 1))),
+                    padding=padding, dilation=tuple(attrs.get("dilations", (1, 1))),
+                    use_bias=b is not None)
+        arrays = {"w": w, **({"b": b} if b is not None else {})}
+        if padding == "same" and auto == "NOTSET":
+            arrays["pads"] = (pads[0], pads[2], pads[1], pads[3])
+        return layer, arrays
+
 
 def fmt_pair(pair: tuple[int, int]) -> str:
     return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}x{pair[1]}"

@@ -60,6 +60,45 @@ class Dense(Layer):
     def describe(self):
         return f"units={self.units}" + ("" if self.use_bias else ", use_bias=False")
 
+    # -- declarations (nn/base.py) -------------------------------------------------------
+    onnx_ops = ("Gemm", "MatMul")
+
+    def onnx_node(self, g, x):
+        w = self.params["w"]  # (in, units): Gemm's B without transposition
+        b = self.params["b"] if self.use_bias else np.zeros(w.shape[1], np.float32)
+        return g.node("Gemm", [x, g.const(self, "w", w), g.const(self, "b", b)], self)
+
+    def torch_module(self):
+        from torch import nn
+
+        from .torch_export import tensor
+        w = self.params["w"]
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=self.use_bias)
+        lin.weight.data = tensor(w.T)
+        if self.use_bias:
+            lin.bias.data = tensor(self.params["b"])
+        return lin
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        """Gemm (transB and alpha/beta folded in), or MatMul by a constant matrix (the reader
+        adds a following Add's constant as the bias)."""
+        if node.op_type == "MatMul":
+            w = g.const(node, 1)
+            if w.ndim != 2:
+                g.refuse(node, f"a {w.ndim}-D right operand; distnn's Dense multiplies by a "
+                         "matrix")
+            return cls(w.shape[1], use_bias=False), {"w": w}
+        if attrs.get("transA", 0):
+            g.refuse(node, "transA=1; distnn's Dense takes (batch, features)")
+        w = g.const(node, 1).astype(np.float64) * attrs.get("alpha", 1.0)
+        w = w.T if attrs.get("transB", 0) else w
+        b = g.const(node, 2)
+        arrays = {"w": w}
+        if b is not None:
+            arrays["b"] = np.broadcast_to(b * attrs.get("beta", 1.0), (w.shape[1],))
+        return cls(w.shape[1], use_bias=b is not None), arrays
+
 
 class Flatten(Layer):
     """Reshape (N, *shape) to (N, prod(shape))."""
@@ -73,6 +112,26 @@ class Flatten(Layer):
 
     def backward(self, dy):
         return dy.reshape((dy.shape[0],) + self.input_shape) if self.need_dx else None
+
+    onnx_ops = ("Flatten", "Reshape")
+
+    def onnx_node(self, g, x):
+        return g.node("Flatten", [x], self, axis=1)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Flatten()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        if node.op_type == "Reshape":
+            shape = g.const(node, 1).tolist()
+            if len(shape) != 2:
+                g.refuse(node, f"a reshape to {shape}; distnn reshapes only to (batch, "
+                         "features)")
+        elif int(attrs.get("axis", 1)) != 1:
+            g.refuse(node, f"axis={attrs['axis']}; distnn flattens all but the batch axis")
+        return cls(), {}
 
 
 class Dropout(Layer):
@@ -116,3 +175,17 @@ class Dropout(Layer):
 
     def describe(self):
         return f"rate={self.rate}"
+
+    onnx_ops = ("Dropout",)
+
+    def onnx_node(self, g, x):
+        return x  # inference: the identity
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Dropout(self.rate)
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        ratio = g.const(node, 1) if len(node.input) > 1 and node.input[1] else None
+        return cls(float(attrs.get("ratio", 0.5) if ratio is None else ratio)), {}

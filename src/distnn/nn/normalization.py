@@ -222,6 +222,38 @@ class BatchNormalization(Layer):
             parts.append("sync")
         return ", ".join(parts)
 
+    # -- declarations (nn/base.py) -------------------------------------------------------
+    onnx_ops = ("BatchNormalization",)
+
+    def onnx_node(self, g, x):
+        p, s = self.params, self.buffers
+        inputs = [x, g.const(self, "gamma", p["gamma"]), g.const(self, "beta", p["beta"]),
+                  g.const(self, "running_mean", s["running_mean"]),
+                  g.const(self, "running_var", s["running_var"])]
+        return g.node("BatchNormalization", inputs, self, epsilon=self.epsilon,
+                      momentum=self.momentum)
+
+    def torch_module(self):
+        from torch import nn
+
+        from .torch_export import tensor
+        c = self.params["gamma"].shape[0]
+        spatial = len(self.input_shape) - 1
+        cls = {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[spatial]
+        bn = cls(c, eps=self.epsilon, momentum=1.0 - self.momentum)  # PyTorch's is 1 - ours
+        bn.weight.data = tensor(self.params["gamma"])
+        bn.bias.data = tensor(self.params["beta"])
+        bn.running_mean.data = tensor(self.buffers["running_mean"])
+        bn.running_var.data = tensor(self.buffers["running_var"])
+        return bn
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        gamma, beta, mean, var = (g.const(node, i) for i in range(1, 5))
+        layer = cls(momentum=float(attrs.get("momentum", 0.9)),
+                    epsilon=float(attrs.get("epsilon", 1e-5)))
+        return layer, {"gamma": gamma, "beta": beta, "running_mean": mean, "running_var": var}
+
 
 def link_bn_relu(layers, enabled: bool = True) -> None:
     """Link every BatchNormalization in ``layers`` (one chain, in order) that is directly

@@ -1,7 +1,8 @@
 """A built model as an ONNX graph (opset 17), written with the ``onnx`` package.
 
-``to_onnx(model, path)`` walks the model layer by layer (blocks as branches that meet in
-an ``Add`` or ``Concat``) and writes the graph of its *inference*: batch norm with its
+``to_onnx(model, path)`` asks each layer for its own node(s) (``Layer.onnx_node``, declared
+in the layer's family module; blocks write their branches and the ``Add`` or ``Concat``
+where they meet) and writes the graph of its *inference*: batch norm with its
 running statistics, no dropout. The input is ``input`` (batch, *input_shape) with a free
 batch axis, the output ``output`` (batch, *output_shape). Weights are written as float32
 whatever the model's dtype (onnxruntime runs convolutions in float32 only).
@@ -11,13 +12,11 @@ Needs the optional extra: ``pip install 'distnn[onnx]'``.
 from __future__ import annotations
 
 import os
-from typing import Callable
-
 import numpy as np
 
-from .base import Layer
+from .base import Layer, layer_classes
 
-__all__ = ["OPSET", "to_onnx", "onnx_model", "require_onnx", "layer_kind"]
+__all__ = ["OPSET", "to_onnx", "onnx_model", "require_onnx", "layer_kind", "emit", "exportable"]
 
 OPSET = 17
 EXTRA = "pip install 'distnn[onnx]'"
@@ -59,90 +58,24 @@ class _Graph:
 
 def layer_kind(layer) -> str | None:
     """The class name of a distnn layer (``"Conv2D"``), None for a class defined outside
-    ``distnn.nn``. The writers go by name: importing the layer modules here would make a
-    cycle with ``Sequential``'s ``to_onnx``."""
+    ``distnn.nn`` (a user's subclass may compute something else: it is refused rather than
+    exported wrongly)."""
     cls = type(layer)
     return cls.__name__ if cls.__module__.startswith("distnn.nn.") else None
 
 
-CHAINS = ("Sequential", "_Chain")
+def exportable(what: str) -> list[str]:
+    """The names of distnn's layer classes that declare ``what`` (nn/base.py)."""
+    return sorted(c.__name__ for c in layer_classes() if c.declares(what)
+                  and not c.__name__.startswith("_"))
 
 
-def _conv(g: _Graph, layer, x: str) -> str:
-    pt, pb, pl, pr = layer._pads
-    inputs = [x, g.const(layer, "w", layer.params["w"])]
-    if layer.use_bias:
-        inputs.append(g.const(layer, "b", layer.params["b"]))
-    return g.node("Conv", inputs, layer, kernel_shape=list(layer.kernel_size),
-                  strides=list(layer.strides), dilations=list(layer.dilation),
-                  pads=[pt, pl, pb, pr])
-
-
-def _dense(g: _Graph, layer, x: str) -> str:
-    w = layer.params["w"]  # (in, units): Gemm's B without transposition
-    b = layer.params["b"] if layer.use_bias else np.zeros(w.shape[1], np.float32)
-    return g.node("Gemm", [x, g.const(layer, "w", w), g.const(layer, "b", b)], layer)
-
-
-def _batchnorm(g: _Graph, layer, x: str) -> str:
-    p, s = layer.params, layer.buffers
-    inputs = [x, g.const(layer, "gamma", p["gamma"]), g.const(layer, "beta", p["beta"]),
-              g.const(layer, "running_mean", s["running_mean"]),
-              g.const(layer, "running_var", s["running_var"])]
-    return g.node("BatchNormalization", inputs, layer, epsilon=layer.epsilon,
-                  momentum=layer.momentum)
-
-
-def _pool(op: str, **extra) -> Callable:
-    def emit(g: _Graph, layer, x: str) -> str:
-        ph, pw = layer.padding
-        return g.node(op, [x], layer, kernel_shape=list(layer.pool_size),
-                      strides=list(layer.strides), pads=[ph, pw, ph, pw], **extra)
-    return emit
-
-
-def _global_avg(g: _Graph, layer, x: str) -> str:
-    return g.node("Flatten", [g.node("GlobalAveragePool", [x], layer)], layer, axis=1)
-
-
-def _block(g: _Graph, layer, x: str) -> str:
-    outs = [_emit_chain(g, branch.layers, x) for branch in layer.branches]
-    if layer_kind(layer) == "Concat":
-        return g.node("Concat", outs, layer, axis=1)
-    y = outs[0]
-    for other in outs[1:]:
-        y = g.node("Add", [y, other], layer)
-    return y
-
-
-# Layer class name -> writer(graph, layer, input name) -> output name (exact classes: a
-# subclass may compute something else and is refused rather than exported wrongly).
-EMITTERS: dict[str, Callable] = {
-    "Conv2D": _conv, "Dense": _dense, "BatchNormalization": _batchnorm,
-    "Flatten": lambda g, layer, x: g.node("Flatten", [x], layer, axis=1),
-    "Dropout": lambda g, layer, x: x,  # inference: the identity
-    "ReLU": lambda g, layer, x: g.node("Relu", [x], layer),
-    "LeakyReLU": lambda g, layer, x: g.node("LeakyRelu", [x], layer, alpha=layer.alpha),
-    "Sigmoid": lambda g, layer, x: g.node("Sigmoid", [x], layer),
-    "Tanh": lambda g, layer, x: g.node("Tanh", [x], layer),
-    "Softmax": lambda g, layer, x: g.node("Softmax", [x], layer, axis=-1),
-    "MaxPool2D": _pool("MaxPool"), "AvgPool2D": _pool("AveragePool", count_include_pad=1),
-    "GlobalAvgPool2D": _global_avg, "Add": _block, "Concat": _block,
-}
-
-
-def _emit_chain(g: _Graph, layers, x: str) -> str:
-    for layer in layers:
-        kind = layer_kind(layer)
-        if kind in CHAINS:
-            x = _emit_chain(g, layer.layers, x)
-            continue
-        emit = EMITTERS.get(kind)
-        if emit is None:
-            raise ValueError(f"to_onnx: layer {layer.name!r} ({type(layer).__name__}) has no "
-                             f"ONNX form; the exportable layers are {sorted(EMITTERS)}")
-        x = emit(g, layer, x)
-    return x
+def emit(g: _Graph, layer: Layer, x: str) -> str:
+    """Write ``layer`` into ``g`` through its own declaration; its output tensor's name."""
+    if layer_kind(layer) is None or not type(layer).declares("onnx_node"):
+        raise ValueError(f"to_onnx: layer {layer.name!r} ({type(layer).__name__}) has no "
+                         f"ONNX form; the exportable layers are {exportable('onnx_node')}")
+    return layer.onnx_node(g, x)
 
 
 def onnx_model(model, *, name: str | None = None):
@@ -152,7 +85,7 @@ def onnx_model(model, *, name: str | None = None):
     if not getattr(model, "built", False):
         raise ValueError("to_onnx: the model is not built; call model.build(input_shape)")
     g = _Graph(helper, numpy_helper)
-    out = _emit_chain(g, model.layers, "input")
+    out = emit(g, model, "input")
     if out == "input":  # an empty or all-identity model: ONNX needs one node
         out = g.node("Identity", ["input"])
     g.nodes.append(helper.make_node("Identity", [out], ["output"], name="output"))

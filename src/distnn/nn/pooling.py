@@ -42,6 +42,32 @@ class _Pool2D(Layer):
             parts.append(f"padding={fmt_pair(self.padding)}")
         return ", ".join(parts)
 
+    # -- declarations (nn/base.py), shared by the two pools ------------------------------
+    _onnx_extra: dict = {}
+
+    def onnx_node(self, g, x):
+        ph, pw = self.padding
+        return g.node(self.onnx_ops[0], [x], self, kernel_shape=list(self.pool_size),
+                      strides=list(self.strides), pads=[ph, pw, ph, pw], **self._onnx_extra)
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        if attrs.get("ceil_mode", 0):
+            g.refuse(node, "ceil_mode=1; distnn's pools round down")
+        if any(d != 1 for d in attrs.get("dilations", (1, 1))):
+            g.refuse(node, "dilated pooling")
+        if g.auto_pad(attrs) not in ("NOTSET", "VALID"):
+            g.refuse(node, f"auto_pad {g.auto_pad(attrs)}; give explicit pads")
+        pads = list(attrs.get("pads", [0] * 4))
+        if pads[:2] != pads[2:]:
+            g.refuse(node, f"pads {pads} differ before and after; distnn pads symmetrically")
+        if cls._onnx_extra and any(pads) and not attrs.get("count_include_pad", 0):
+            g.refuse(node, "count_include_pad=0 with padding; distnn's AvgPool2D counts the "
+                     "padded zeros (PyTorch's default)")
+        kernel = tuple(attrs["kernel_shape"])
+        return cls(kernel, strides=tuple(attrs.get("strides", kernel)),
+                   padding=tuple(int(p) for p in pads[:2])), {}
+
 
 class MaxPool2D(_Pool2D):
     """Max over pool_size windows; the gradient of a window goes to its first maximum.
@@ -66,6 +92,12 @@ class MaxPool2D(_Pool2D):
         if not self.need_dx:
             return None
         return K.maxpool2d_backward(dy, self._cache)
+
+    onnx_ops = ("MaxPool",)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.MaxPool2d(self.pool_size, self.strides, self.padding)
 
 
 class AvgPool2D(_Pool2D):
@@ -92,6 +124,13 @@ class AvgPool2D(_Pool2D):
             return None
         return K.avgpool2d_backward(dy, self._cache)
 
+    onnx_ops = ("AveragePool",)
+    _onnx_extra = {"count_include_pad": 1}
+
+    def torch_module(self):
+        from torch import nn
+        return nn.AvgPool2d(self.pool_size, self.strides, self.padding, count_include_pad=True)
+
 
 class GlobalAvgPool2D(Layer):
     """Mean over H and W of each channel.
@@ -117,3 +156,22 @@ class GlobalAvgPool2D(Layer):
         if not self.need_dx:
             return None
         return K.global_avgpool2d_backward(dy, self._x_shape)
+
+    onnx_ops = ("GlobalAveragePool", "ReduceMean")
+
+    def onnx_node(self, g, x):
+        return g.node("Flatten", [g.node("GlobalAveragePool", [x], self)], self, axis=1)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        if node.op_type == "ReduceMean":
+            axes = attrs.get("axes")
+            if axes is None and len(node.input) > 1:
+                axes = g.const(node, 1).tolist()
+            if sorted(int(a) % 4 for a in (axes or ())) != [2, 3]:
+                g.refuse(node, f"a mean over axes {axes}; distnn averages over H and W only")
+        return cls(), {}

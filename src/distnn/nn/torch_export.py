@@ -1,7 +1,8 @@
 """A built model as a ``torch.nn.Module``, layer for layer, with its weights copied.
 
 ``to_torch(model)`` returns an ``nn.Sequential`` in evaluation mode (batch norm on its
-running statistics, dropout off) in the model's dtype: ``Conv2D`` -> ``nn.Conv2d`` (with
+running statistics, dropout off) in the model's dtype, each layer's module made by the
+layer itself (``Layer.torch_module``, in its family module): ``Conv2D`` -> ``nn.Conv2d`` (with
 an ``nn.ZeroPad2d`` before it where distnn's padding is not the same on both sides, as
 "same" with an even kernel), ``Dense`` -> ``nn.Linear`` (its weight is ``w.T``),
 ``BatchNormalization`` -> ``nn.BatchNorm2d``/``1d`` (PyTorch's momentum is 1 - distnn's),
@@ -17,7 +18,7 @@ import os
 
 import numpy as np
 
-from .onnx_export import CHAINS, layer_kind
+from .onnx_export import exportable, layer_kind
 
 try:
     import torch
@@ -25,7 +26,7 @@ try:
 except ImportError:  # the module still imports; to_torch says what to install
     torch = nn = None
 
-__all__ = ["to_torch", "save_torch"]
+__all__ = ["to_torch", "save_torch", "convert", "tensor"]
 
 if nn is not None:
     class AddBlock(nn.Module):
@@ -53,78 +54,18 @@ if nn is not None:
             return torch.cat([b(x) for b in self.branches], dim=1)
 
 
-def _tensor(a: np.ndarray):
+def tensor(a: np.ndarray):
+    """A torch tensor holding a copy of ``a`` (the layers' ``torch_module`` use it)."""
     return torch.from_numpy(np.array(a, copy=True))
 
 
-def _conv(layer):
-    f, c, kh, kw = layer.params["w"].shape
-    pt, pb, pl, pr = layer._pads
-    even = pt == pb and pl == pr
-    conv = nn.Conv2d(c, f, (kh, kw), stride=layer.strides, dilation=layer.dilation,
-                     padding=(pt, pl) if even else 0, bias=layer.use_bias)
-    conv.weight.data = _tensor(layer.params["w"])
-    if layer.use_bias:
-        conv.bias.data = _tensor(layer.params["b"])
-    return conv if even else nn.Sequential(nn.ZeroPad2d((pl, pr, pt, pb)), conv)
-
-
-def _dense(layer):
-    w = layer.params["w"]
-    lin = nn.Linear(w.shape[0], w.shape[1], bias=layer.use_bias)
-    lin.weight.data = _tensor(w.T)
-    if layer.use_bias:
-        lin.bias.data = _tensor(layer.params["b"])
-    return lin
-
-
-def _batchnorm(layer):
-    c = layer.params["gamma"].shape[0]
-    spatial = len(layer.input_shape) - 1
-    cls = {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[spatial]
-    bn = cls(c, eps=layer.epsilon, momentum=1.0 - layer.momentum)
-    bn.weight.data = _tensor(layer.params["gamma"])
-    bn.bias.data = _tensor(layer.params["beta"])
-    bn.running_mean.data = _tensor(layer.buffers["running_mean"])
-    bn.running_var.data = _tensor(layer.buffers["running_var"])
-    return bn
-
-
-def _block(layer):
-    branches = [_chain(b.layers) if b.layers else nn.Identity() for b in layer.branches]
-    return (ConcatBlock if layer_kind(layer) == "Concat" else AddBlock)(branches)
-
-
-# Layer class name -> module maker (by name, as the ONNX writers: see layer_kind).
-_MODULES = {
-    "Conv2D": _conv, "Dense": _dense, "BatchNormalization": _batchnorm,
-    "Flatten": lambda layer: nn.Flatten(),
-    "Dropout": lambda layer: nn.Dropout(layer.rate),
-    "ReLU": lambda layer: nn.ReLU(),
-    "LeakyReLU": lambda layer: nn.LeakyReLU(layer.alpha),
-    "Sigmoid": lambda layer: nn.Sigmoid(), "Tanh": lambda layer: nn.Tanh(),
-    "Softmax": lambda layer: nn.Softmax(dim=-1),
-    "MaxPool2D": lambda layer: nn.MaxPool2d(layer.pool_size, layer.strides, layer.padding),
-    "AvgPool2D": lambda layer: nn.AvgPool2d(layer.pool_size, layer.strides, layer.padding,
-                                            count_include_pad=True),
-    "GlobalAvgPool2D": lambda layer: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()),
-    "Add": _block, "Concat": _block,
-}
-
-
-def _chain(layers):
-    modules = []
-    for layer in layers:
-        kind = layer_kind(layer)
-        if kind in CHAINS:
-            modules.append(_chain(layer.layers))
-            continue
-        make = _MODULES.get(kind)
-        if make is None:
-            raise ValueError(f"to_torch: layer {layer.name!r} ({type(layer).__name__}) has "
-                             f"no PyTorch form; the convertible layers are {sorted(_MODULES)}")
-        modules.append(make(layer))
-    return nn.Sequential(*modules)
+def convert(layer):
+    """``layer``'s torch module through its own declaration (``Layer.torch_module``)."""
+    if layer_kind(layer) is None or not type(layer).declares("torch_module"):
+        raise ValueError(f"to_torch: layer {layer.name!r} ({type(layer).__name__}) has "
+                         f"no PyTorch form; the convertible layers are "
+                         f"{exportable('torch_module')}")
+    return layer.torch_module()
 
 
 def to_torch(model):
@@ -133,7 +74,7 @@ def to_torch(model):
         raise ImportError("to_torch needs torch: pip install 'distnn[torch]'")
     if not getattr(model, "built", False):
         raise ValueError("to_torch: the model is not built; call model.build(input_shape)")
-    module = _chain(model.layers)
+    module = convert(model)
     dtype = torch.float64 if np.dtype(model.dtype) == np.float64 else torch.float32
     return module.to(dtype).eval()
 
