@@ -19,6 +19,7 @@ from ..distributed.halfsum import GATHER_BYTES
 from ..distributed.powersgd import matrix_dims
 from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
+from ..rules import RULES, rule_name
 from .collectives import (Link, allgather_time, allreduce_sends, allreduce_time,
                           alltoall_time, direct_sends, direct_time)
 
@@ -89,18 +90,18 @@ class Config:
     bucket_size_mb: float = 4.0
 
     @property
+    def rule_class(self):
+        return RULES[rule_name(self.rule)]
+
+    @property
     def label(self) -> str:
         if self.rule == "data":
             return "data" if self.compression == "none" else f"data+{self.compression}"
-        k = self.period
-        return {"localsgd": f"localsgd (every {k})", "partial": f"partial ({k} chunks)",
-                "easgd": f"easgd (every {k})", "downpour": f"downpour (every {k})",
-                "gossip": f"gossip (p={self.probability:g})"}[self.rule]
+        return self.rule_class.plan_label(self.period, self.probability)
 
     @property
     def period(self) -> int:
-        default = {"localsgd": 8, "partial": 4, "easgd": 4, "downpour": 1}.get(self.rule, 1)
-        return int(self.every or default)
+        return int(self.every or self.rule_class.default_period)
 
 
 DEFAULT_CONFIGS = [Config("data"), Config("data", "fp16"), Config("data", "topk:0.01"),
@@ -255,56 +256,58 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
     return out + later
 
 
+def _overlapped_step(msgs: list, model: ModelCost, compression: str, hosts: int) -> float:
+    """The step of the gradients' exchange: buckets sent one at a time, each once backward
+    has made it, the rest after backward."""
+    c = model.compute_s
+    overlapped = [m for m in msgs if m[4] is not None]
+    # the Reducer's own CPU (cpucost.py): compressing as buckets start, during backward
+    # (spread like the gradients), and the rest in synchronize, after
+    pre, post = ((0.0, 0.0) if model.cpu is None else
+                 [model.slowdown * s for s in model.cpu.step_s(compression, hosts)])
+    fwd, back = c * (1 - model.backward_share), model.backward_share * c + pre
+    end = 0.0
+    for _, _, t, _, ready in overlapped:  # one at a time, in order, once ready
+        end = max(end, fwd + back * ready) + t
+    return max(c + pre, end) + sum(m[2] for m in msgs if m[4] is None) + post
+
+
 def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Prediction:
     """The step of ``config`` on ``hosts`` hosts x 1 rank joined by ``link``s."""
     if hosts < 1:
         raise ValueError(f"hosts must be >= 1, got {hosts!r}")
     c, n, item = model.compute_s, model.size, model.itemsize
-    weights = n * item
     computing, msgs = hosts, []
-    if hosts == 1:
-        step = c
-    elif config.rule == "data":
-        msgs = data_messages(config, model, hosts, link)
-        overlapped = [m for m in msgs if m[4] is not None]
-        # the Reducer's own CPU (cpucost.py): compressing as buckets start, during
-        # backward (spread like the gradients), and the rest in synchronize, after
-        pre, post = ((0.0, 0.0) if model.cpu is None else
-                     [model.slowdown * s for s in model.cpu.step_s(config.compression,
-                                                                   hosts)])
-        fwd, back = c * (1 - model.backward_share), model.backward_share * c + pre
-        end = 0.0
-        for _, _, t, _, ready in overlapped:  # one at a time, in order, once ready
-            end = max(end, fwd + back * ready) + t
-        step = max(c + pre, end) + sum(m[2] for m in msgs if m[4] is None) + post
-    elif config.rule in ("localsgd", "partial"):
-        k = config.period
-        if config.rule == "localsgd":  # every k steps: the weights and a sample count
-            nbytes, per = weights + item, 1 / k
-        else:  # every step: the largest chunk and its count
-            nbytes, per = (-(-n // k) + 1) * item, 1.0
-        t, alg = allreduce_time(nbytes, hosts, link, itemsize=item)
-        msgs = [("weights" if per < 1 else "chunk", nbytes * per, t, alg, None)]
-        step = c + t * per
-    elif config.rule in ("downpour", "easgd"):
-        k, computing = config.period, hosts - 1
-        # each worker, every k steps: its update to the master and the weights back; the
-        # master's link carries that for every worker, one after another
-        worker = k * c + 2 * link.send(weights)
-        master = computing * weights / link.bytes_per_s
-        step = max(worker, master) / k
-        msgs = [("to/from master", 2 * weights / k, 2 * link.send(weights), "point to point",
-                 None)]
-    elif config.rule == "gossip":
-        p = config.probability
-        # an asynchronous push of the weights with probability p; the link carries it while
-        # the rank computes the next step, so only a link slower than that shows
-        t = link.send(weights)
-        step = max(c, p * t) + p * link.latency_s
-        msgs = [("push", p * weights, t, "point to point", None)]
-    else:
-        raise ValueError(f"the cost model has no rule {config.rule!r}; choose from data, "
-                         "localsgd, partial, easgd, downpour, gossip")
+    try:
+        declared = config.rule_class.step_messages(size=n, itemsize=item,
+                                                   period=config.period,
+                                                   probability=config.probability)
+    except NotImplementedError as exc:
+        raise ValueError(f"the cost model cannot predict rule {config.rule!r}: {exc}") from None
+    step = c
+    if hosts > 1:
+        if any(m.shape == "gradients" for m in declared):
+            msgs = data_messages(config, model, hosts, link)
+            step = _overlapped_step(msgs, model, config.compression, hosts)
+        for m in declared:
+            if m.shape == "allreduce":
+                t, alg = allreduce_time(m.nbytes, hosts, link, itemsize=item)
+                msgs.append((m.what, m.nbytes * m.per_step, t, alg, None))
+                step += t * m.per_step
+            elif m.shape == "master":
+                # the master's link carries every worker's message, one after another
+                computing = hosts - 1
+                there_and_back = 2 * link.send(m.nbytes)
+                worker = step + there_and_back * m.per_step
+                step = max(worker, computing * m.nbytes * m.per_step / link.bytes_per_s)
+                msgs.append((m.what, 2 * m.nbytes * m.per_step, there_and_back,
+                             "point to point", None))
+            elif m.shape == "push":
+                # the link carries it while the rank computes the next step: only a link
+                # slower than that shows
+                t = link.send(m.nbytes)
+                step = max(step, m.per_step * t) + m.per_step * link.latency_s
+                msgs.append((m.what, m.per_step * m.nbytes, t, "point to point", None))
     sps = computing * model.batch / step
     return Prediction(config, hosts, step, max(0.0, step - c), sum(m[1] for m in msgs),
                       computing, sps, sps / (hosts * model.batch / c), msgs)

@@ -5,10 +5,14 @@ Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **kwargs)`` builds one, an
 ``build_rule(name, arguments)`` builds one from typed arguments by name, taking those its
 constructor has. See ``base.Rule`` for the interface the ``Trainer`` calls. Rules know
 nothing of command-line options: ``distnn.run`` maps its options to these arguments.
+``RULES`` is found, not listed: every module of this package is imported and each ``Rule``
+subclass with a ``name`` is a rule.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from typing import Any, Mapping
 
 from .base import Rule, RuleArgumentError
@@ -20,10 +24,26 @@ from .gossip import Gossip
 from .localsgd import LocalSGD
 from .partial import PartialUpdate
 
-RULES: dict[str, type[Rule]] = {
-    cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM,
-                              PartialUpdate)
-}
+
+
+def _discover() -> dict[str, type[Rule]]:
+    """Every rule class with a ``name`` in this package's modules: a new rule is one new
+    file here (its declarations: the hooks, ``step_messages`` for the cost model)."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    found, todo = {}, [Rule]
+    while todo:
+        for cls in todo.pop().__subclasses__():
+            todo.append(cls)
+            if cls.name and cls.__module__.startswith(f"{__name__}."):
+                if found.get(cls.name, cls) is not cls:
+                    raise RuntimeError(f"two training rules are called {cls.name!r}: "
+                                       f"{found[cls.name].__qualname__} and {cls.__qualname__}")
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+RULES: dict[str, type[Rule]] = _discover()
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial"}
 

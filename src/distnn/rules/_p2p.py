@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..distributed.coordination import Backoff, lazy_barrier, wait_all
-from .base import Rule
+from .base import Message, Rule
 from .groups import WorkerGroup, check_group_size, layout_of
 from .masters import MasterTree, check_masters, role_of
 
@@ -73,11 +73,20 @@ class MasterWorker(Rule):
     top master over sub-masters (``masters``, rules/masters.py).
     """
 
-    default_sync_every = 1
+    default_period = 1
+
+    @classmethod
+    def plan_label(cls, period, probability):
+        return f"{cls.name} (every {period})"
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        # each worker, every k steps: its update to the master and the weights back
+        return [Message("to/from master", size * itemsize, 1 / period, "master")]
 
     def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
                  max_sleep: float = 2e-3, group_size: int = 1, masters: int = 1):
-        sync_every = self.default_sync_every if sync_every is None else sync_every
+        sync_every = self.default_period if sync_every is None else sync_every
         if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
             raise ValueError(f"{self.name}: sync_every must be an integer >= 1, "
                              f"got {sync_every!r}")

@@ -5,7 +5,7 @@ shard of each global batch, then ``rule.step(trainer)``. What "applying the grad
 means — an all-reduce and a local update (``data``), a local update and an occasional
 average (``localsgd``), a push to a master (``downpour``), an elastic pull toward a centre
 (``easgd``), a gossip exchange (``gossip``) — is the rule's. The trainer never looks at a
-rule's name; a new rule is one new file in this package plus one entry in ``RULES``.
+rule's name; a new rule is one new file in this package (``RULES`` finds it).
 
 A rule is stateful per run: ``bind`` is called once by the ``Trainer`` constructor, the
 other hooks in this order::
@@ -26,6 +26,7 @@ the same number of times, so a rule may communicate inside any of them; ``step``
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 
@@ -37,6 +38,25 @@ class RuleArgumentError(ValueError):
     def __init__(self, argument: str, message: str):
         super().__init__(message)
         self.argument = argument
+
+
+@dataclass(frozen=True)
+class Message:
+    """One kind of message a rule sends, as it declares it for the cost model (``distnn
+    plan``): ``nbytes`` each sending, ``per_step`` sendings a step on average (1/k for
+    every k steps, p for a push with probability p), and its ``shape``:
+
+    - ``"gradients"``: the gradients all-reduced bucket by bucket as backward makes them
+      (the Reducer: compression and buckets apply);
+    - ``"allreduce"``: one all-reduce after the step;
+    - ``"master"``: to a master and its reply back, the master's link carrying every
+      worker's in turn (the master computes nothing);
+    - ``"push"``: point to point and asynchronous, sent while the rank computes on.
+    """
+    what: str
+    nbytes: float
+    per_step: float
+    shape: str
 
 
 class Rule:
@@ -67,6 +87,22 @@ class Rule:
         """``data_shard`` of the rank of ``comm``, known before any trainer exists (the
         readers that read only this rank's part of the files ask it)."""
         return comm.rank, comm.size
+
+    # -- what the rule sends a step, declared for the cost model (cluster/costmodel.py) --
+    default_period = 1  # the period (sync_every, chunks) when none is given
+
+    @classmethod
+    def plan_label(cls, period: int, probability: float) -> str:
+        """The rule in the cost model's tables."""
+        return cls.name
+
+    @classmethod
+    def step_messages(cls, *, size: int, itemsize: int, period: int,
+                      probability: float) -> list[Message]:
+        """The messages one rank sends a step for a model of ``size`` parameters of
+        ``itemsize`` bytes (see ``Message``)."""
+        raise NotImplementedError(f"rule {cls.name!r} declares no traffic for the cost "
+                                  "model")
 
     def loss_denominator(self, batch) -> int:
         """What the loss of a batch is divided by: the global batch size (gradients are

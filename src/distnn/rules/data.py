@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import distributed as dist
-from .base import Rule
+from .base import Message, Rule
 
 
 class DataParallel(Rule):
@@ -38,6 +38,10 @@ class DataParallel(Rule):
     """
 
     name = "data"
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        return [Message("gradients", size * itemsize, 1.0, "gradients")]
     lockstep = True
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,

@@ -47,7 +47,7 @@ class EASGD(MasterWorker):
     """
 
     name = "easgd"
-    default_sync_every = 4
+    default_period = 4
 
     def __init__(self, *, elastic_force: float = 0.9, elastic_lr: float | None = None,
                  elastic_momentum: float = 0.0, worker_optimizer: str | None = None,

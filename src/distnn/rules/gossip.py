@@ -30,7 +30,7 @@ from .. import distributed as dist
 from ..distributed.coordination import Backoff
 from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
                    restore_local_state)
-from .base import Rule, RuleArgumentError
+from .base import Message, Rule, RuleArgumentError
 from .groups import WorkerGroup, check_group_size, layout_of
 
 
@@ -48,6 +48,15 @@ class Gossip(Rule):
     """
 
     name = "gossip"
+
+    @classmethod
+    def plan_label(cls, period, probability):
+        return f"gossip (p={probability:g})"
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        # the weights pushed to one peer with probability p, while the rank computes on
+        return [Message("push", size * itemsize, probability, "push")]
 
     def __init__(self, *, probability: float = 0.25, alpha: float | None = None,
                  synchronous: bool = False, group_size: int = 1):

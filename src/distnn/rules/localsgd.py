@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ._p2p import Traffic, gather_states, local_state, pick_state, restore_local_state
-from .base import Rule
+from .base import Message, Rule
 from .groups import WorkerGroup, check_group_size, layout_of
 
 
@@ -34,9 +34,20 @@ class LocalSGD(Rule):
     """
 
     name = "localsgd"
+    default_period = 8
+
+    @classmethod
+    def plan_label(cls, period, probability):
+        return f"localsgd (every {period})"
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        # every k steps: the weights and a sample count
+        return [Message("weights" if period > 1 else "chunk", (size + 1) * itemsize,
+                        1 / period, "allreduce")]
 
     def __init__(self, *, sync_every: int | None = None, group_size: int = 1):
-        sync_every = 8 if sync_every is None else sync_every
+        sync_every = self.default_period if sync_every is None else sync_every
         if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
             raise ValueError(f"localsgd: sync_every must be an integer >= 1, got {sync_every!r}")
         self.sync_every = int(sync_every)

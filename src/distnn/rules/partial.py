@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ._p2p import Traffic, gather_states, local_state, restore_local_state
-from .base import Rule, RuleArgumentError
+from .base import Message, Rule, RuleArgumentError
 
 
 def chunk_edges(n: int, chunks: int) -> np.ndarray:
@@ -46,6 +46,16 @@ class PartialUpdate(Rule):
     """
 
     name = "partial"
+    default_period = 4
+
+    @classmethod
+    def plan_label(cls, period, probability):
+        return f"partial ({period} chunks)"
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        # every step: the largest chunk and its sample count
+        return [Message("chunk", (-(-size // period) + 1) * itemsize, 1.0, "allreduce")]
     # Not lockstep: mid-epoch the replicas differ, so a step checkpoint of rank 0's weights
     # could not resume them (checkpoints are taken at epoch ends, after the full average).
     lockstep = False
