@@ -1,4 +1,4 @@
-"""The cost model (distnn.cluster.costmodel) against the throughput part of
+"""The cost model (distnn.costmodel.predict) against the throughput part of
 benchmarks/cluster.py: for every N-host row of its --json file, the step time the model
 predicts for what was emulated (the compute of the 1-host row, slowed N/C times when N
 hosts share C cores; the link as shaped, scaled when the run had --scale-links) next to
@@ -11,7 +11,7 @@ A run with ``--compression SPEC`` (the workers' --gradient_compression) is check
 the model of that compression (its JSON records which).
 
 Each row is predicted twice: without the exchange's own CPU (the model as before) and
-with it (``distnn.cluster.cpucost``: the Reducer's work per step measured here, in this
+with it (``distnn.costmodel.cpu``: the Reducer's work per step measured here, in this
 run, on the model's tensors over a phantom communicator of N ranks, and TCP's CPU per
 message and byte measured on 127.0.0.1; printed), both slowed N/C times as the compute.
 ``--no-cpu`` skips the calibration.
@@ -46,7 +46,7 @@ def _net(model: str):
 
 def calibrate(raw: dict, compression: str, overlap_link: bool = True) -> dict:
     """{model: CpuCost} for the models and host counts of ``raw``'s rows."""
-    from distnn.cluster.cpucost import calibrate_cpu
+    from distnn.costmodel.cpu import calibrate_cpu
     from distnn.distributed.optimizer import parameter_tensors
     hosts: dict = {}
     for key in raw["throughput"]:
@@ -68,7 +68,7 @@ def check(raw: dict, latency_s: float, cores: int, scale: bool,
     """One row per measured N-host row of ``raw["throughput"]``: measured and predicted
     step seconds and the relative error (predicted / measured - 1); with ``cpu``
     ({model: CpuCost}) also ``predicted_cpu_s``, ``rel_error_cpu`` (with the term)."""
-    from distnn.cluster.costmodel import Config, Link, ModelCost, predict
+    from distnn.costmodel.predict import Config, Link, ModelCost, predict
     from distnn.distributed.optimizer import parameter_tensors
     runs = raw["throughput"]
     out = []

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh machine: the Fashion-MNIST package and a venv with distnn,
-# MPI (mpi4py + the mpich wheel), PyTorch CPU and the test tools. Safe to re-run.
+# One-time set-up on a fresh machine: the Fashion-MNIST package and a venv with distnn and
+# MPI (mpi4py + the mpich wheel): what the README's main job needs. With --test, also
+# PyTorch CPU and the test tools (and Slurm's packages for the Slurm test): what the test
+# suite needs. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+EXTRAS=mpi
+case "${1:-}" in
+    --test) EXTRAS=mpi,test ;;
+    "") ;;
+    *) echo "setup.sh: unknown argument '$1'; use no argument (the main job) or --test" >&2
+       exit 2 ;;
+esac
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get install -y dataset-fashion-mnist >/dev/null 2>&1 \
@@ -11,7 +20,7 @@ fi
 # Slurm and munge for tests/cluster/test_slurm.py (srun on the emulated cluster; skipped
 # without them). Debian's packages install in seconds; their services need a slurm.conf
 # in /etc/slurm, which this does not write. DISTNN_NO_SLURM=1 leaves them out.
-if [ -z "${DISTNN_NO_SLURM:-}" ] && ! command -v slurmctld >/dev/null 2>&1 \
+if [ "$EXTRAS" != mpi ] && [ -z "${DISTNN_NO_SLURM:-}" ] && ! command -v slurmctld >/dev/null 2>&1 \
         && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     PKGS="slurmctld slurmd slurm-client munge"
@@ -25,7 +34,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[mpi,test]'
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
 # pip byte-compiles what it installs, but not an editable install's source: without this,
 # where PYTHONDONTWRITEBYTECODE is set every process (each rank of every job) compiles
 # distnn's modules again, about 0.25 CPU-s each (measured here: a distnn command that stops

@@ -91,7 +91,7 @@ def test_network_free_throughput_row():
 
 def test_costmodel_check_errors_per_row():
     from benchmarks.costmodel_check import check
-    from distnn.cluster.costmodel import Config, Link, ModelCost, predict
+    from distnn.costmodel.predict import Config, Link, ModelCost, predict
     from distnn.distributed.optimizer import parameter_tensors
     from distnn.models import get_model
     net = get_model("simplecnn", input_shape=(1, 28, 28), num_classes=10)

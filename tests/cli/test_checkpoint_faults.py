@@ -219,7 +219,7 @@ def test_the_supervisor_resumes_the_previous_checkpoint_when_the_newest_will_not
         tmp_path, two_runs):
     import io
 
-    from distnn.cluster.supervisor import Supervisor
+    from distnn.launch.supervisor import Supervisor
     for name in ("ck.npz", "ck.prev.npz"):
         shutil.copy(two_runs[1] / name, tmp_path / name)
     os.truncate(tmp_path / "ck.npz", 1000)
@@ -241,7 +241,7 @@ def test_the_supervisor_takes_a_host_back_with_node_local_checkpoints(tmp_path, 
     is taken back, as with shared storage."""
     import io
 
-    from distnn.cluster.supervisor import Supervisor
+    from distnn.launch.supervisor import Supervisor
     shutil.copy(two_runs[1] / "ck.npz", tmp_path / "ck.npz")
     fake = tmp_path / "mpiexec"  # 1st run: host b lost; 2nd: fails, b answers; 3rd: ends
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/argv\nn=$(wc -l < {tmp_path}/argv)\n"

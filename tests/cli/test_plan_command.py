@@ -17,7 +17,7 @@ def test_plan_table_and_pick_follow_the_model(tmp_path):
     res = json.loads(out.read_text())
     assert res["compute_s"] > 0 and res["params"] == 149_210 and res["batch"] == 32
 
-    from distnn.cluster.costmodel import DEFAULT_CONFIGS, Link, ModelCost, pick, table
+    from distnn.costmodel.predict import DEFAULT_CONFIGS, Link, ModelCost, pick, table
     from distnn.distributed.optimizer import parameter_tensors
     from distnn.models import get_model
     net = get_model("simplecnn", input_shape=(1, 28, 28), num_classes=10)

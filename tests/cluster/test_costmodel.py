@@ -1,4 +1,4 @@
-"""The cost model of a step (distnn/cluster/costmodel.py): hand-computed times on 2 and 4
+"""The cost model of a step (distnn/costmodel/predict.py): hand-computed times on 2 and 4
 hosts, MPICH's algorithm by size, monotonicity in bandwidth, the compressions' bytes as
 the code counts them, and the float16 exchange's messages (halfsum.py) by hand."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distnn.cluster.costmodel import (DEFAULT_CONFIGS, Config, Link, ModelCost,
+from distnn.costmodel.predict import (DEFAULT_CONFIGS, Config, Link, ModelCost,
                                       allgather_time, allreduce_time, alltoall_time,
                                       half_bucket, half_buckets, pick, predict, table, tier)
 from distnn.distributed.halfsum import GATHER_BYTES
@@ -215,5 +215,31 @@ def test_bad_inputs_name_the_argument():
         ModelCost(compute_s=0, tensors=[])
     with pytest.raises(ValueError, match="threshold"):
         predict(Config("data", "threshold:0.001"), ONE, 2, LINK)
-    with pytest.raises(ValueError, match="no rule"):
-        predict(Config("gem"), ONE, 2, LINK)
+    with pytest.raises(ValueError, match="unknown training rule 'nosuch'"):
+        predict(Config("nosuch"), ONE, 2, LINK)
+
+
+def test_the_model_reads_what_each_rule_declares(monkeypatch):
+    # gem's workers send what downpour's send (the master-worker declaration, rules/_p2p.py)
+    assert predict(Config("gem"), ONE, 4, LINK).step_s == \
+        predict(Config("downpour"), ONE, 4, LINK).step_s
+    from distnn import rules
+    from distnn.rules.base import Message, Rule
+
+    class Silent(Rule):  # a rule that declares nothing is refused by name, not guessed at
+        name = "silent"
+
+    monkeypatch.setitem(rules.RULES, "silent", Silent)
+    with pytest.raises(ValueError, match="cannot predict rule 'silent'.*declares no traffic"):
+        predict(Config("silent"), ONE, 2, LINK)
+
+    class Chatty(Rule):  # one file: the model prices whatever a new rule declares
+        name = "chatty"
+
+        @classmethod
+        def step_messages(cls, *, size, itemsize, period, probability):
+            return [Message("weights", size * itemsize, 0.5, "allreduce")]
+
+    monkeypatch.setitem(rules.RULES, "chatty", Chatty)
+    t, _ = allreduce_time(N * 4, 2, LINK)
+    assert predict(Config("chatty"), ONE, 2, LINK).step_s == pytest.approx(0.010 + t / 2)

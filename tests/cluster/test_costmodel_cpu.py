@@ -1,4 +1,4 @@
-"""The exchange's own CPU in the cost model (distnn/cluster/cpucost.py): the term by hand
+"""The exchange's own CPU in the cost model (distnn/costmodel/cpu.py): the term by hand
 (slowed as the compute, the TCP work against the link), predictions without it unchanged,
 the calibration measured from the real compressors (a slowed one raises it), growing with
 the tensors and the ranks, and ``distnn plan --cpu``."""
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from distnn.cluster.costmodel import DEFAULT_CONFIGS, Config, Link, ModelCost, predict
-from distnn.cluster.cpucost import (CpuCost, PhantomComm, calibrate_cpu, calibrate_steps,
+from distnn.costmodel.predict import DEFAULT_CONFIGS, Config, Link, ModelCost, predict
+from distnn.costmodel.cpu import (CpuCost, PhantomComm, calibrate_cpu, calibrate_steps,
                                     calibrate_tcp)
 
 LINK = Link(gbits=1, latency_s=100e-6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distnn.cluster.costmodel import Config, Link, ModelCost, bucket_ranges, predict
+from distnn.costmodel.predict import Config, Link, ModelCost, bucket_ranges, predict
 from distnn.distributed.sparse import payload_bytes
 
 LINK = Link(gbits=1, latency_s=100e-6)

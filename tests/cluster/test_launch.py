@@ -139,7 +139,7 @@ def test_ctrl_c_stops_everything(cluster, tmp_path):
 
 
 def test_slurm_nodelists_expand():
-    from distnn.cluster.supervisor import expand_nodelist
+    from distnn.launch.supervisor import expand_nodelist
     assert expand_nodelist("node[1-3,07],gpu5") == ["node1", "node2", "node3", "node07", "gpu5"]
     assert expand_nodelist("a[08-10]x") == ["a08x", "a09x", "a10x"]
 
@@ -180,7 +180,7 @@ def test_a_hung_rank_ends_the_job_at_the_stall_timeout_and_its_host_is_dropped(c
 def test_a_checkpoint_that_will_not_load_is_not_restarted(tmp_path):
     import io
 
-    from distnn.cluster.supervisor import Supervisor
+    from distnn.launch.supervisor import Supervisor
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho '[b] lost: its processes ended by signal 9' >&2\nexit 1\n")
     fake.chmod(0o755)

@@ -23,7 +23,7 @@ MODEL = ("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
 
 def rank_pids(cluster, rank: int) -> list[int]:
     """The pids of the ``distnn train`` processes of MPI rank ``rank`` (hydra's PMI_RANK) on
-    the cluster, not their watchers (cluster/rankwatch.py)."""
+    the cluster, not their watchers (launch/rankwatch.py)."""
     found = []
     for host in cluster.hosts:
         for pid in cluster.pids(host.name):

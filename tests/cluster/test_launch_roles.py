@@ -1,5 +1,5 @@
 """A rank killed under ``distnn launch`` is named with its role: the rank's watcher
-(cluster/rankwatch.py) says which rank ended by which signal, and what it did, before hydra
+(launch/rankwatch.py) says which rank ended by which signal, and what it did, before hydra
 kills the others. Runs on this machine (a launcher program that runs the command in place
 of ssh), no emulated cluster; and the watcher alone under plain mpiexec."""
 from __future__ import annotations
@@ -108,7 +108,7 @@ KILLED = ("import os, signal, sys\n"
 @pytest.mark.mpi
 def test_under_plain_mpiexec_the_watcher_names_the_rank_a_signal_ended(tmp_path):
     (tmp_path / "prog.py").write_text(KILLED)
-    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "distnn.cluster.rankwatch",
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "distnn.launch.rankwatch",
                            sys.executable, "prog.py"], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 9, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""``Rule.role``: the words that name a lost rank (``distnn launch``, cluster/rankwatch.py)
+"""``Rule.role``: the words that name a lost rank (``distnn launch``, launch/rankwatch.py)
 for every place in a master/worker layout: the master, the top master, a sub-master and
 whom it serves, a worker (in a group) and who serves it."""
 from __future__ import annotations

@@ -15,8 +15,8 @@ import torch
 from torchjobs import COMMAND, PROGS, child_env, mpirun, needs_mpi
 
 import distnn.torch as hvd
-from distnn.cluster.commits import CommitStore, StoreClient
-from distnn.cluster.elastic import parse_hosts
+from distnn.launch.commits import CommitStore, StoreClient
+from distnn.launch.elastic import parse_hosts
 from distnn.torch.elastic import sampler as sampler_module
 
 PROG = PROGS / "elastic_prog.py"

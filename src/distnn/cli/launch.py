@@ -1,6 +1,6 @@
 """``distnn launch``: a supervisor that keeps a training run going when hosts die
-(``distnn.cluster.supervisor``), or an ``hvd.elastic`` job going as hosts come and go
-(``distnn.cluster.elastic``): parse, build the supervisor, run it."""
+(``distnn.launch.supervisor``), or an ``hvd.elastic`` job going as hosts come and go
+(``distnn.launch.elastic``): parse, build the supervisor, run it."""
 from __future__ import annotations
 
 import argparse
@@ -50,7 +50,7 @@ def add_launch_parser(sub) -> None:
 
 
 def run_launch(args) -> int:
-    from ..cluster.supervisor import (LaunchError, Supervisor, expand_nodelist,
+    from ..launch.supervisor import (LaunchError, Supervisor, expand_nodelist,
                                       launcher_words)
     words = list(args.words)
     words = words[1:] if words[:1] == ["--"] else words
@@ -86,8 +86,8 @@ def _run_elastic(args, words, hosts, launcher, env, store) -> int:
     """An elastic job (``hvd.elastic``): any command, restarted from its last commit."""
     import socket
 
-    from ..cluster.elastic import ElasticSupervisor
-    from ..cluster.supervisor import LaunchError
+    from ..launch.elastic import ElasticSupervisor
+    from ..launch.supervisor import LaunchError
     if store is None:  # ranks on this machine (as --hosts) reach loopback; others, this
         # host's address
         local = {"localhost", "127.0.0.1", socket.gethostname()}

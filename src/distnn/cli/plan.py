@@ -1,4 +1,4 @@
-"""``distnn plan``: the cost model's prediction (``distnn.cluster.costmodel``) for the
+"""``distnn plan``: the cost model's prediction (``distnn.costmodel.predict``) for the
 user's own model: its compute per step measured here, one process, a few steps of the step
 ``distnn train`` takes; each rule and compression's step time and scaling efficiency on
 ``--hosts`` hosts x 1 rank joined by ``--link_gbits`` links; and the configuration it
@@ -123,7 +123,7 @@ def _model(args):
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from ..cluster.costmodel import DEFAULT_CONFIGS, Link, ModelCost, pick, table
+    from ..costmodel.predict import DEFAULT_CONFIGS, Link, ModelCost, pick, table
     from ..distributed.optimizer import parameter_tensors
     hosts = parse_hosts(args.hosts)
     rates = _floats("--link_gbits", args.link_gbits)
@@ -144,7 +144,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.cpu:
         from dataclasses import replace
 
-        from ..cluster.cpucost import calibrate_cpu
+        from ..costmodel.cpu import calibrate_cpu
         specs = sorted({c.compression for c in DEFAULT_CONFIGS if c.rule == "data"})
         cost = replace(cost, cpu=calibrate_cpu(cost.tensors, cost.segments, specs=specs,
                                                hosts=[h for h in hosts if h > 1] or [2],

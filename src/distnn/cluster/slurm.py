@@ -57,7 +57,7 @@ import time
 from typing import Sequence
 
 from .emulated import ClusterError, EmulatedCluster, missing_reason
-from .procs import _alive, _kill, _netns_inode, _processes, _signal_group
+from ..launch.procs import _alive, _kill, _netns_inode, _processes, _signal_group
 
 STATE_DIR = "/run/distnn-slurm"
 _TOOLS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scontrol")

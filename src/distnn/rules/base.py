@@ -88,7 +88,7 @@ class Rule:
         readers that read only this rank's part of the files ask it)."""
         return comm.rank, comm.size
 
-    # -- what the rule sends a step, declared for the cost model (cluster/costmodel.py) --
+    # -- what the rule sends a step, declared for the cost model (costmodel/predict.py) --
     default_period = 1  # the period (sync_every, chunks) when none is given
 
     @classmethod

@@ -143,6 +143,6 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
                                             per_node=cfg.train.every_rank_writes))
     if cfg.train.progress_file:
         callbacks.append(ProgressFile(cfg.train.progress_file))
-    if os.environ.get("DISTNN_ROLE_FD"):  # the rank's watcher (cluster/rankwatch.py)
+    if os.environ.get("DISTNN_ROLE_FD"):  # the rank's watcher (launch/rankwatch.py)
         callbacks.append(RoleFile(os.environ["DISTNN_ROLE_FD"]))
     return callbacks

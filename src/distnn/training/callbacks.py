@@ -176,7 +176,7 @@ class ValidateEvery(Callback):
 class RoleFile(Callback):
     """This rank writes its role (``Rule.role``, e.g. "sub-master of worker 4 (master group
     1 of 2)"), one line, to its watcher's pipe at the start of training, so that the watcher
-    (``distnn.cluster.rankwatch``, which every rank of ``distnn launch`` runs under) can
+    (``distnn.launch.rankwatch``, which every rank of ``distnn launch`` runs under) can
     name it if a signal ends it. Local: no communication.
 
     Args:

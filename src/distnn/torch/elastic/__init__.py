@@ -3,7 +3,7 @@
 
 The state is committed in memory (``state.commit()``) and restored from that commit after a
 reset. How the worlds change (docs/horovod.md, "Elastic training"): MPICH cannot shrink or
-grow a running world, so ``distnn launch`` (``cluster/elastic.py``) restarts the whole world
+grow a running world, so ``distnn launch`` (``launch/elastic.py``) restarts the whole world
 when a rank or host dies or the host discovery script adds or removes hosts. Rank 0 hands
 every commit to the supervisor, whose memory carries the last one into the next world;
 there the first call of a ``@hvd.elastic.run`` function loads it on rank 0, runs the reset
@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Callable
 
-from ...cluster.commits import ENV_WORLD, EXIT_RESET
+from ...launch.commits import ENV_WORLD, EXIT_RESET
 from ..basics import init, shutdown
 from .sampler import ElasticSampler
 from .state import HorovodInternalError, HostsUpdatedInterrupt, ObjectState, State, link

@@ -4,7 +4,7 @@ of hosts, as Horovod's ``State`` and ``ObjectState``.
 ``commit()`` keeps a copy of the state in this process's memory and, when the job runs
 under ``distnn launch`` (the environment names its commit store), rank 0 also hands the
 committed bytes to the supervisor, whose memory carries them into the next world (MPICH
-cannot shrink a world, so a world that lost a rank is restarted; see ``cluster/elastic.py``).
+cannot shrink a world, so a world that lost a rank is restarted; see ``launch/elastic.py``).
 ``commit()`` then checks for host updates: rank 0 learns from the supervisor whether hosts
 were added or removed and broadcasts it, so every rank raises ``HostsUpdatedInterrupt`` at
 the same commit.
@@ -17,7 +17,7 @@ import os
 import pickle
 from typing import Any, Callable, Iterable
 
-from ...cluster.commits import ENV_STORE, ENV_VERSION, StoreClient
+from ...launch.commits import ENV_STORE, ENV_VERSION, StoreClient
 
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt", "HorovodInternalError"]
 

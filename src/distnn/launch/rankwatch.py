@@ -14,7 +14,7 @@ is the last line ``distnn train`` wrote to the pipe this watcher gives it in
 ``DISTNN_ROLE_FD`` (``FD:INODE``; a pipe, so nothing is left behind when hydra kills the
 watchers of the other ranks). Run as a file (as ``distnn launch`` does) it imports nothing
 of distnn and starts in milliseconds; under plain mpiexec:
-``mpiexec -n N python -m distnn.cluster.rankwatch distnn train ...``. The rank's command
+``mpiexec -n N python -m distnn.launch.rankwatch distnn train ...``. The rank's command
 inherits every file descriptor (hydra's PMI connection) and dies with this process
 (``PR_SET_PDEATHSIG``).
 """

@@ -1,7 +1,7 @@
 """A cost model of one training step on N hosts x 1 rank: what each rule and compression
 sends (taken from the code that sends it), what MPICH's collectives cost on a link of a
 given latency and bandwidth, how much of it hides behind backward, and (with a
-``CpuCost`` of ``cpucost.py``, measured here) the CPU the exchange itself takes on the
+``CpuCost`` of ``cpu.py``, measured here) the CPU the exchange itself takes on the
 rank's core. Equations, assumptions and what it leaves out: docs/costmodel.md; validated
 against benchmarks/cluster.py's 2/4/8-host runs with benchmarks/costmodel_check.py.
 
@@ -44,7 +44,7 @@ class ModelCost:
         backward_share: share of ``compute_s`` after forward, in which the gradients
             become ready (assumed 2/3: backward costs about twice forward).
         itemsize: bytes per gradient element (float32: 4).
-        cpu: a ``cpucost.CpuCost`` (the exchange's own CPU a step, measured here) or None
+        cpu: a ``cpu.CpuCost`` (the exchange's own CPU a step, measured here) or None
             (not counted: the model's predictions before that term).
         slowdown: how many ways the rank's core is shared (``compute_s`` is already that
             much slower); the ``cpu`` seconds are multiplied by it.
@@ -261,7 +261,7 @@ def _overlapped_step(msgs: list, model: ModelCost, compression: str, hosts: int)
     has made it, the rest after backward."""
     c = model.compute_s
     overlapped = [m for m in msgs if m[4] is not None]
-    # the Reducer's own CPU (cpucost.py): compressing as buckets start, during backward
+    # the Reducer's own CPU (cpu.py): compressing as buckets start, during backward
     # (spread like the gradients), and the rest in synchronize, after
     pre, post = ((0.0, 0.0) if model.cpu is None else
                  [model.slowdown * s for s in model.cpu.step_s(compression, hosts)])

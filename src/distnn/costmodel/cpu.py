@@ -1,5 +1,5 @@
 """The CPU an exchange takes on a rank's own core, measured here, for the cost model
-(``costmodel.py``; equations: docs/costmodel.md "The exchange's CPU").
+(``predict.py``; equations: docs/costmodel.md "The exchange's CPU").
 
 Two parts, both measured on this machine, one thread:
 

@@ -3,7 +3,7 @@ a set of hosts that may change, with the job's last commit kept in the superviso
 
 MPICH cannot shrink or grow a running world, so a change of hosts restarts the world:
 every rank is a new process, and ``hvd.elastic.run`` in the new world's rank 0 loads the
-last commit from the supervisor (``cluster/commits.py``) and broadcasts it.
+last commit from the supervisor (``launch/commits.py``) and broadcasts it.
 
 - A rank or host dies: mpiexec ends the job; the hosts named lost or not answering a probe
   are dropped, and the world restarts on the rest (counts against ``max_restarts``).
