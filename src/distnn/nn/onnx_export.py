@@ -78,12 +78,6 @@ def _conv(g: _Graph, layer, x: str) -> str:
                   pads=[pt, pl, pb, pr])
 
 
-def _dense(g: _Graph, layer, x: str) -> str:
-    w = layer.params["w"]  # (in, units): Gemm's B without transposition
-    b = layer.params["b"] if layer.use_bias else np.zeros(w.shape[1], np.float32)
-    return g.node("Gemm", [x, g.const(layer, "w", w), g.const(layer, "b", b)], layer)
-
-
 def _batchnorm(g: _Graph, layer, x: str) -> str:
     p, s = layer.params, layer.buffers
     inputs = [x, g.const(layer, "gamma", p["gamma"]), g.const(layer, "beta", p["beta"]),
@@ -118,7 +112,7 @@ def _block(g: _Graph, layer, x: str) -> str:
 # Layer class name -> writer(graph, layer, input name) -> output name (exact classes: a
 # subclass may compute something else and is refused rather than exported wrongly).
 EMITTERS: dict[str, Callable] = {
-    "Conv2D": _conv, "Dense": _dense, "BatchNormalization": _batchnorm,
+    "Conv2D": _conv, "BatchNormalization": _batchnorm,
     "Flatten": lambda g, layer, x: g.node("Flatten", [x], layer, axis=1),
     "Dropout": lambda g, layer, x: x,  # inference: the identity
     "ReLU": lambda g, layer, x: g.node("Relu", [x], layer),
@@ -138,6 +132,8 @@ def _emit_chain(g: _Graph, layers, x: str) -> str:
             x = _emit_chain(g, layer.layers, x)
             continue
         emit = EMITTERS.get(kind)
+        if emit is None and type(layer).declares("onnx_node"):  # the layer's own (nn/base.py)
+            emit = lambda g, layer, x: layer.onnx_node(g, x)  # noqa: E731
         if emit is None:
             raise ValueError(f"to_onnx: layer {layer.name!r} ({type(layer).__name__}) has no "
                              f"ONNX form; the exportable layers are {sorted(EMITTERS)}")

@@ -69,15 +69,6 @@ def _conv(layer):
     return conv if even else nn.Sequential(nn.ZeroPad2d((pl, pr, pt, pb)), conv)
 
 
-def _dense(layer):
-    w = layer.params["w"]
-    lin = nn.Linear(w.shape[0], w.shape[1], bias=layer.use_bias)
-    lin.weight.data = _tensor(w.T)
-    if layer.use_bias:
-        lin.bias.data = _tensor(layer.params["b"])
-    return lin
-
-
 def _batchnorm(layer):
     c = layer.params["gamma"].shape[0]
     spatial = len(layer.input_shape) - 1
@@ -97,7 +88,7 @@ def _block(layer):
 
 # Layer class name -> module maker (by name, as the ONNX writers: see layer_kind).
 _MODULES = {
-    "Conv2D": _conv, "Dense": _dense, "BatchNormalization": _batchnorm,
+    "Conv2D": _conv, "BatchNormalization": _batchnorm,
     "Flatten": lambda layer: nn.Flatten(),
     "Dropout": lambda layer: nn.Dropout(layer.rate),
     "ReLU": lambda layer: nn.ReLU(),
@@ -120,6 +111,8 @@ def _chain(layers):
             modules.append(_chain(layer.layers))
             continue
         make = _MODULES.get(kind)
+        if make is None and type(layer).declares("torch_module"):  # the layer's own
+            make = lambda layer: layer.torch_module()  # noqa: E731
         if make is None:
             raise ValueError(f"to_torch: layer {layer.name!r} ({type(layer).__name__}) has "
                              f"no PyTorch form; the convertible layers are {sorted(_MODULES)}")
