@@ -1,6 +1,7 @@
 """distnn's NumPy layer engine."""
 from .activations import ACTIVATIONS, LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from .allocator import reuse_freed_memory
+from .attention import MultiHeadAttention
 from .base import Layer
 from .containers import Add, Concat, Sequential, set_add_relu_fusion
 from .conv import Conv2D
@@ -16,4 +17,4 @@ __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential",
            "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
            "BatchNormalization", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "ACTIVATIONS",
-           "set_bn_relu_fusion", "set_add_relu_fusion"]
+           "set_bn_relu_fusion", "set_add_relu_fusion", "MultiHeadAttention"]
