@@ -1,6 +1,7 @@
 """distnn's NumPy layer engine."""
 from .activations import ACTIVATIONS, GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
 from .allocator import reuse_freed_memory
+from .attention import MultiHeadAttention
 from .base import Layer
 from .containers import Add, Concat, Sequential, set_add_relu_fusion
 from .conv import Conv2D
@@ -19,4 +20,4 @@ __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential",
            "BatchNormalization", "LayerNormalization", "RMSNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU", "ACTIVATIONS",
            "Embedding", "PositionalEmbedding", "SinusoidalPositionalEmbedding", "TiedDense",
-           "set_bn_relu_fusion", "set_add_relu_fusion"]
+           "MultiHeadAttention", "set_bn_relu_fusion", "set_add_relu_fusion"]
