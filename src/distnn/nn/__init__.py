@@ -11,6 +11,8 @@ from .model import Model, ModelMethods
 from .normalization import (BatchNormalization, LayerNormalization, RMSNorm,
                             set_bn_relu_fusion)
 from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
+from .sequence import ClassToken, PaddingMask, Patchify, SequencePool
+from .transformer import TransformerDecoderBlock, TransformerEncoderBlock
 
 reuse_freed_memory()
 
@@ -20,4 +22,6 @@ __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential",
            "BatchNormalization", "LayerNormalization", "RMSNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU", "ACTIVATIONS",
            "Embedding", "PositionalEmbedding", "SinusoidalPositionalEmbedding", "TiedDense",
-           "MultiHeadAttention", "set_bn_relu_fusion", "set_add_relu_fusion"]
+           "MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock",
+           "Patchify", "ClassToken", "SequencePool", "PaddingMask",
+           "set_bn_relu_fusion", "set_add_relu_fusion"]

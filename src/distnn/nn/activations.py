@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ..kernels.backend import compiled
-from .base import Layer, check_features, check_input
+from .base import Layer, check_features
 
 
 def _fast_for(*arrays):
@@ -49,7 +49,7 @@ class ReLU(Layer):
         return buf
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)
         rectified, self._rectified = self._rectified, None
         self._passed = x is rectified
         if self._passed:
@@ -86,7 +86,7 @@ class LeakyReLU(Layer):
         self.alpha = float(alpha)
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)
         self._pos = x > 0
         return x * np.where(self._pos, x.dtype.type(1), x.dtype.type(self.alpha))
 
@@ -103,7 +103,7 @@ class Sigmoid(Layer):
     """1 / (1 + exp(-x)), computed without overflow."""
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)
         self._y = _sigmoid(x)
         return self._y
 
@@ -117,7 +117,7 @@ class Tanh(Layer):
     """tanh(x)."""
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)
         self._y = np.tanh(x)
         return self._y
 
@@ -132,7 +132,7 @@ class Softmax(Layer):
     fused loss (``CategoricalCrossEntropy(from_logits=True)``)."""
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)
         z = x - x.max(axis=-1, keepdims=True)
         np.exp(z, out=z)
         z /= z.sum(axis=-1, keepdims=True)

@@ -133,7 +133,7 @@ class Dropout(Layer):
         return input_shape
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)  # elementwise: sequences of any length
         if not training or self.rate == 0.0:
             self._mask = None
             return x
