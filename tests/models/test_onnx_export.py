@@ -6,8 +6,8 @@ import pytest
 
 from distnn.models import MODELS, get_model
 from distnn.nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout,
-                       Flatten, GlobalAvgPool2D, LeakyReLU, MaxPool2D, ReLU, Sequential,
-                       Sigmoid, Softmax, Tanh)
+                       Flatten, GlobalAvgPool2D, LeakyReLU, MaxPool2D, PaddingMask, ReLU,
+                       Sequential, Sigmoid, Softmax, Tanh)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -60,6 +60,12 @@ def test_zoo_model_round_trips(name, tmp_path):
     model = get_model(name, input_shape=_input_shape(name), rng=2)
     _perturb_statistics(model, rng)
     x = rng.standard_normal((3, *model.input_shape)).astype(np.float32)
+    if MODELS[name][1] == "text":  # token ids of the text models' 256 bytes
+        x = rng.integers(0, 256, x.shape).astype(np.float32)
+    if any(isinstance(layer, PaddingMask) for layer in model.walk()):
+        with pytest.raises(ValueError, match="PaddingMask.*no ONNX form"):
+            model.to_onnx(tmp_path / f"{name}.onnx")
+        return
     path = model.to_onnx(tmp_path / f"{name}.onnx")
     proto = onnx.load(path)
     assert proto.opset_import[0].version >= 17

@@ -27,9 +27,9 @@ def test_dense_shape_and_grad(use_bias):
     check_layer(layer, x)
 
 
-def test_dense_needs_flat_input():
-    with pytest.raises(ValueError, match="Flatten"):
-        built(Dense(3), (2, 4))
+def test_dense_needs_a_feature_axis():
+    with pytest.raises(ValueError, match="feature axis"):
+        built(Dense(3), ())
 
 
 def test_wrong_input_shape_names_layer():

@@ -6,6 +6,7 @@ reference; with the "numba" backend (the default when numba is installed; see ``
 their memory-bound loops run compiled and multi-threaded from ``_numba`` while the GEMMs
 stay in NumPy's BLAS. ``DISTNN_KERNELS=numpy|numba`` or ``set_backend()`` choose.
 """
+from .attention import attention_backward, attention_forward
 from .backend import backend, get_num_threads, matmul, pieces, set_backend, set_num_threads
 from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats,
                         bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
@@ -28,4 +29,5 @@ __all__ = [
     "bn_forward_train", "bn_batch_stats", "bn_sums", "bn_stats_from_sums", "bn_normalize",
     "bn_xhat", "bn_inference", "bn_grad_sums", "bn_backward_dx", "bn_backward_dx_inference",
     "channel_sum", "channel_dot", "channel_count", "matmul", "pieces",
+    "attention_forward", "attention_backward",
 ]

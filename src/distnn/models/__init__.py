@@ -1,7 +1,10 @@
 """Model zoo: builders that return an unbuilt or built ``Sequential``.
 
 ``get_model(name, input_shape=..., num_classes=...)`` resolves names like ``"simplecnn"``,
-``"vgg16bn"``, ``"resnet20"``, ``"resnet50"``, ``"alexnet_cifar"``, ``"densenet121"``.
+``"vgg16bn"``, ``"resnet20"``, ``"resnet50"``, ``"alexnet_cifar"``, ``"densenet121"``, and
+the transformers ``"gpt_mini"`` (a byte/character language model: input (T,) token ids,
+output (T, vocab) logits; ``num_classes`` is the vocabulary), ``"vit_tiny"`` and
+``"encoder_classifier"`` (byte sequences padded with 0).
 Models end in logits (no softmax): pair them with ``CategoricalCrossEntropy(from_logits=True)``.
 """
 from __future__ import annotations
@@ -11,8 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout, Flatten,
-                  GlobalAvgPool2D, MaxPool2D, ReLU, Sequential)
+from ..nn import (Add, AvgPool2D, BatchNormalization, ClassToken, Concat, Conv2D, Dense, Dropout,
+                  Embedding, Flatten, GlobalAvgPool2D, LayerNormalization, MaxPool2D,
+                  PaddingMask, Patchify, PositionalEmbedding, ReLU, Sequential, SequencePool,
+                  TiedDense, TransformerDecoderBlock, TransformerEncoderBlock)
 
 
 def simplemlp(num_classes=10):
@@ -185,7 +190,45 @@ def densenet(blocks=(6, 12, 24, 16), growth=32, num_classes=1000, imagenet=True)
     return layers + [BatchNormalization(), ReLU(), GlobalAvgPool2D(), Dense(num_classes)]
 
 
-_DEFAULT_INPUT = {"mnist": (1, 28, 28), "cifar": (3, 32, 32), "imagenet": (3, 224, 224)}
+def gpt_mini(num_classes=256, width=128, depth=4, heads=4, dropout=0.0,
+             activation="gelu_tanh"):
+    """nanoGPT's "baby GPT" for a CPU: token and learned position embeddings, ``depth``
+    pre-LN decoder blocks (causal self-attention, a 4x feed-forward), a last layer norm,
+    the output projection tied to the token embedding. ``num_classes`` is the vocabulary
+    (256: bytes); the context is the input length (default 64). GPT-2's tanh GELU by
+    default: NumPy has no erf, and the exact one costs tens of array passes."""
+    emb = Embedding(num_classes, width)
+    blocks = [TransformerDecoderBlock(heads, 4 * width, dropout=dropout, activation=activation)
+              for _ in range(depth)]
+    return [emb, PositionalEmbedding(), Dropout(dropout), *blocks, LayerNormalization(),
+            TiedDense(emb)]
+
+
+def vit_tiny(num_classes=10, patch=7, width=64, depth=4, heads=4, dropout=0.0):
+    """A small vision transformer for 1x28x28 images: 7x7 patches (16 tokens) through a
+    Dense patch embedding, a class token, learned positions, ``depth`` pre-LN encoder blocks
+    (GELU, 2x feed-forward), a layer norm, the class token's output to Dense(classes)."""
+    blocks = [TransformerEncoderBlock(heads, 2 * width, dropout=dropout, activation="gelu")
+              for _ in range(depth)]
+    return [Patchify(patch), Dense(width), ClassToken(), PositionalEmbedding(),
+            Dropout(dropout), *blocks, LayerNormalization(), SequencePool("cls"),
+            Dense(num_classes)]
+
+
+def encoder_classifier(num_classes=2, vocab=256, width=64, depth=2, heads=4, dropout=0.0):
+    """A small transformer classifier of byte sequences padded with 0: the embedding,
+    positions and ``depth`` encoder blocks under a ``PaddingMask`` (attention and the mean
+    pooling skip the padding), then Dense(classes)."""
+    blocks = [TransformerEncoderBlock(heads, 2 * width, dropout=dropout, activation="gelu")
+              for _ in range(depth)]
+    return [PaddingMask([Embedding(vocab, width, padding_idx=0), PositionalEmbedding(),
+                         Dropout(dropout), *blocks, LayerNormalization(),
+                         SequencePool("mean")]),
+            Dense(num_classes)]
+
+
+_DEFAULT_INPUT = {"mnist": (1, 28, 28), "cifar": (3, 32, 32), "imagenet": (3, 224, 224),
+                  "text": (64,)}
 
 
 def _spec(builder: Callable, input_kind: str, classes: int = 10, **fixed):
@@ -203,6 +246,9 @@ MODELS: dict[str, tuple] = {
     "alexnet_imagenet": _spec(alexnet_imagenet, "imagenet", 1000),
     "resnet9": _spec(resnet9, "cifar"),
     "densenet121": _spec(densenet, "imagenet", 1000, blocks=(6, 12, 24, 16)),
+    "gpt_mini": _spec(gpt_mini, "text", 256),
+    "vit_tiny": _spec(vit_tiny, "mnist"),
+    "encoder_classifier": _spec(encoder_classifier, "text", 2),
 }
 for _d in (11, 13, 16, 19):
     MODELS[f"vgg{_d}"] = _spec(vgg, "cifar", depth=_d)
@@ -241,11 +287,13 @@ def get_model(name: str, input_shape=None, num_classes: int | None = None, *,
     """Build a zoo model by name.
 
     Args:
-        name: a key of ``MODELS`` (e.g. "simplecnn", "vgg11bn", "resnet20").
-        input_shape: per-sample (C, H, W); default: the model's usual input. For
+        name: a key of ``MODELS`` (e.g. "simplecnn", "vgg11bn", "resnet20", "gpt_mini").
+        input_shape: per-sample (C, H, W), or (T,) token ids for the text models (64 by
+            default; gpt_mini's context); default: the model's usual input. For
             ``alexnet`` and ``vggN[bn]`` an ImageNet-sized shape picks the ImageNet net
             (``zoo_name``).
-        num_classes: outputs of the last layer; default 10 (1000 for ImageNet models).
+        num_classes: outputs of the last layer; default 10 (1000 for ImageNet models;
+            gpt_mini: its vocabulary, 256).
         dtype, rng: passed to ``Sequential.build``.
         build: build at once (default) or return the unbuilt model.
     """

@@ -151,3 +151,17 @@ def check_input(layer: Layer, x: np.ndarray) -> None:
             f"(batch, {', '.join(map(str, layer.input_shape))}) but got {tuple(x.shape)}; "
             "check the model's input_shape and the dataset's sample shape"
         )
+
+
+def check_features(layer: Layer, x: np.ndarray) -> None:
+    """As ``check_input``, for layers applied token by token (a transformer's): x must have
+    the built rank and last (feature) axis, but the axes between, a sequence's length, may
+    be shorter or longer than at build, so that one model runs sequences of any length
+    (the layers that hold positions check the length themselves)."""
+    shape = layer.input_shape
+    if shape is not None and (x.ndim != len(shape) + 1 or x.shape[-1] != shape[-1]):
+        raise ValueError(
+            f"layer {layer.name!r} ({type(layer).__name__}) expects input of shape "
+            f"(batch, {', '.join(['...'] * (len(shape) - 1) + [str(shape[-1])])}) but got "
+            f"{tuple(x.shape)}; check the model's input_shape and the dataset's sample shape"
+        )

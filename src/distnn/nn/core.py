@@ -4,18 +4,20 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels as K
-from .base import Layer, check_input
+from .base import Layer, check_features, check_input
 
 
 class Dense(Layer):
-    """Fully-connected layer: y = x @ w + b.
+    """Fully-connected layer over the last axis: y = x @ w + b.
 
     Args:
         units: number of outputs.
         use_bias: add a bias vector.
         weights_initializer / bias_initializer: names from ``distnn.nn.init``.
 
-    Shape: (N, in_features) -> (N, units); ``w`` is (in_features, units).
+    Shape: (N, in_features) -> (N, units), or over the last axis of any rank,
+    (N, ..., in_features) -> (N, ..., units) (a transformer's tokens); ``w`` is
+    (in_features, units).
 
     Example:
         Dense(128, use_bias=False)
@@ -32,30 +34,42 @@ class Dense(Layer):
         self.bias_initializer = bias_initializer
 
     def _build(self, input_shape, rng):
-        if len(input_shape) != 1:
-            raise ValueError(f"Dense layer {self.name!r} needs flat input (features,) but got "
-                             f"per-sample shape {input_shape}; put a Flatten() before it")
-        fan_in = input_shape[0]
+        if len(input_shape) < 1:
+            raise ValueError(f"Dense layer {self.name!r} needs per-sample input with a "
+                             f"feature axis but got shape {input_shape}")
+        fan_in = input_shape[-1]
         self.add_param("w", (fan_in, self.units), self.weights_initializer, rng,
                        fan_in=fan_in, fan_out=self.units)
         if self.use_bias:
             self.add_param("b", (self.units,), self.bias_initializer, rng,
                            fan_in=fan_in, fan_out=self.units)
-        return (self.units,)
+        return input_shape[:-1] + (self.units,)
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        if x.ndim == 2:
+            check_input(self, x)
+        else:
+            check_features(self, x)
+        lead = x.shape[:-1]
+        if x.ndim > 2:  # the tokens of all samples as rows of one matrix product
+            x = x.reshape(-1, x.shape[-1])
         self._x = x
         y = K.matmul(x, self.params["w"])
         if self.use_bias:
             y += self.params["b"]
-        return y
+        return y.reshape(lead + (self.units,)) if len(lead) > 1 else y
 
     def backward(self, dy):
+        lead = dy.shape[:-1]
+        if dy.ndim > 2:
+            dy = dy.reshape(-1, self.units)
         K.matmul(self._x.T, dy, out=self.grads["w"])
         if self.use_bias:
             np.sum(dy, axis=0, out=self.grads["b"])
-        return K.matmul(dy, self.params["w"].T) if self.need_dx else None
+        if not self.need_dx:
+            return None
+        dx = K.matmul(dy, self.params["w"].T)
+        return dx.reshape(lead + (dx.shape[-1],)) if len(lead) > 1 else dx
 
     def describe(self):
         return f"units={self.units}" + ("" if self.use_bias else ", use_bias=False")
@@ -64,9 +78,14 @@ class Dense(Layer):
     onnx_ops = ("Gemm", "MatMul")
 
     def onnx_node(self, g, x):
-        w = self.params["w"]  # (in, units): Gemm's B without transposition
-        b = self.params["b"] if self.use_bias else np.zeros(w.shape[1], np.float32)
-        return g.node("Gemm", [x, g.const(self, "w", w), g.const(self, "b", b)], self)
+        w = self.params["w"]
+        if len(self.input_shape) == 1:  # (in, units) is Gemm's B without transposition
+            b = self.params["b"] if self.use_bias else np.zeros(self.units, np.float32)
+            return g.node("Gemm", [x, g.const(self, "w", w), g.const(self, "b", b)], self)
+        y = g.node("MatMul", [x, g.const(self, "w", w)], self)  # over the last axis
+        if not self.use_bias:
+            return y
+        return g.node("Add", [y, g.const(self, "b", self.params["b"])], self)
 
     def torch_module(self):
         from torch import nn
@@ -159,7 +178,7 @@ class Dropout(Layer):
         return input_shape
 
     def forward(self, x, training=False):
-        check_input(self, x)
+        check_features(self, x)  # elementwise: sequences of any length
         if not training or self.rate == 0.0:
             self._mask = None
             return x

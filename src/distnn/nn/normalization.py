@@ -1,4 +1,5 @@
-"""Normalization layers: BatchNormalization (with the hook SyncBatchNorm uses)."""
+"""Normalization layers: BatchNormalization (with the hook SyncBatchNorm uses), and the
+per-token LayerNormalization and RMSNorm of transformers."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,7 +8,7 @@ import numpy as np
 
 from ..kernels import batchnorm as K
 from .activations import ReLU
-from .base import Layer, check_input
+from .base import Layer, check_features, check_input
 
 StatReducer = Callable[[np.ndarray], np.ndarray]
 
@@ -253,6 +254,157 @@ class BatchNormalization(Layer):
         layer = cls(momentum=float(attrs.get("momentum", 0.9)),
                     epsilon=float(attrs.get("epsilon", 1e-5)))
         return layer, {"gamma": gamma, "beta": beta, "running_mean": mean, "running_var": var}
+
+
+class LayerNormalization(Layer):
+    """Layer normalization over the last axis (each token's features): y = (x - mean) /
+    sqrt(var + epsilon) * gamma + beta, with the biased variance, the same in training
+    and evaluation (``torch.nn.LayerNorm(dim)``).
+
+    Args:
+        epsilon: added to the variance.
+        elementwise_affine: learn ``gamma`` and ``beta`` (dim,); without, y is the
+            normalized x.
+
+    Shape: (N, ..., dim) unchanged; the axes before the last may differ from the built ones.
+
+    Example:
+        [Embedding(256, 128), ..., LayerNormalization(), TiedDense(emb)]
+    """
+
+    def __init__(self, epsilon: float = 1e-5, elementwise_affine: bool = True,
+                 name: str | None = None):
+        super().__init__(name)
+        if not epsilon > 0:
+            raise ValueError(f"{type(self).__name__}: epsilon must be > 0, got {epsilon!r}")
+        self.epsilon = float(epsilon)
+        self.elementwise_affine = bool(elementwise_affine)
+
+    def _build(self, input_shape, rng):
+        if len(input_shape) < 1:
+            raise ValueError(f"{type(self).__name__} layer {self.name!r} needs per-sample "
+                             f"input with a feature axis, got {input_shape}")
+        if self.elementwise_affine:
+            d = input_shape[-1]
+            self.add_param("gamma", (d,), "ones", rng)
+            if self._has_beta:
+                self.add_param("beta", (d,), "zeros", rng)
+        return input_shape
+
+    _has_beta = True
+
+    def _normalize(self, x):
+        """(xhat, invstd) over the last axis."""
+        xc = x - x.mean(axis=-1, keepdims=True)
+        invstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + self.epsilon)
+        return xc * invstd, invstd
+
+    def forward(self, x, training=False):
+        check_features(self, x)
+        xhat, self._invstd = self._normalize(x)
+        self._xhat = xhat
+        if not self.elementwise_affine:
+            return xhat
+        y = xhat * self.params["gamma"]
+        if self._has_beta:
+            y += self.params["beta"]
+        return y
+
+    def backward(self, dy):
+        xhat = self._xhat
+        if self.elementwise_affine:
+            d = dy.shape[-1]
+            np.sum((dy * xhat).reshape(-1, d), axis=0, out=self.grads["gamma"])
+            if self._has_beta:
+                np.sum(dy.reshape(-1, d), axis=0, out=self.grads["beta"])
+            dy = dy * self.params["gamma"]
+        if not self.need_dx:
+            return None
+        proj = np.mean(dy * xhat, axis=-1, keepdims=True)
+        if self._has_beta:  # the mean's share; RMSNorm subtracts no mean
+            return self._invstd * (dy - dy.mean(axis=-1, keepdims=True) - xhat * proj)
+        return self._invstd * (dy - xhat * proj)
+
+    # -- declarations -------------------------------------------------------------------
+    onnx_ops = ("LayerNormalization",)
+
+    def _scale(self, g):
+        d = self.input_shape[-1]
+        gamma = self.params["gamma"] if self.elementwise_affine else np.ones(d)
+        return g.const(self, "gamma", gamma)
+
+    def onnx_node(self, g, x):
+        inputs = [x, self._scale(g)]
+        if self.elementwise_affine:
+            inputs.append(g.const(self, "beta", self.params["beta"]))
+        return g.node("LayerNormalization", inputs, self, axis=-1, epsilon=self.epsilon)
+
+    def torch_module(self):
+        import torch
+        module = torch.nn.LayerNorm(self.input_shape[-1], eps=self.epsilon,
+                                    elementwise_affine=self.elementwise_affine)
+        self._copy_affine(module)
+        return module
+
+    def _copy_affine(self, module):
+        import torch
+        if self.elementwise_affine:
+            module.weight.data = torch.tensor(self.params["gamma"])
+            if self._has_beta:
+                module.bias.data = torch.tensor(self.params["beta"])
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        if attrs.get("axis", -1) != -1:
+            g.refuse(node, f"axis={attrs['axis']}; distnn normalizes the last axis only")
+        gamma, beta = g.const(node, 1), g.const(node, 2)
+        layer = cls(epsilon=attrs.get("epsilon", 1e-5))
+        arrays = {"gamma": gamma,
+                  "beta": np.zeros_like(gamma) if beta is None else beta}
+        return layer, arrays
+
+    def describe(self):
+        default = type(self).__init__.__defaults__[0]
+        parts = [] if self.epsilon == default else [f"epsilon={self.epsilon}"]
+        return ", ".join(parts + ([] if self.elementwise_affine else
+                                  ["elementwise_affine=False"]))
+
+
+class RMSNorm(LayerNormalization):
+    """Root-mean-square normalization over the last axis (Llama's): y = x /
+    sqrt(mean(x**2) + epsilon) * gamma, no mean subtracted and no bias
+    (``torch.nn.RMSNorm(dim, eps=epsilon)``).
+
+    Args:
+        epsilon: added to the mean square; default 1e-6.
+        elementwise_affine: learn ``gamma`` (dim,).
+
+    Shape: (N, ..., dim) unchanged.
+    """
+
+    _has_beta = False
+    onnx_ops = ()  # no RMSNormalization op before opset 23
+
+    def __init__(self, epsilon: float = 1e-6, elementwise_affine: bool = True,
+                 name: str | None = None):
+        super().__init__(epsilon, elementwise_affine, name)
+
+    def _normalize(self, x):
+        invrms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
+        return x * invrms, invrms
+
+    def onnx_node(self, g, x):
+        ms = g.node("ReduceMean", [g.node("Mul", [x, x], self)], self, axes=[-1], keepdims=1)
+        eps = g.const(self, "epsilon", np.array(self.epsilon))
+        rms = g.node("Sqrt", [g.node("Add", [ms, eps], self)], self)
+        return g.node("Mul", [g.node("Div", [x, rms], self), self._scale(g)], self)
+
+    def torch_module(self):
+        import torch
+        module = torch.nn.RMSNorm(self.input_shape[-1], eps=self.epsilon,
+                                  elementwise_affine=self.elementwise_affine)
+        self._copy_affine(module)
+        return module
 
 
 def link_bn_relu(layers, enabled: bool = True) -> None:
