@@ -69,9 +69,10 @@ def _one_hot(name: str, y: np.ndarray, y_true: Any) -> np.ndarray:
 def categorical_accuracy(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     """Number of samples whose arg-max class is the true class; for (N, T, C) outputs, the
     sum over samples of the fraction of their T tokens predicted right (divided by the
-    samples: the token accuracy; ``token_accuracy`` leaves out ignored labels)."""
+    samples: the token accuracy; labels below 0 count as wrong, ``token_accuracy`` leaves
+    them out)."""
     if np.ndim(y_pred) == 3:
-        correct, _ = _token_counts("categorical_accuracy", y_pred, y_true, ignore=False)
+        correct, _ = _token_counts("categorical_accuracy", y_pred, y_true)
         return correct / np.shape(y_pred)[1]
     y = _pred("categorical_accuracy", y_pred)
     labels = _labels("categorical_accuracy", y, y_true)
@@ -129,9 +130,9 @@ def categorical_mae(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float(np.sum(np.mean(np.abs(y - t), axis=1)))
 
 
-def _tokens(name: str, y_pred: Any, y_true: Any, ignore: bool = True):
+def _tokens(name: str, y_pred: Any, y_true: Any):
     """(scores (M, C), labels (M,), counted rows (bool, M)) of (N, T, C) outputs and (N, T)
-    labels; with ``ignore``, labels below 0 are not counted (else they are an error)."""
+    labels; labels below 0 are not counted."""
     y = np.asarray(y_pred)
     t = np.asarray(y_true)
     if y.ndim != 3 or t.shape != y.shape[:2]:
@@ -139,18 +140,17 @@ def _tokens(name: str, y_pred: Any, y_true: Any, ignore: bool = True):
                          f"{y.shape} and y_true {t.shape}")
     c = y.shape[-1]
     t = t.reshape(-1)
-    counted = t >= 0 if ignore else np.ones(t.shape, bool)
+    counted = t >= 0
     labels = np.where(counted, t, 0)
-    if labels.size and int(labels.max()) >= c or (not ignore and labels.size
-                                                   and int(labels.min()) < 0):
-        bad = int(labels.max()) if int(labels.max()) >= c else int(labels.min())
+    if labels.size and int(labels.max()) >= c:
+        bad = int(labels.max())
         raise ValueError(f"{name}: y_true holds token {bad}, outside the vocabulary [0, {c}) "
                          f"of y_pred; build the model with the data's vocabulary size")
     return y.reshape(-1, c), labels.astype(np.intp), counted
 
 
-def _token_counts(name, y_pred, y_true, ignore=True) -> tuple[float, float]:
-    y, labels, counted = _tokens(name, y_pred, y_true, ignore)
+def _token_counts(name, y_pred, y_true) -> tuple[float, float]:
+    y, labels, counted = _tokens(name, y_pred, y_true)
     right = (y.argmax(axis=1) == labels) & counted
     return float(np.count_nonzero(right)), float(np.count_nonzero(counted))
 
