@@ -6,7 +6,8 @@ The rule (minGPT's and Hugging Face's): weight matrices and kernels decay; biase
 normalization scales and shifts and embedding tables do not. Decided from the layer's
 type (``NO_DECAY_LAYERS``, by class name, so that a layer family added later joins by
 its name) and the parameter's key and rank (``NO_DECAY_KEYS``, anything of fewer than two
-dimensions). ``AdamW`` applies it by default; pass ``decay=None`` for torch's AdamW (every
+dimensions; a ``distnn.torch.TorchModel``'s units by their torch module's class).
+``AdamW`` applies it by default; pass ``decay=None`` for torch's AdamW (every
 parameter decays) or your own ``decay(layer, key, array) -> bool``.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ NO_DECAY_KEYS = ("b", "bias", "beta", "gamma")
 
 def decays(layer: Any, key: str, array: np.ndarray) -> bool:
     """Whether parameter ``key`` of ``layer`` takes weight decay (see the module's doc)."""
-    if any(cls.__name__ in NO_DECAY_LAYERS for cls in type(layer).__mro__):
+    # a TorchModel's unit is known by the torch module it holds (torch.nn.Embedding...)
+    kinds = (*type(layer).__mro__, *type(getattr(layer, "module", None)).__mro__)
+    if any(cls.__name__ in NO_DECAY_LAYERS for cls in kinds):
         return False
     return key not in NO_DECAY_KEYS and np.ndim(array) >= 2
 
@@ -41,18 +44,22 @@ def _offset(flat: np.ndarray, view: np.ndarray) -> int | None:
 def decay_ranges(model: Any, rule: DecayRule | None = decays) -> list[tuple[int, int]]:
     """The [start, stop) ranges of ``model.parameters_flat()`` that take weight decay under
     ``rule`` (None: the whole buffer), adjacent ones merged. A model whose parameters are
-    not views of its flat buffer, or without layers to ask, decays as a whole."""
+    not all views of its flat buffer that its layers show (``walk``, ``params``) decays as
+    a whole."""
     flat = model.parameters_flat()
     if rule is None or not hasattr(model, "walk"):
         return [(0, flat.size)]
-    spans = []
+    spans, seen = [], 0
     for layer in model.walk():
         for key, array in getattr(layer, "params", {}).items():
             start = _offset(flat, array)
             if start is None:
                 return [(0, flat.size)]
+            seen += array.size
             if rule(layer, key, array):
                 spans.append((start, start + array.size))
+    if seen != flat.size:  # parameters the layers do not show (a wrapped torch module)
+        return [(0, flat.size)]
     merged: list[tuple[int, int]] = []
     for a, b in sorted(spans):
         if merged and merged[-1][1] == a:
