@@ -17,6 +17,13 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     $SUDO apt-get install -y dataset-fashion-mnist >/dev/null 2>&1 \
         || { $SUDO apt-get update >/dev/null && $SUDO apt-get install -y dataset-fashion-mnist >/dev/null; }
 fi
+# Debian's fortunes: the default corpus of --dataset text (data/text.py), 2.8 MB.
+if [ ! -d /usr/share/games/fortunes ] && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get install -y fortunes >/dev/null 2>&1 \
+        || { $SUDO apt-get update >/dev/null 2>&1 && $SUDO apt-get install -y fortunes >/dev/null 2>&1; } \
+        || echo "setup.sh: could not install fortunes (--dataset text then needs --dataset_path)" >&2
+fi
 # Slurm and munge for tests/cluster/test_slurm.py (srun on the emulated cluster; skipped
 # without them). Debian's packages install in seconds; their services need a slurm.conf
 # in /etc/slurm, which this does not write. DISTNN_NO_SLURM=1 leaves them out.

@@ -10,6 +10,7 @@ from .base import Preprocess, Splits
 from .cifar_python import read_cifar10_python
 from .imagenet import read_imagenet
 from .hdf5 import read_hdf5
+from .text import read_text
 from .readers import (read_cifar10, read_digits, read_fashion_mnist, read_mnist,
                       read_synthetic)
 
@@ -24,6 +25,7 @@ DATASETS: dict[str, Reader] = {
     "hdf5": read_hdf5,
     "digits": read_digits,
     "synthetic": read_synthetic,
+    "text": read_text,
 }
 _COMMON = {"path", "preprocess", "seed"}
 

@@ -27,24 +27,6 @@ def _check_pred(owner: str, y_pred: Any) -> Array:
     return y
 
 
-def _class_targets(owner: str, y: Array, y_true: Any) -> tuple[Array | None, Array | None]:
-    """(labels, None) for integer labels of shape (N,), or (None, targets) for (N, C)
-    targets (one-hot or probabilities) cast to y's dtype."""
-    if y.ndim != 2:
-        raise ValueError(f"{owner}: y_pred must have shape (N, C), got {y.shape}")
-    t = np.asarray(y_true)
-    n, c = y.shape
-    if t.ndim == 1:
-        if t.shape[0] != n:
-            raise ValueError(f"{owner}: y_true has shape {t.shape} but y_pred has shape "
-                             f"{y.shape}; pass one label per sample")
-        return _labels(owner, t, c), None
-    if t.shape != y.shape:
-        raise ValueError(f"{owner}: y_true has shape {t.shape} but y_pred has shape {y.shape}; "
-                         "pass labels of shape (N,) or targets of shape (N, C)")
-    return None, t.astype(y.dtype, copy=False)
-
-
 def _labels(owner: str, t: Array, n_classes: int) -> Array:
     """Integer class labels, checked to lie in [0, n_classes)."""
     if t.dtype.kind not in "iub":
@@ -88,13 +70,13 @@ class Loss:
         y = _check_pred(owner, y_pred)
         n = y.shape[0]
         if denom is None:
-            denom = n
+            denom = self._default_denom(y, y_true)
         elif not (isinstance(denom, (int, float, np.integer, np.floating))
                   and math.isfinite(denom) and denom > 0):
             raise ValueError(f"{owner}: denom must be a number > 0 (the count of samples the "
                              f"loss is averaged over, e.g. the global batch size), got {denom!r}")
         total, grad = self._sum_and_grad(y, y_true)
-        if n == 0:
+        if n == 0 or denom == 0:  # nothing to average (every label ignored): no loss
             return 0.0, grad
         np.multiply(grad, 1.0 / float(denom), out=grad)
         return float(total) / float(denom), grad
@@ -102,27 +84,43 @@ class Loss:
     def _sum_and_grad(self, y: Array, y_true: Any) -> tuple[float, Array]:
         raise NotImplementedError
 
+    def _default_denom(self, y: Array, y_true: Any) -> float:
+        """What the loss is divided by without ``denom``: the samples (a mean)."""
+        return y.shape[0]
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({args})"
 
 
 class CategoricalCrossEntropy(Loss):
-    """Cross-entropy between class scores and integer labels or (N, C) target distributions.
+    """Cross-entropy between class scores and integer labels or target distributions, per
+    sample (N, C) or per token (N, T, C): a language model's logits over its vocabulary.
 
     With ``from_logits=True`` (default) y_pred are logits and softmax + log + NLL are fused:
-    loss_i = logsumexp(z_i) - sum_j q_ij z_ij, gradient softmax(z_i) * sum_j q_ij - q_i,
-    stable for any logit size. With ``from_logits=False`` y_pred are probabilities, clipped
-    to [eps, 1 - eps] (the gradient is zero where clipping acts). ``label_smoothing`` s
+    loss = logsumexp(z) - sum_j q_j z_j, gradient softmax(z) * sum_j q_j - q, stable for any
+    logit size. With ``from_logits=False`` y_pred are probabilities, clipped to
+    [eps, 1 - eps] (the gradient is zero where clipping acts). ``label_smoothing`` s
     replaces the targets q by (1 - s) q + s / C (as torch and Keras do).
+
+    Tokens: a sample of (T, C) scores has a per-sample loss of the sum of its tokens'
+    losses divided by T (the mean over its positions), so the loss of a batch is the mean
+    token loss, and ``denom`` still counts samples. Labels equal to ``ignore_index`` (torch's
+    -100 by default) add nothing; without ``denom`` the loss is divided by the number of
+    labels not ignored (torch's ``reduction="mean"``: ``F.cross_entropy`` exactly, also
+    with ``ignore_index`` and ``label_smoothing``); with ``denom`` (training: the global
+    batch) by ``denom * T``, the same whenever nothing is ignored, as in windows of text.
 
     Args:
         from_logits: whether y_pred are logits (True) or probabilities.
         label_smoothing: in [0, 1].
         eps: clipping bound for probabilities (from_logits=False only).
+        ignore_index: the label that marks a position to leave out (None: every label
+            counts and must lie in [0, C)).
 
     Shape:
-        y_pred (N, C); y_true (N,) integer labels or (N, C) targets; gradient (N, C).
+        y_pred (N, C) or (N, T, C); y_true (N,) / (N, T) integer labels or targets of
+        y_pred's shape; gradient of y_pred's shape.
 
     Example:
         loss, dy = CategoricalCrossEntropy()(logits, labels)
@@ -131,25 +129,76 @@ class CategoricalCrossEntropy(Loss):
 
     name = "categorical_cross_entropy"
 
-    def __init__(self, from_logits: bool = True, label_smoothing: float = 0.0, eps: float = 1e-7):
+    def __init__(self, from_logits: bool = True, label_smoothing: float = 0.0,
+                 eps: float = 1e-7, ignore_index: int | None = -100):
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"CategoricalCrossEntropy: label_smoothing must be in [0, 1], got "
                              f"{label_smoothing!r}")
         if not 0.0 < eps < 0.5:
             raise ValueError(f"CategoricalCrossEntropy: eps must be in (0, 0.5), got {eps!r}")
+        if ignore_index is not None and (isinstance(ignore_index, bool)
+                                         or int(ignore_index) != ignore_index):
+            raise ValueError(f"CategoricalCrossEntropy: ignore_index must be an integer or None, "
+                             f"got {ignore_index!r}")
         self.from_logits = bool(from_logits)
         self.label_smoothing = float(label_smoothing)
         self.eps = float(eps)
+        self.ignore_index = None if ignore_index is None else int(ignore_index)
+
+    def _targets(self, y, y_true) -> tuple[Array | None, Array | None, Array | None]:
+        """(labels, valid rows or None, None) or (None, None, targets), rows of (M, C)."""
+        owner = type(self).__name__
+        if y.ndim < 2:
+            raise ValueError(f"{owner}: y_pred must have shape (N, C) or (N, T, C), got "
+                             f"{y.shape}")
+        t = np.asarray(y_true)
+        c = y.shape[-1]
+        if t.shape == y.shape:
+            return None, None, t.reshape(-1, c).astype(y.dtype, copy=False)
+        if t.shape != y.shape[:-1]:
+            raise ValueError(f"{owner}: y_true has shape {t.shape} but y_pred has shape "
+                             f"{y.shape}; pass labels of shape {y.shape[:-1]} or targets of "
+                             f"shape {y.shape}")
+        t = t.reshape(-1)
+        valid = None
+        if self.ignore_index is not None and t.dtype.kind in "iuf":
+            ignored = t == self.ignore_index
+            if ignored.any():
+                valid = ~ignored
+                t = np.where(valid, t, 0)
+        return _labels(owner, t, c), valid, None
+
+    def _default_denom(self, y, y_true) -> float:
+        labels, valid, _ = self._targets(y, y_true)
+        if valid is None:
+            return y.shape[0]
+        return np.count_nonzero(valid) / (y.size // (y.shape[0] * y.shape[-1]))
 
     def _sum_and_grad(self, y, y_true):
-        labels, q = _class_targets(type(self).__name__, y, y_true)
+        labels, valid, q = self._targets(y, y_true)
+        c = y.shape[-1]
+        per = y.size // (y.shape[0] * c) if y.shape[0] else 1  # positions per sample
+        total, grad = self._rows(y.reshape(-1, c), labels, valid, q)
+        if per != 1:
+            total /= per
+            np.multiply(grad, 1.0 / per, out=grad)
+        return total, grad.reshape(y.shape)
+
+    def _rows(self, y, labels, valid, q):
+        """Sum of the row losses of (M, C) scores and its gradient (zero on ignored rows)."""
         n, c = y.shape
         s = self.label_smoothing
         if not self.from_logits:
             if q is None:
                 q = np.zeros_like(y)
                 q[np.arange(n), labels] = 1
-            return self._probabilities(y, q * (1 - s) + s / c if s else q)
+                if s:
+                    q = q * (1 - s) + s / c
+                if valid is not None:
+                    q[~valid] = 0
+            elif s:
+                q = q * (1 - s) + s / c
+            return self._probabilities(y, q)
         z = np.subtract(y, y.max(axis=1, keepdims=True))
         rows = np.arange(n)
         if q is None:
@@ -168,10 +217,14 @@ class CategoricalCrossEntropy(Loss):
         lse = np.log(sums[:, 0], dtype=np.float64)
         np.divide(z, sums, out=z)  # z is now softmax(y): the gradient's base
         if q is None:
-            total = float(np.sum(lse) - np.sum(linear))
+            row_loss = lse - linear
             z[rows, labels] -= 1 - s
             if s:
                 np.subtract(z, s / c, out=z)
+            if valid is not None:
+                row_loss = row_loss[valid]
+                z[~valid] = 0
+            total = float(np.sum(row_loss))
         else:
             total = float(np.dot(lse, q_sum[:, 0].astype(np.float64)) - np.sum(linear))
             np.multiply(z, q_sum, out=z)

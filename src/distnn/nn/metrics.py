@@ -6,9 +6,16 @@ so a distributed metric equals the one computed on the whole data set. y_pred ar
 outputs as given (logits or probabilities; nothing is applied to them: argmax-based metrics
 do not care, the others follow Keras, which does not apply softmax either); y_true are
 integer labels of shape (N,) or one-hot targets of shape (N, C).
+
+Token metrics (``perplexity``, ``token_accuracy``) score (N, T, C) outputs against (N, T)
+labels and count tokens, not samples: they return ``(sum over the counted tokens, count)``
+and say so with ``counted = True``; labels below 0 (torch's ignore_index -100) are not
+counted. ``finish`` (perplexity: ``exp``) is applied to the exact mean over every rank's
+tokens, so a perplexity is exp(mean token loss), never a mean of per-batch perplexities.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable
 
@@ -60,7 +67,13 @@ def _one_hot(name: str, y: np.ndarray, y_true: Any) -> np.ndarray:
 
 
 def categorical_accuracy(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """Number of samples whose arg-max class is the true class."""
+    """Number of samples whose arg-max class is the true class; for (N, T, C) outputs, the
+    sum over samples of the fraction of their T tokens predicted right (divided by the
+    samples: the token accuracy; labels below 0 count as wrong, ``token_accuracy`` leaves
+    them out)."""
+    if np.ndim(y_pred) == 3:
+        correct, _ = _token_counts("categorical_accuracy", y_pred, y_true)
+        return correct / np.shape(y_pred)[1]
     y = _pred("categorical_accuracy", y_pred)
     labels = _labels("categorical_accuracy", y, y_true)
     return float(np.count_nonzero(y.argmax(axis=1) == labels))
@@ -117,6 +130,66 @@ def categorical_mae(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float(np.sum(np.mean(np.abs(y - t), axis=1)))
 
 
+def _tokens(name: str, y_pred: Any, y_true: Any):
+    """(scores (M, C), labels (M,), counted rows (bool, M)) of (N, T, C) outputs and (N, T)
+    labels; labels below 0 are not counted."""
+    y = np.asarray(y_pred)
+    t = np.asarray(y_true)
+    if y.ndim != 3 or t.shape != y.shape[:2]:
+        raise ValueError(f"{name}: needs outputs (N, T, C) and labels (N, T), got y_pred "
+                         f"{y.shape} and y_true {t.shape}")
+    c = y.shape[-1]
+    t = t.reshape(-1)
+    counted = t >= 0
+    labels = np.where(counted, t, 0)
+    if labels.size and int(labels.max()) >= c:
+        bad = int(labels.max())
+        raise ValueError(f"{name}: y_true holds token {bad}, outside the vocabulary [0, {c}) "
+                         f"of y_pred; build the model with the data's vocabulary size")
+    return y.reshape(-1, c), labels.astype(np.intp), counted
+
+
+def _token_counts(name, y_pred, y_true) -> tuple[float, float]:
+    y, labels, counted = _tokens(name, y_pred, y_true)
+    right = (y.argmax(axis=1) == labels) & counted
+    return float(np.count_nonzero(right)), float(np.count_nonzero(counted))
+
+
+def token_accuracy(y_pred: np.ndarray, y_true: np.ndarray) -> tuple[float, float]:
+    """(tokens whose arg-max is the label, tokens counted) of (N, T, C) outputs."""
+    return _token_counts("token_accuracy", y_pred, y_true)
+
+
+def perplexity(y_pred: np.ndarray, y_true: np.ndarray) -> tuple[float, float]:
+    """(sum of the tokens' cross-entropy of the logits, tokens counted): the run logs
+    exp(sum / count) over all its tokens (``finish``), the perplexity. No label smoothing:
+    the loss's smoothing does not change it."""
+    y, labels, counted = _tokens("perplexity", y_pred, y_true)
+    y, labels = y[counted], labels[counted]
+    if not len(y):
+        return 0.0, 0.0
+    top = y.max(axis=1, keepdims=True)
+    z = np.subtract(y, top, dtype=np.float64)
+    lse = np.log(np.exp(z).sum(axis=1))
+    return float(np.sum(lse - z[np.arange(len(y)), labels])), float(len(y))
+
+
+token_accuracy.counted = perplexity.counted = True
+perplexity.finish = math.exp
+
+
+def finish(fn: Metric, mean: float) -> float:
+    """A metric's logged value from its mean (``fn.finish``, e.g. perplexity's exp; inf
+    where that overflows)."""
+    f = getattr(fn, "finish", None)
+    if f is None:
+        return mean
+    try:
+        return float(f(mean))
+    except OverflowError:
+        return float("inf")
+
+
 def _regression_diff(name: str, y_pred: Any, y_true: Any) -> np.ndarray:
     y = np.asarray(y_pred, dtype=np.float64)
     if y.ndim < 1:
@@ -149,6 +222,9 @@ METRICS: dict[str, Metric] = {
     "mean_squared_error": mean_squared_error,
     "mae": mean_absolute_error,
     "mean_absolute_error": mean_absolute_error,
+    "perplexity": perplexity,
+    "ppl": perplexity,
+    "token_accuracy": token_accuracy,
 }
 
 _TOP_K = re.compile(r"top_?(\d+)(_accuracy)?")
@@ -178,4 +254,5 @@ def get_metric(name: str | Metric) -> Metric:
 
 __all__ = ["Metric", "METRICS", "get_metric", "categorical_accuracy", "top_k_accuracy",
            "top_k_metric", "categorical_hinge", "categorical_mse", "categorical_mae",
-           "mean_squared_error", "mean_absolute_error"]
+           "mean_squared_error", "mean_absolute_error", "perplexity", "token_accuracy",
+           "finish"]

@@ -6,6 +6,11 @@ The optimizer is the one owner of the learning rate. ``scheduled_lr`` is the rat
 schedules set (``ReduceLROnPlateau``, ``ReduceLREveryNEpochs``; a user may set it too,
 through ``lr``) and the one a checkpoint keeps; ``lr_scale`` is a warm-up's factor (1
 otherwise; ``WarmUp`` sets it before every batch); a step uses ``lr``, their product.
+
+``clip_grad_norm`` (None or a number > 0) clips the gradients a step receives to that
+global L2 norm first (``optim.groups.clip_grad_norm_``). Under a distributed optimizer
+the step runs after the all-reduce (and after a compression's decoding), so every rank
+clips the same summed gradient; ``grad_norm`` is the norm the last step measured.
 """
 from __future__ import annotations
 
@@ -132,6 +137,8 @@ class Optimizer:
         self._model, self._pairs = _resolve_params(owner, params)
         self._lr_scale = 1.0
         self.lr = lr
+        self._clip: float | None = None
+        self.grad_norm: float | None = None
         self._hp = self._check(hyper)
         self.iterations = 0
         keys = self._state_keys(self._hp)
@@ -204,6 +211,16 @@ class Optimizer:
     def lr_scale(self, value: float) -> None:
         self._lr_scale = _number(type(self).__name__, "lr_scale", value)
 
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """The global gradient norm each step clips to first (None: no clipping)."""
+        return self._clip
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: float | None) -> None:
+        self._clip = None if value is None else _positive(type(self).__name__,
+                                                          "clip_grad_norm", value)
+
     def hyperparameters(self) -> dict[str, Any]:
         """The hyper-parameters other than lr, by name."""
         return dict(self._hp)
@@ -226,6 +243,9 @@ class Optimizer:
         if len(self._scratch) != len(pairs):
             n = self._scratch_count()
             self._scratch = [[np.empty_like(p) for _ in range(n)] for p, _ in pairs]
+        if self._clip is not None:
+            from .groups import clip_grad_norm_
+            self.grad_norm = clip_grad_norm_([g for _, g in pairs], self._clip)
         step = self.iterations + 1
         for (p, g), state, scratch in zip(pairs, self.state, self._scratch):
             self._update_pieces(p, g, state, scratch, step)

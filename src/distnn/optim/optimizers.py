@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from . import functional as F
+from . import groups
 from .base import SGD, Optimizer, _betas, _flag, _number, _positive, _unit
 
 
@@ -92,10 +95,22 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """AdamW (torch.optim.AdamW): Adam with decoupled weight decay, p *= 1 - lr * weight_decay
-    before each Adam update. Arguments as ``Adam``; weight_decay defaults to 1e-2.
+    before each Adam update, in two parameter groups: for a model, only the parameters
+    ``decay`` picks take the decay (default ``optim.groups.decays``: weight matrices and
+    kernels, not biases, norms or embeddings); the others (and every parameter, with
+    ``decay=None`` or (param, grad) pairs) form the other group. Other arguments as
+    ``Adam``; weight_decay defaults to 1e-2.
+
+    Args:
+        decay: "auto" (``optim.groups.decays``), None (every parameter decays, as torch's
+            AdamW over ``model.parameters()``) or ``decay(layer, key, array) -> bool``.
+
+    Attributes:
+        param_groups: [{"name", "weight_decay", "params": ["<layer>/<key>", ...]}] of a
+            model (one group of everything for (param, grad) pairs).
 
     Example:
-        opt = AdamW(model, lr=1e-3, weight_decay=0.05)
+        opt = AdamW(model, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     """
 
     name = "adamw"
@@ -103,9 +118,45 @@ class AdamW(Adam):
 
     def __init__(self, params: Any, lr: float = 1e-3,
                  betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False):
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, decay: Any = "auto"):
         super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad)
+        if decay == "auto":
+            decay = groups.decays
+        elif decay is not None and not callable(decay):
+            raise ValueError(f"AdamW: decay must be 'auto', None or a callable "
+                             f"decay(layer, key, array) -> bool, got {decay!r}")
+        self._rule = decay
+        self._ranges = (groups.decay_ranges(self._model, decay) if self._model is not None
+                        else None)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        if self._model is None or not hasattr(self._model, "walk"):
+            return [{"name": "decay", "weight_decay": self.weight_decay,
+                     "params": [f"params[{i}]" for i in range(len(self._pairs))]}]
+        named = groups.named_groups(self._model, self._rule)
+        return [{"name": "decay", "weight_decay": self.weight_decay, "params": named["decay"]},
+                {"name": "no_decay", "weight_decay": 0.0, "params": named["no_decay"]}]
+
+    def step(self) -> None:
+        if self.weight_decay:
+            factor = 1.0 - self.lr * self.weight_decay
+            for i, (p, _) in enumerate(self.param_pairs()):
+                if self._ranges is None:
+                    np.multiply(p, p.dtype.type(factor), out=p)
+                    continue
+                for a, b in self._ranges if i == 0 else ():
+                    np.multiply(p[a:b], p.dtype.type(factor), out=p[a:b])
+        super().step()
+
+    def _update(self, p, g, state, scratch, step):
+        beta1, beta2 = self.betas
+        # the decay of step() is the whole of it: none inside the Adam update
+        F.adam_update_(p, g, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"),
+                       step=step, lr=self.lr, beta1=beta1, beta2=beta2, eps=self.eps,
+                       weight_decay=0.0, amsgrad=self.amsgrad, decoupled_weight_decay=True,
+                       scratch=scratch)
 
 
 class Nadam(Optimizer):

@@ -256,6 +256,15 @@ class Run:
         return target
 
 
+def run_metrics(cfg: RunConfig, dataset) -> list[str]:
+    """``--metrics``, then those its dataset implies (``implied_metrics``: a text run logs
+    its perplexity) that they lack."""
+    from ..training.evaluation import metric_key
+    keys = {metric_key(m) for m in cfg.optim.metrics}
+    implied = [m for m in getattr(dataset, "implied_metrics", ()) if metric_key(m) not in keys]
+    return [*cfg.optim.metrics, *implied]
+
+
 def given_options(cfg: RunConfig) -> frozenset[str]:
     """The options whose values in ``cfg`` differ from their defaults: what a user gave,
     as far as the configuration shows (the command knows exactly: ``explicit``)."""
@@ -344,7 +353,7 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     rule = build_rule(cfg, comm) if training else None
     try:
         trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func,
-                          metrics=cfg.optim.metrics, comm=comm,
+                          metrics=run_metrics(cfg, train), comm=comm,
                           callbacks=[*validate, *configured, *callbacks],
                           progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
                           seed=cfg.model.random_seed, profiler=profiler, rule=rule,

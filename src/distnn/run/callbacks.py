@@ -54,7 +54,9 @@ def build_optimizer(cfg: RunConfig, model, size: int):
     o = cfg.optim
     hyper = {k: v for k, v in OPTIMIZER_OPTIONS[o.optimizer](o).items() if v is not None}
     lr = o.learning_rate * lr_factor(cfg, size)
-    return get_optimizer(o.optimizer, model, lr=lr, **hyper)
+    optimizer = get_optimizer(o.optimizer, model, lr=lr, **hyper)
+    optimizer.clip_grad_norm = o.clip_grad_norm
+    return optimizer
 
 
 # LR schedulers and callbacks by --lr_schedulers name.
@@ -103,6 +105,22 @@ def _model_checkpoint(s, ctx):
                            save_best_only=s.model_checkpoint_best_only)
 
 
+# --lr_schedule: the callback that owns the learning rate's factor (None: none needed).
+def _constant(s):
+    if not s.warmup_steps:
+        return None
+    from ..training.callbacks import WarmUp
+    return WarmUp(batches=s.warmup_steps)
+
+
+def _cosine(s):
+    from ..training.callbacks import CosineDecay
+    return CosineDecay(warmup_steps=s.warmup_steps, min_factor=s.min_lr_ratio)
+
+
+LR_SCHEDULES: dict[str, Callable] = {"constant": _constant, "cosine": _cosine}
+
+
 SCHEDULERS: dict[str, Callable] = {
     "warm_up": _warm_up, "early_stopping": _early_stopping,
     "reduce_lr_on_plateau": _reduce_lr_on_plateau,
@@ -123,6 +141,9 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
         names.remove("early_stopping")
     try:
         callbacks = [SCHEDULERS[name](s, ctx) for name in names]
+        schedule = LR_SCHEDULES[s.lr_schedule](s)
+        if schedule is not None:
+            callbacks.insert(0, schedule)
         if s.early_stopping:
             callbacks.append(parse_early_stopping(
                 s.early_stopping, min_delta=s.early_stopping_min_delta,

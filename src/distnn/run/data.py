@@ -14,7 +14,8 @@ __all__ = ["load_splits", "load_data", "build_augment", "READER_OPTIONS"]
 
 
 READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_name",
-                  "labels_name", "input_shape", "num_classes", "num_samples", "data_layout")
+                  "labels_name", "input_shape", "num_classes", "num_samples", "data_layout",
+                  "context", "tokenizer", "vocab_size")
 
 
 def load_splits(cfg: RunConfig, comm):

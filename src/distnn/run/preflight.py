@@ -178,6 +178,13 @@ def check_model_outputs(cfg: RunConfig, model, dataset) -> None:
     rank has the same model and dataset sizes, so every rank raises the same RunError."""
     shape = tuple(getattr(model, "output_shape", None) or ())
     classes = int(getattr(dataset, "num_classes", 0) or 0)
+    vocab = getattr(dataset, "vocab_size", None)
+    if vocab is not None and len(shape) == 2 and shape[-1] < vocab:
+        raise RunError(f"--model {cfg.model.model}: the model scores {shape[-1]} tokens per "
+                       f"position but the data's vocabulary ({cfg.data.dataset}, --tokenizer "
+                       f"{cfg.data.tokenizer}) has {vocab}: its tokens would lie outside the "
+                       f"model's vocabulary; make its last layer output {vocab} (the zoo's "
+                       "models take num_classes=)")
     if len(shape) != 1 or not classes or shape[0] == classes:
         return
     raise RunError(f"--model {cfg.model.model}: the model outputs {shape[0]} values per "

@@ -85,7 +85,8 @@ class DataConfig(Section):
 
     title: ClassVar[str] = "Dataset"
     dataset: str = option("fashion_mnist", Str(datasets),
-        "Dataset: fashion_mnist, mnist, cifar10, imagenet, hdf5, digits, synthetic.")
+        "Dataset: fashion_mnist, mnist, cifar10, imagenet, hdf5, digits, synthetic, text "
+        "(UTF-8 files as token windows; default corpus: Debian's fortunes).")
     dataset_path: str | None = option(None, Maybe(Str(metavar="PATH")),
         "Folder (or file) of the dataset; default: the usual places (/usr/share/datasets, "
         "$DISTNN_DATA, the cache).")
@@ -139,11 +140,22 @@ class DataConfig(Section):
         "synthetic/hdf5: number of classes.")
     num_samples: int | None = option(None, Maybe(Int(1)),
         "synthetic: number of training samples.")
+    # text (data/text.py): windows of tokens for language models
+    context: int = option(128, Int(1),
+        "text: tokens per sample (the model's sequence length); targets are the same "
+        "window shifted by one token.")
+    tokenizer: str = option("bytes", Str(("bytes", "char", "bpe")),
+        "text: bytes (UTF-8 bytes, 256 ids), char (the training text's characters) or bpe "
+        "(byte-level BPE learned from the training text; needs pip install 'distnn[text]').")
+    vocab_size: int | None = option(None, Maybe(Int(1)),
+        "text: bpe: the vocabulary to learn (default 1024); char: pad the vocabulary to this "
+        "size; bytes: at most 256.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.validation_split is None:  # hdf5 --val_list has its own validation files
-            object.__setattr__(self, "validation_split", 0.0 if self.val_list else 0.2)
+        if self.validation_split is None:  # hdf5 --val_list, text: own validation data
+            object.__setattr__(self, "validation_split",
+                               0.0 if self.val_list or self.dataset == "text" else 0.2)
         if self.data_layout == "nhwc" and (self.flip_images or self.crop_images):
             raise ConfigError("--flip_images and --crop_images work on NCHW images; drop them "
                               "or use --data_layout nchw (got --data_layout nhwc)")
@@ -243,6 +255,9 @@ class OptimizerConfig(Section):
         commands=(TRAIN,))
     rho: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
         "rho (rmsprop's alpha, adadelta; default: the optimizer's own).", commands=(TRAIN,))
+    clip_grad_norm: float | None = option(None, Maybe(Float(0.0, low_open=True)),
+        "Clip the gradients of every step to this global L2 norm (after the all-reduce: every "
+        "rank clips the same sum).", commands=(TRAIN,))
     loss_func: str = option("categorical_cross_entropy", Str(losses),
         "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae. mse, mae and bce "
         "train on one-hot labels.")
@@ -276,6 +291,14 @@ class ScheduleConfig(Section):
     lr_schedulers: tuple[str, ...] = option((), List(schedulers),
         "Comma-separated: warm_up, early_stopping, reduce_lr_on_plateau, "
         "reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.", commands=(TRAIN,))
+    lr_schedule: str = option("constant", Str(("constant", "cosine")),
+        "Learning rate over the steps: constant, or cosine (decay to --min_lr_ratio of it at "
+        "the last step); both after --warmup_steps of linear warm-up.", commands=(TRAIN,))
+    warmup_steps: int = option(0, Int(0),
+        "--lr_schedule: steps of linear warm-up.", commands=(TRAIN,))
+    min_lr_ratio: float = option(0.0, Float(0.0, 1.0),
+        "--lr_schedule cosine: the fraction of the learning rate left at the end.",
+        commands=(TRAIN,))
     warm_up_epochs: float = option(5.0, Float(0.0),
         "warm_up: epochs of linear warm-up.", commands=(TRAIN,))
     warm_up_batches: int = option(0, Int(0),
@@ -327,6 +350,11 @@ class ScheduleConfig(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if "warm_up" in self.lr_schedulers and (self.lr_schedule != "constant"
+                                                or self.warmup_steps):
+            raise ConfigError(f"--lr_schedulers warm_up and --lr_schedule {self.lr_schedule} "
+                              f"--warmup_steps {self.warmup_steps} both set the learning rate's "
+                              "warm-up; keep one (--warmup_steps with --lr_schedule)")
         from ..training.callbacks import parse_early_stopping, parse_target_metric
         for spec, parse in ((self.early_stopping, parse_early_stopping),
                             (self.target_metric, parse_target_metric)):

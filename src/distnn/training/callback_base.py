@@ -14,9 +14,9 @@ _ALIASES = {
     "acc": "accuracy", "categorical_accuracy": "accuracy",
     "categorical_cross_entropy": "loss", "binary_cross_entropy": "loss",
     "cross_entropy": "loss", "categorical_crossentropy": "loss", "negative_likelihood": "loss",
-    "nll": "loss", "top5_accuracy": "top5", "top_5": "top5",
+    "nll": "loss", "top5_accuracy": "top5", "top_5": "top5", "ppl": "perplexity",
 }
-_MAXIMIZED = ("accuracy", "top5", "acc")
+_MAXIMIZED = ("accuracy", "top5", "acc", "token_accuracy")
 
 
 def resolve_key(name: str, keys: Sequence[str]) -> str:

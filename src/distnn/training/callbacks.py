@@ -9,8 +9,9 @@ checkpoint can resume them.
 
 Learning rates: the optimizer owns the rate and the schedules are its clients. The
 plateau/step schedules read and set ``optimizer.scheduled_lr`` (what a checkpoint keeps);
-``WarmUp`` sets ``optimizer.lr_scale`` before every batch; a step uses ``optimizer.lr``,
-their product. ``trainer.lr`` reads the scheduled rate.
+``WarmUp`` and ``CosineDecay`` set ``optimizer.lr_scale`` before every batch (one of them
+per run: the factor has one writer); a step uses ``optimizer.lr``, their product.
+``trainer.lr`` reads the scheduled rate.
 
 NNLO's string syntax is accepted by ``parse_early_stopping`` ("val_loss,~<,4") and
 ``parse_target_metric`` ("val_acc,>,0.97").
@@ -27,7 +28,8 @@ from .stopping import (EarlyStopping, ModelCheckpoint, ProgressFile, TargetMetri
 
 
 __all__ = [
-    "Callback", "WarmUp", "EarlyStopping", "ReduceLROnPlateau", "ReduceLREveryNEpochs",
+    "Callback", "WarmUp", "CosineDecay", "EarlyStopping", "ReduceLROnPlateau",
+    "ReduceLREveryNEpochs",
     "ModelCheckpoint", "TargetMetric", "ProgressFile", "TrainingCheckpoint", "ValidateEvery",
     "RoleFile", "CALLBACKS",
     "parse_early_stopping", "parse_target_metric", "resolve_key", "metric_mode",
@@ -66,6 +68,54 @@ class WarmUp(Callback):
 
     def on_batch_begin(self, trainer, step):
         # every step, so that a later fit (or a resume) past the warm-up runs at full rate
+        trainer.optimizer.lr_scale = self.factor(step)
+
+
+class CosineDecay(Callback):
+    """Linear warm-up, then cosine decay of the learning rate to ``min_factor`` of it at the
+    last step of training (Loshchilov & Hutter, 2017; GPT-2/3's and nanoGPT's schedule).
+
+    Step i (0-based, counted over the whole run, so a resume continues the curve) uses
+    lr * f(i): f = (i + 1) / warmup_steps during the warm-up, then
+    min_factor + (1 - min_factor) * (1 + cos(pi * p)) / 2 with
+    p = (i - warmup_steps) / (total_steps - warmup_steps), and min_factor past the end.
+
+    Args:
+        warmup_steps: steps of linear warm-up (0: none).
+        min_factor: the fraction of the rate left at the end, in [0, 1].
+        total_steps: the steps the decay spans (default: those of the fit, epochs x steps
+            per epoch).
+
+    Example:
+        CosineDecay(warmup_steps=100, min_factor=0.1)  # with AdamW(lr=6e-4): 6e-4 -> 6e-5
+    """
+
+    def __init__(self, warmup_steps: int = 0, min_factor: float = 0.0,
+                 total_steps: int | None = None):
+        if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps \
+                or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if not 0.0 <= min_factor <= 1.0:
+            raise ValueError(f"cosine min_factor must be in [0, 1], got {min_factor!r}")
+        if total_steps is not None and (int(total_steps) != total_steps or total_steps < 1):
+            raise ValueError(f"cosine total_steps must be an integer >= 1, got {total_steps!r}")
+        self.warmup_steps, self.min_factor = int(warmup_steps), float(min_factor)
+        self.total_steps = None if total_steps is None else int(total_steps)
+        self.total = self.total_steps or 0
+
+    def on_train_begin(self, trainer):
+        self.total = self.total_steps or trainer.steps_per_epoch * trainer.num_epochs
+
+    def factor(self, step: int) -> float:
+        import math
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        span = self.total - self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / span) if span > 0 else 1.0
+        return self.min_factor + (1.0 - self.min_factor) * 0.5 * (1.0 + math.cos(math.pi
+                                                                                  * progress))
+
+    def on_batch_begin(self, trainer, step):
         trainer.optimizer.lr_scale = self.factor(step)
 
 

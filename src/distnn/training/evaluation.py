@@ -36,8 +36,10 @@ def metric_key(name: str) -> str:
 class MetricSet:
     """The loss and metrics of a run, and the arithmetic of their exact sums.
 
-    Sums are kept in one float64 array ``[loss_sum, metric_sums..., count]`` so that one
-    all-reduce makes them exact over the ranks.
+    Sums are kept in one float64 array ``[loss_sum, metric_sums..., token_counts...,
+    count]`` so that one all-reduce makes them exact over the ranks: a metric that counts
+    what it averages over (``counted``: the token metrics) has its own count slot, and its
+    ``finish`` (perplexity's exp) is applied to the exact mean.
 
     Args:
         loss: loss name for ``distnn.nn.losses.get_loss`` or a callable
@@ -66,26 +68,43 @@ class MetricSet:
                 raise ValueError(f"metrics: {m!r} is given twice (or clashes with 'loss'); "
                                  f"got {list(metrics)}")
             self.metric_fns[key] = fn
+        # the count slot of each counted metric, after the metric sums
+        self._slots = {}
+        for i, fn in enumerate(self.metric_fns.values(), start=1):
+            if getattr(fn, "counted", False):
+                self._slots[i] = len(self.metric_fns) + 1 + len(self._slots)
 
     @property
     def names(self) -> list[str]:
         return [self.loss_key, *self.metric_fns]
 
     def zeros(self) -> np.ndarray:
-        return np.zeros(len(self.metric_fns) + 2, dtype=np.float64)
+        return np.zeros(len(self.metric_fns) + 2 + len(self._slots), dtype=np.float64)
 
     def accumulate(self, sums: np.ndarray, logits, y, loss_value: float, weight: int) -> None:
         """Add one batch: the loss (a mean over ``weight`` samples) and every metric."""
         sums[0] += float(loss_value) * weight
         for i, fn in enumerate(self.metric_fns.values(), start=1):
-            sums[i] += float(fn(logits, y))
+            if i in self._slots:
+                total, counted = fn(logits, y)
+                sums[i] += float(total)
+                sums[self._slots[i]] += float(counted)
+            else:
+                sums[i] += float(fn(logits, y))
         sums[-1] += len(y)
 
     def logs(self, sums: np.ndarray, prefix: str = "") -> dict[str, float]:
-        count = sums[-1]
-        if count == 0:
-            return {prefix + k: float("nan") for k in self.names}
-        return {prefix + k: float(v / count) for k, v in zip(self.names, sums[:-1])}
+        from ..nn.metrics import finish
+        out = {}
+        for i, (key, value) in enumerate(zip(self.names, sums)):
+            count = sums[self._slots.get(i, -1)]
+            if count == 0:
+                out[prefix + key] = float("nan")
+            elif i == 0:
+                out[prefix + key] = float(value / count)
+            else:
+                out[prefix + key] = finish(self.metric_fns[key], float(value / count))
+        return out
 
 
 def _close(batches) -> None:
