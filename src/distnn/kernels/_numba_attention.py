@@ -1,36 +1,31 @@
-"""Compiled attention forward and backward (numba, parallel over (batch, head)), the same
-algorithm as ``attention``'s NumPy reference, one query row at a time: the forward's
-online softmax over tiles of ``block`` keys (scores of a tile in a small buffer, the
-running maximum, sum and output rescaled once a tile), the backward's probabilities
-recomputed from the row's log-sum-exp. Each (batch, head) item writes only its own slice
-of the outputs, so every thread count gives the same result. The row statistics and the
-output accumulator are float64 whatever the input dtype; ``attention`` is the entry point.
+"""Compiled attention forward and backward (numba, parallel over (batch, head)): the
+algorithm of ``attention``'s NumPy reference on tiles of ``block`` queries x ``block``
+keys, the tile products on BLAS (``np.dot`` into preallocated tiles) and the masking,
+exponentials, online-softmax rescaling and softmax Jacobian fused into one pass over each
+tile, with no temporary the size of a tile. Each (batch, head) item writes only its own
+slices of the outputs, so every thread count gives the same result. Row statistics (the
+running maximum and sum) are float64; tiles and accumulators have the input's dtype, as
+the NumPy path. ``attention`` is the entry point. numba's ``np.dot`` calls SciPy's BLAS:
+without SciPy installed (``BLAS`` False) ``attention`` keeps to its NumPy path.
 """
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 
 from ._numba_runtime import _dispatch, nb
 
-# Reassociation lets LLVM vectorize the dot products over the head dimension; no flag that
-# assumes finite values: -inf scores and row maxima are how the masks work.
+# Reassociation lets LLVM vectorize the row sums; no flag that assumes finite values: -inf
+# scores and row maxima are how the masks work.
+BLAS = importlib.util.find_spec("scipy") is not None
+
 _jit_attn = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 
-@nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _dot(a, b):
-    s = 0.0
-    for t in range(a.size):
-        s += a[t] * b[t]
-    return s
-
-
 @nb.njit(cache=True, nogil=True)
-def _last_key(i, tk, off, causal):
-    """One past the last key query row i may see."""
-    if causal:
-        return min(tk, max(i + off + 1, 0))
-    return tk
+def _visible(i, j, off, causal, pad, b, has_pad):
+    return (not causal or j <= i + off) and not (has_pad and pad[b, j])
 
 
 @_jit_attn
@@ -40,53 +35,67 @@ def _forward(q, k, v, pad, causal, scale, block, o, lse):
     dv_ = v.shape[3]
     off = tk - tq
     has_pad = pad.shape[0] > 0
+    dt = q.dtype
     for bh in nb.prange(nb_ * nh):
         b = bh // nh
         h = bh % nh
-        s = np.empty(block, np.float64)
-        acc = np.empty(dv_, np.float64)
-        for i in range(tq):
-            qi = q[b, h, i]
-            m = -np.inf
-            tot = 0.0
-            acc[:] = 0.0
-            jend = _last_key(i, tk, off, causal)
+        sbuf = np.empty(block * block, dt)
+        pvbuf = np.empty(block * dv_, dt)
+        acc = np.empty((block, dv_), dt)
+        m = np.empty(block, np.float64)
+        tot = np.empty(block, np.float64)
+        alpha = np.empty(block, dt)
+        for i0 in range(0, tq, block):
+            i1 = min(i0 + block, tq)
+            r = i1 - i0
+            m[:r] = -np.inf
+            tot[:r] = 0.0
+            acc[:r] = 0
+            jend = min(tk, max(i1 + off, 0)) if causal else tk
             for j0 in range(0, jend, block):
                 j1 = min(j0 + block, jend)
-                bm = -np.inf
-                for j in range(j0, j1):
-                    if has_pad and pad[b, j]:
-                        s[j - j0] = -np.inf
+                c = j1 - j0
+                s = sbuf[:r * c].reshape((r, c))
+                np.dot(q[b, h, i0:i1], k[b, h, j0:j1].T, s)
+                whole = not has_pad and (not causal or j1 - 1 <= i0 + off)
+                for rr in range(r):
+                    i = i0 + rr
+                    bm = -np.inf
+                    for cc in range(c):
+                        x = s[rr, cc] * scale
+                        if not whole and not _visible(i, j0 + cc, off, causal, pad, b,
+                                                      has_pad):
+                            x = -np.inf
+                        s[rr, cc] = x
+                        bm = max(bm, x)
+                    mn = max(m[rr], bm)
+                    if mn == -np.inf:  # nothing seen yet in this row
+                        s[rr, :] = 0
+                        alpha[rr] = 1
                         continue
-                    x = _dot(qi, k[b, h, j]) * scale
-                    s[j - j0] = x
-                    if x > bm:
-                        bm = x
-                if bm == -np.inf:
-                    continue
-                mn = max(m, bm)
-                alpha = np.exp(m - mn)
-                tot *= alpha
-                for t in range(dv_):
-                    acc[t] *= alpha
-                for j in range(j0, j1):
-                    if s[j - j0] == -np.inf:
-                        continue
-                    p = np.exp(s[j - j0] - mn)
-                    tot += p
-                    vj = v[b, h, j]
+                    alpha[rr] = np.exp(m[rr] - mn)
+                    rs = 0.0
+                    for cc in range(c):
+                        p = np.exp(s[rr, cc] - mn)
+                        s[rr, cc] = p
+                        rs += p
+                    tot[rr] = tot[rr] * alpha[rr] + rs
+                    m[rr] = mn
+                pv = pvbuf[:r * dv_].reshape((r, dv_))
+                np.dot(s, v[b, h, j0:j1], pv)
+                for rr in range(r):
+                    a = alpha[rr]
                     for t in range(dv_):
-                        acc[t] += p * vj[t]
-                m = mn
-            if tot > 0.0:
-                inv = 1.0 / tot
-                for t in range(dv_):
-                    o[b, h, i, t] = acc[t] * inv
-                lse[b, h, i] = m + np.log(tot)
-            else:
-                for t in range(dv_):
-                    o[b, h, i, t] = 0.0
-                lse[b, h, i] = -np.inf
+                        acc[rr, t] = acc[rr, t] * a + pv[rr, t]
+            for rr in range(r):
+                if tot[rr] > 0.0:
+                    inv = 1.0 / tot[rr]
+                    for t in range(dv_):
+                        o[b, h, i0 + rr, t] = acc[rr, t] * inv
+                    lse[b, h, i0 + rr] = m[rr] + np.log(tot[rr])
+                else:
+                    o[b, h, i0 + rr, :] = 0
+                    lse[b, h, i0 + rr] = -np.inf
 
 
 @_jit_attn
@@ -96,43 +105,51 @@ def _backward(q, k, v, pad, do, lse, drow, causal, scale, block, dq, dk, dv):
     dv_ = v.shape[3]
     off = tk - tq
     has_pad = pad.shape[0] > 0
+    dt = q.dtype
     for bh in nb.prange(nb_ * nh):
         b = bh // nh
         h = bh % nh
-        gq = np.empty(d_, np.float64)
-        gk = np.zeros((tk, d_), np.float64)
-        gv = np.zeros((tk, dv_), np.float64)
-        for i in range(tq):
-            gq[:] = 0.0
-            li = lse[b, h, i]
-            if li == np.inf:  # the row saw no key
-                for t in range(d_):
-                    dq[b, h, i, t] = 0.0
-                continue
-            qi = q[b, h, i]
-            doi = do[b, h, i]
-            di = drow[b, h, i]
-            jend = _last_key(i, tk, off, causal)
-            for j0 in range(0, jend, block):
-                for j in range(j0, min(j0 + block, jend)):
-                    if has_pad and pad[b, j]:
-                        continue
-                    kj = k[b, h, j]
-                    p = np.exp(_dot(qi, kj) * scale - li)
-                    dp = _dot(doi, v[b, h, j])
-                    ds = p * (dp - di) * scale
-                    for t in range(dv_):
-                        gv[j, t] += p * doi[t]
-                    for t in range(d_):
-                        gq[t] += ds * kj[t]
-                        gk[j, t] += ds * qi[t]
-            for t in range(d_):
-                dq[b, h, i, t] = gq[t]
-        for j in range(tk):
-            for t in range(d_):
-                dk[b, h, j, t] = gk[j, t]
-            for t in range(dv_):
-                dv[b, h, j, t] = gv[j, t]
+        pbuf = np.empty(block * block, dt)
+        dpbuf = np.empty(block * block, dt)
+        tq_buf = np.empty(block * d_, dt)
+        tk_buf = np.empty(block * d_, dt)
+        tv_buf = np.empty(block * dv_, dt)
+        dq[b, h] = 0
+        for j0 in range(0, tk, block):
+            j1 = min(j0 + block, tk)
+            c = j1 - j0
+            dk[b, h, j0:j1] = 0
+            dv[b, h, j0:j1] = 0
+            start = max(0, j0 - off) if causal else 0
+            for i0 in range(start, tq, block):
+                i1 = min(i0 + block, tq)
+                r = i1 - i0
+                p = pbuf[:r * c].reshape((r, c))
+                np.dot(q[b, h, i0:i1], k[b, h, j0:j1].T, p)
+                whole = not has_pad and (not causal or j1 - 1 <= i0 + off)
+                for rr in range(r):
+                    i = i0 + rr
+                    li = lse[b, h, i]
+                    for cc in range(c):
+                        if whole or _visible(i, j0 + cc, off, causal, pad, b, has_pad):
+                            p[rr, cc] = np.exp(p[rr, cc] * scale - li)
+                        else:
+                            p[rr, cc] = 0
+                tv = tv_buf[:c * dv_].reshape((c, dv_))
+                np.dot(p.T, do[b, h, i0:i1], tv)
+                dv[b, h, j0:j1] += tv
+                ds = dpbuf[:r * c].reshape((r, c))
+                np.dot(do[b, h, i0:i1], v[b, h, j0:j1].T, ds)
+                for rr in range(r):
+                    di = drow[b, h, i0 + rr]
+                    for cc in range(c):
+                        ds[rr, cc] = p[rr, cc] * (ds[rr, cc] - di) * scale
+                tqb = tq_buf[:r * d_].reshape((r, d_))
+                np.dot(ds, k[b, h, j0:j1], tqb)
+                dq[b, h, i0:i1] += tqb
+                tkb = tk_buf[:c * d_].reshape((c, d_))
+                np.dot(ds.T, q[b, h, i0:i1], tkb)
+                dk[b, h, j0:j1] += tkb
 
 
 attention_forward = _dispatch(_forward)

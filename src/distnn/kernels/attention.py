@@ -18,10 +18,10 @@ Masks, both optional, PyTorch's conventions:
 A row whose every key is masked gives a zero output (not NaN), ``lse`` = -inf, and zero
 gradients. ``lse`` has the dtype of the inputs, float32 or float64.
 
-The compiled backend (``_numba_attention``) runs the same algorithm per row, parallel over
-(batch, head); the NumPy code here is its reference, ``attention_reference`` the naive
-whole-matrix one (which also takes an explicit dropout multiplier, for the layer's
-attention dropout).
+The compiled backend (``_numba_attention``) runs the same algorithm, parallel over (batch,
+head), with each tile's masking and exponentials fused in one pass; the NumPy code here is
+its reference, ``attention_reference`` the naive whole-matrix one (which also takes an
+explicit dropout multiplier, for the layer's attention dropout).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _fast():
     if compiled() is None:
         return None
     from . import _numba_attention
-    return _numba_attention
+    return _numba_attention if _numba_attention.BLAS else None
 
 
 def _check(q, k, v, key_padding_mask, block) -> tuple[int, int, int, int, int]:
