@@ -29,11 +29,20 @@ def add_launch_parser(sub) -> None:
                    "launcher script and environment; --hosts defaults to all its hosts.")
     p.add_argument("--launcher_args", "--launcher-args", default="", metavar="ARGS",
                    help="More mpiexec arguments, e.g. '-launcher ssh -launcher-exec "
-                   "/path/script' (a host is probed with that program's 'HOST true').")
+                   "/path/script' (a host is probed with that program's 'HOST true', and over the "
+                   "data network through it).")
     p.add_argument("--stall_timeout", "--stall-timeout", type=float, default=600.0,
                    metavar="S", help="--stall_timeout given to a train command that sets "
-                   "none: a hung rank ends the job (exit 4) and its host is dropped. "
+                   "none: a hung rank ends the job (exit 4) and its host is dropped; also the "
+                   "longest wait for a partition to heal. "
                    "Default: 600.")
+    p.add_argument("--backoff", type=float, default=1.0, metavar="S",
+                   help="While hosts answer the launcher but fail the probe over the data "
+                   "network (a partition) and fewer than --min_hosts pass without them: the "
+                   "first wait before probing again, doubled each round up to "
+                   "--backoff_cap; the wait ends after --stall_timeout. Default: 1.")
+    p.add_argument("--backoff_cap", "--backoff-cap", type=float, default=30.0, metavar="S",
+                   help="The longest wait between two probes of a partition. Default: 30.")
     p.add_argument("--host_discovery_script", "--host-discovery-script", default=None,
                    metavar="PATH", help="Elastic jobs (a command other than train): a "
                    "program printing the usable hosts, one 'host' or 'host:slots' a line, "
@@ -76,7 +85,8 @@ def run_launch(args) -> int:
         sup = Supervisor(hosts or [], words[1:], ranks_per_host=args.ranks_per_host,
                          max_restarts=args.max_restarts, min_hosts=args.min_hosts,
                          mpiexec=args.mpiexec, launcher_args=launcher, env=env,
-                         stall_timeout=args.stall_timeout)
+                         stall_timeout=args.stall_timeout, backoff=args.backoff,
+                         backoff_cap=args.backoff_cap)
     except LaunchError as exc:
         raise RunError(str(exc)) from None
     return sup.run()

@@ -30,6 +30,7 @@ import threading
 from typing import Callable, Sequence
 
 from .commits import EXIT_RESET, CommitStore
+from .netprobe import Health
 from .supervisor import NO_RESTART, LaunchError, Supervisor
 
 __all__ = ["ElasticSupervisor", "parse_hosts"]
@@ -82,6 +83,8 @@ class ElasticSupervisor(Supervisor):
         self.launcher_args = list(launcher_args)
         self.env = dict(os.environ if env is None else env)
         self.probe = probe or self._probe
+        self.health = Health(self.probe, None, self.say, min_hosts=min_hosts, backoff=1.0,
+                             backoff_cap=30.0, timeout=600.0)
         self.proc: subprocess.Popen | None = None
         self._stopping = False
         self.store_address = store_address
@@ -135,7 +138,7 @@ class ElasticSupervisor(Supervisor):
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> int:
         previous = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        store = CommitStore(self.store_address)
+        store = CommitStore(self.store_address, say=self.say)
         restarts, world = 0, 0
         hosts = self.hosts if self.hosts else self._next_hosts({})
         try:

@@ -3,6 +3,16 @@ list of hosts and, when the job fails because a rank or a host died, finds which
 still answer, drops the others, and relaunches on the rest with ``--resume`` of the last
 checkpoint, until the run finishes or it runs out of restarts or hosts (``distnn launch``).
 
+A host is alive when it answers the launcher (``HOST true`` through its remote shell) and
+passes the probe over the data network (``netprobe.py``: it reaches the launcher's host
+and the rank-0 host by the names MPI uses). Hosts that fail the data probe are a partition
+that may heal: they are left out when ``--min_hosts`` allows; when it does not, the
+supervisor waits, probing again after 1, 2, 4 ... seconds (``backoff`` doubling up to
+``backoff_cap``), for at most the stall timeout, then ends naming each host and the probe
+it failed. A relaunch that fails before training starts (no step reached) while a host
+fails the data probe is not counted against ``max_restarts``; consecutive ones are spaced
+by the same backoff.
+
 It never restarts what a restart cannot fix: exit status 2 (a user error), 3 (a diverged
 loss) or a checkpoint that will not load (neither the newest nor the previous one kept
 beside it, ``ck.prev.npz``; a newest that will not load is named and the previous one
@@ -26,6 +36,9 @@ import sys
 import tempfile
 import threading
 from typing import Callable, Sequence
+
+from .netprobe import DataProbe, Health, describe, remote_argv
+from .resumepoint import describe_checkpoint, read_progress, resume_point
 
 __all__ = ["Supervisor", "LaunchError", "expand_nodelist", "NO_RESTART"]
 
@@ -90,7 +103,14 @@ class Supervisor:
         distnn: the distnn command (default: the one next to this Python).
         out: where the supervisor's lines go (default sys.stderr).
         stall_timeout: the ``--stall_timeout`` given to a train command that has none, so
-            a hung rank ends the job (exit 4) and its host is dropped like a lost one.
+            a hung rank ends the job (exit 4) and its host is dropped like a lost one;
+            also the longest wait for a partition to heal (the train command's value when
+            it sets one).
+        data_probe: ``data_probe(hosts) -> {host: why}`` for the hosts that fail the data
+            network (default: ``netprobe.DataProbe`` through the launcher's remote shell;
+            none when ``probe`` is given and this is not).
+        backoff, backoff_cap: the first wait (s) before probing again while hosts fail the
+            data probe, doubled after each failed round up to ``backoff_cap``.
     """
 
     def __init__(self, hosts: Sequence[str], train_argv: Sequence[str], *,
@@ -98,7 +118,9 @@ class Supervisor:
                  mpiexec: str | None = None, launcher_args: Sequence[str] = (),
                  env: dict | None = None, probe: Callable[[str], bool] | None = None,
                  distnn: str | None = None, out=None,
-                 stall_timeout: float | None = STALL_TIMEOUT):
+                 stall_timeout: float | None = STALL_TIMEOUT,
+                 data_probe: Callable[[Sequence[str]], dict[str, str]] | None = None,
+                 backoff: float = 1.0, backoff_cap: float = 30.0):
         hosts = list(dict.fromkeys(hosts))
         if not hosts:
             raise LaunchError("--hosts: give at least one host (or run inside a Slurm "
@@ -107,6 +129,9 @@ class Supervisor:
             raise LaunchError(f"--ranks_per_host (>= 1), --max_restarts (>= 0) and "
                               f"--min_hosts (>= 1) got {ranks_per_host}, {max_restarts}, "
                               f"{min_hosts}")
+        if not 0 < backoff <= backoff_cap:
+            raise LaunchError(f"--backoff (> 0) and --backoff_cap (>= --backoff) got "
+                              f"{backoff:g}, {backoff_cap:g}")
         if min_hosts > len(hosts):
             raise LaunchError(f"--min_hosts {min_hosts} is more than the {len(hosts)} hosts "
                               "given; lower it or give more --hosts")
@@ -129,10 +154,20 @@ class Supervisor:
             # a step of a lost host never ends (its slurmd is gone): the relaunch's srun
             # (mpiexec's, for its proxies) and the probes share the CPUs it still holds
             self.env.setdefault("SLURM_OVERLAP", "1")
+        self.data_probe = data_probe if data_probe is not None or probe is not None else \
+            DataProbe(self._remote, env=self.env)
         self.probe = probe or self._default_probe
+        given = _option(self.train_argv, "stall_timeout")
+        try:
+            heal = float(given) if given else float(stall_timeout or 0) or STALL_TIMEOUT
+        except ValueError:  # train refuses it at its start (exit 2)
+            heal = float(stall_timeout or STALL_TIMEOUT)
         self.out = out
         self.proc: subprocess.Popen | None = None
         self._stopping = False
+        self.health = Health(lambda h: self.probe(h), self.data_probe, self.say,
+                             min_hosts=min_hosts, backoff=backoff, backoff_cap=backoff_cap,
+                             timeout=heal)
 
     def say(self, line: str) -> None:
         out = self.out if self.out is not None else sys.stderr
@@ -140,18 +175,13 @@ class Supervisor:
         out.flush()
 
     # -- hosts --------------------------------------------------------------------------
+    def _remote(self, host: str, argv: list[str]) -> list[str]:
+        return remote_argv(self.launcher_args, self.env, host, argv)
+
     def _default_probe(self, host: str) -> bool:
-        args = self.launcher_args
-        if "-launcher-exec" in args and args.index("-launcher-exec") + 1 < len(args):
-            argv = [args[args.index("-launcher-exec") + 1], host, "true"]
-        elif self.env.get("SLURM_JOB_ID") and shutil.which("srun", path=self.env.get("PATH")):
-            # inside an allocation mpiexec starts its proxies with srun: ask the same way
-            argv = ["srun", "--overlap", "--nodelist", host, "-N", "1", "-n", "1", "--quiet",
-                    "true"]
-        else:
-            argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "true"]
         try:
-            return subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL,
+            return subprocess.run(self._remote(host, ["true"]), env=self.env,
+                                  stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   timeout=15).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
@@ -228,6 +258,7 @@ class Supervisor:
     def stop(self, signum=None, frame=None) -> None:
         """SIGINT/SIGTERM: stop the job (its process group) and do not restart."""
         self._stopping = True
+        self.health.stopped.set()
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -238,17 +269,19 @@ class Supervisor:
     def run(self) -> int:
         """Launch, restart as needed; returns the exit status (the job's, or 1 when the
         restarts or hosts ran out, 130 when interrupted)."""
-        from ..training.checkpoint import load_latest as load_checkpoint
         previous = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        hosts, restarts = list(self.hosts), 0
+        hosts, restarts, failed_starts = list(self.hosts), 0, 0
         resume = _option(self.train_argv, "resume") is not None
         tmp = tempfile.mkdtemp(prefix="distnn-launch-")
         progress = os.path.join(tmp, "progress")
+        reached = None
         try:
             while True:
                 self.say(f"starting on {len(hosts)} host{'s' * (len(hosts) > 1)} "
                          f"({','.join(hosts)}), {self.ranks_per_host * len(hosts)} ranks"
                          + (f", resuming {self.checkpoint}" if resume else ""))
+                if os.path.exists(progress):
+                    os.unlink(progress)  # rank 0 creates it when training starts
                 rc, lost = self._launch(hosts, resume, progress, again=restarts > 0)
                 if rc and not self._stopping:
                     self._name_dead()
@@ -263,36 +296,67 @@ class Supervisor:
                     self.say(f"not restarting: {NO_RESTART[rc]}; fix the cause, then resume "
                              f"the last checkpoint: --resume {self.checkpoint}")
                     return rc
-                reached = _read_progress(progress)
+                started = os.path.exists(progress)
+                reached = read_progress(progress) if started else reached
                 # every host given is probed again: one dropped earlier that answers now
                 # (its power or link back) is taken again, in its place in --hosts (with
                 # node-local checkpoints its copy may be older: the ranks agree on the
-                # newest, run/resume.py)
-                alive = [h for h in self.hosts if h not in lost and self.probe(h)]
+                # newest, run/resume.py). A host named lost is left out of this restart;
+                # probed all the same, its failing the data probe tells a partition.
+                alive, failing = self.health.check(self.hosts)
+                alive = [h for h in alive if h not in lost]
                 dropped = [h for h in hosts if h not in alive]
                 back = [h for h in alive if h not in hosts]
                 why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
                        else f"the job failed (exit {rc}), every host still answers")
+                if failing:
+                    why += f" ({describe(failing)})"
                 if back:
                     why += f"; host{'s' * (len(back) > 1)} {','.join(back)} back"
                 if rc == EXIT_STALL:
                     why = f"a rank hung (exit {EXIT_STALL}): " + why
-                if restarts >= self.max_restarts:
+                # a start that a partition broke is not a lost run
+                counted = started or not failing
+                if counted and restarts >= self.max_restarts:
                     self.say(f"{why}; the restart budget (--max_restarts "
                              f"{self.max_restarts}) is spent; the last good checkpoint: "
-                             f"{self._describe(load_checkpoint)}")
+                             f"{describe_checkpoint(self.checkpoint)}")
                     return rc or 1
-                if len(alive) < self.min_hosts:
+                waited = len(alive) < self.min_hosts and bool(failing)
+                if waited:
+                    passing = "1 host passes" if len(alive) == 1 else f"{len(alive)} hosts pass"
+                    self.say(f"{why}; {passing}, fewer than --min_hosts {self.min_hosts}")
+                    alive = self.health.wait_out(self.hosts, failing)
+                    if alive is None:
+                        if self._stopping:
+                            self.say("interrupted: nothing is left running")
+                            return 130
+                        self.say("the last good checkpoint: "
+                                 f"{describe_checkpoint(self.checkpoint)}")
+                        return rc or 1
+                    why += "; the partition healed"
+                elif len(alive) < self.min_hosts:
                     self.say(f"{why}; {len(alive)} host{'s' * (len(alive) != 1)} left, "
                              f"fewer than --min_hosts {self.min_hosts}; the last good "
-                             f"checkpoint: {self._describe(load_checkpoint)}")
+                             f"checkpoint: {describe_checkpoint(self.checkpoint)}")
                     return rc or 1
-                restarts += 1
-                resume, where, redo = self._resume_point(load_checkpoint, reached)
+                failed_starts = 0 if started else failed_starts + 1
+                if not started and failing and not waited:
+                    # a start broke while hosts fail the probe: space the next start
+                    wait = self.health.delay(failed_starts - 1)
+                    self.say(f"the start failed while hosts fail the data probe (not counted "
+                             f"as a restart); relaunching in {wait:g} s")
+                    if self.health.stopped.wait(wait):
+                        self.say("interrupted: nothing is left running")
+                        return 130
+                restarts += counted
+                resume, where, redo = resume_point(self.checkpoint, self.train_argv, reached)
                 if resume is None:
                     self.say(f"{why}; not restarting: {where}")
                     return 2
-                self.say(f"restart {restarts}/{self.max_restarts}: {why}; {where} on "
+                label = f"restart {restarts}/{self.max_restarts}" if counted else \
+                    f"relaunch (restart budget {restarts}/{self.max_restarts} kept)"
+                self.say(f"{label}: {why}; {where} on "
                          f"{len(alive)} host{'s' * (len(alive) > 1)} ({','.join(alive)}); "
                          f"{redo}")
                 hosts = alive
@@ -301,62 +365,6 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             shutil.rmtree(tmp, ignore_errors=True)
-
-    def _describe(self, load) -> str:
-        try:
-            state = load(self.checkpoint)
-        except (OSError, ValueError):
-            return f"none ({self.checkpoint} missing or unreadable)"
-        return f"{state.path} ({state.where()}, global step {state.meta['global_step']})"
-
-    def _resume_point(self, load, reached):
-        """(resume?, 'resuming from ...', 'redoing N samples') or (None, reason, '')."""
-        from ..training.checkpoint import previous_path
-        if not os.path.exists(self.checkpoint) and not os.path.exists(
-                previous_path(self.checkpoint)):
-            done = f"{reached[0] * reached[3]} samples" if reached else "what was done"
-            return False, "no checkpoint yet: starting over", f"redoing {done}"
-        try:
-            state = load(self.checkpoint)
-        except (OSError, ValueError) as exc:
-            if _node_local(self.train_argv):  # the ranks take the newest copy any loads
-                return True, f"this host's copy will not load ({exc}); resuming from the " \
-                             "newest node-local copy a rank loads", "redoing the steps after it"
-            return None, f"the checkpoint will not load: {exc}", ""
-        step = int(state.meta["global_step"])
-        gbs = int(state.meta.get("global_batch_size") or 0)
-        if reached is not None and reached[0] >= step:
-            n = reached[0] - step
-            redo = f"redoing {n} step{'s' * (n != 1)} ({n * gbs} samples)"
-        else:
-            redo = "redoing the steps after it"
-        where = f"resuming from {state.where()} (global step {step}) of {state.path}"
-        if state.bad_newest is not None:
-            where = f"{self.checkpoint} {state.bad_newest}: {where}, the previous one"
-        return True, where, redo
-
-
-def _node_local(argv: Sequence[str]) -> bool:
-    """Whether the train command keeps a checkpoint per node (--every_rank_writes, or
-    PyDTNN's --shared_storage false)."""
-    words = [w.replace("-", "_").lstrip("_") for w in argv]
-    for i, w in enumerate(words):
-        value = words[i + 1].lower() if i + 1 < len(words) else ""
-        if w.startswith("every_rank_writes"):
-            return not (w.endswith("=false") or value in ("false", "0", "no"))
-        if w.startswith("shared_storage"):
-            return w.endswith("=false") or value in ("false", "0", "no")
-    return False
-
-
-def _read_progress(path: str) -> tuple[int, ...] | None:
-    """(global_step, epoch, epoch_step, global_batch) the last job wrote, or None."""
-    try:
-        with open(path) as f:
-            values = tuple(int(v) for v in f.read().split())
-    except (OSError, ValueError):
-        return None
-    return values if len(values) == 4 else None  # empty: read while being rewritten
 
 
 def launcher_words(text: str) -> list[str]:
