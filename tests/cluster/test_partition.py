@@ -15,7 +15,7 @@ import time
 import pytest
 from cluster_util import DISTNN, MPIEXEC, PREFIX, make_cluster, needs_cluster
 
-from distnn.cluster.netprobe import DataProbe, Health
+from distnn.launch.netprobe import DataProbe, Health
 from distnn.cluster.supervisor import Supervisor
 from distnn.training.checkpoint import load_checkpoint
 from helpers import have_fashion_mnist
