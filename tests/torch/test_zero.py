@@ -87,7 +87,8 @@ def test_the_consolidated_state_reloads_and_steps_as_the_original(job):
     for r in range(n):
         adam = ours[r]["adam"]
         assert adam["resumed"] == [True] * 6  # 3 more steps, bit for bit
-        assert adam["lrs"] == [0.01, 0.003]  # the groups' lr came back (it was built 0.5)
+        assert adam["broadcast_lrs"] == [0.5, 0.5]  # built 0.5 + rank: rank 0's, everywhere
+        assert adam["lrs"] == [0.01, 0.003]  # then the state's
 
 
 @pytest.mark.slow

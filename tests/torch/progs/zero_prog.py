@@ -107,7 +107,9 @@ def run_distnn(folder: str) -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
 
-    def wrap_sgd(model, zero):  # the Horovod way: one more line than with torch.optim.SGD
+    def wrap_sgd(model, zero):  # a Horovod script's lines, with the optimizer sharded
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(zero, root_rank=0)
         return model, hvd.DistributedOptimizer(zero, named_parameters=model.named_parameters())
 
     def average(grads):
@@ -123,8 +125,10 @@ def run_distnn(folder: str) -> None:
     twin.load_state_dict(model.state_dict())
     layers = list(twin.children())
     fresh = hvd.ZeroRedundancyOptimizer([p for m in layers[:3] for p in m.parameters()],
-                                        torch.optim.Adam, lr=0.5)
-    fresh.add_param_group({"params": list(layers[4].parameters()), "lr": 0.5})
+                                        torch.optim.Adam, lr=0.5 + rank)
+    fresh.add_param_group({"params": list(layers[4].parameters()), "lr": 0.5 + rank})
+    hvd.broadcast_optimizer_state(fresh, root_rank=0)  # rank 0's hyper-parameters everywhere
+    adam["broadcast_lrs"] = [g["lr"] for g in fresh.param_groups]
     adam["state"] = copy.deepcopy(sd)  # the fresh optimizer's state will share sd's tensors
     fresh.load_state_dict(sd)
     train(model, model, zero, MORE, rank, first=STEPS, average=average)
