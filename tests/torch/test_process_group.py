@@ -2,8 +2,9 @@
 pipelining (``ScheduleGPipe``, 2 stages) in one script (progs/torch_dist_prog.py) under
 ``mpiexec -n 2`` and ``distnn launch`` through that call give, bit for bit, what the same
 script gives under torchrun's environment, and what one process computes (the mean of the
-ranks' losses; gradient accumulation over the micro-batches). The rendezvous address and
-the refusals are checked here, in this process."""
+ranks' losses; gradient accumulation over the micro-batches); on two emulated hosts, the
+ranks meet at rank 0's host address and the same weights come out. The rendezvous address
+and the refusals are checked here, in this process."""
 from __future__ import annotations
 
 import datetime
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as tdist
 
 import distnn.torch as hvd
+from distnn.cluster import EmulatedCluster, total_sent, unavailable_reason
 from distnn.distributed import LocalComm
 from distnn.torch.process_group import rendezvous_address
 
@@ -26,6 +28,7 @@ PROG = PROGS / "torch_dist_prog.py"
 sys.path.insert(0, str(PROGS))
 import torch_dist_prog as P  # noqa: E402 (the programme's models, data and steps)
 
+START = {"fsdp": (0, P.FSDP_WIDTHS), "gpipe": (1, P.PIPE_WIDTHS)}  # seed, widths
 ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
             "LOCAL_WORLD_SIZE")
 
@@ -80,6 +83,8 @@ def _same(a: dict, b: dict) -> None:
 def test_under_mpiexec_as_under_torchrun_and_as_one_process(runs, part, reference):
     _same(runs["mpi"][part]["params"], runs["env"][part]["params"])
     ref = reference()
+    start = P.mlp(*START[part]).state_dict()
+    assert any(not torch.equal(ref[k], start[k]) for k in ref)  # the steps moved the weights
     assert sorted(ref) == sorted(runs["mpi"][part]["params"])
     for k, v in runs["mpi"][part]["params"].items():
         torch.testing.assert_close(v, ref[k], rtol=1e-12, atol=1e-14)
@@ -116,6 +121,31 @@ def test_under_distnn_launch(runs, tmp_path):
     launched = torch.load(tmp_path / "launch.pt", weights_only=False)
     for part in ("fsdp", "gpipe"):
         _same(launched[part]["params"], runs["mpi"][part]["params"])
+
+
+@pytest.mark.slow
+@needs_mpi
+@pytest.mark.skipif(unavailable_reason() is not None, reason=f"emulated cluster: "
+                    f"{unavailable_reason()}")
+def test_on_two_emulated_hosts_the_rendezvous_is_rank_0s_address(runs, tmp_path):
+    # its own names and /24 (DISTNN_TEST_PG_CLUSTER="prefix,net" moves them)
+    prefix, net = os.environ.get("DISTNN_TEST_PG_CLUSTER", "dnpg,93").split(",")
+    with EmulatedCluster(2, rate="1gbit", prefix=prefix, net=int(net)) as c:
+        before = c.link_bytes()
+        proc = subprocess.run(c.mpiexec([sys.executable, str(PROG), "mpi", str(tmp_path),
+                                         "hosts"], 1, mpiexec=MPIEXEC),
+                              env=c.env(child_env()), capture_output=True, text=True,
+                              timeout=300)
+        sent = total_sent(before, c.link_bytes())
+        first = c.hosts[0].address
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hosts = torch.load(tmp_path / "hosts.pt", weights_only=False)
+    assert [s["MASTER_ADDR"] for s in hosts["env"]] == [first, first]
+    assert [s["LOCAL_RANK"] for s in hosts["env"]] == ["0", "0"]  # one rank per host
+    numel = sum(v.numel() for v in hosts["fsdp"]["params"].values())
+    assert sent >= P.STEPS * numel * 8, sent  # FSDP2's gathers and reductions crossed the link
+    for part in ("fsdp", "gpipe"):
+        _same(hosts[part]["params"], runs["mpi"][part]["params"])
 
 
 def test_the_rendezvous_address():
