@@ -57,6 +57,8 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
 from .launch import run
 from .model import TorchModel, TorchUnit
 from .optimizer import DistributedOptimizer
+from .process_group import init_process_group
+from .zero import ZeroRedundancyOptimizer
 from . import ddp, elastic, opt
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt
 from .opt import DistOpt
@@ -80,5 +82,6 @@ __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt", "elastic", "SyncBatchNorm",
     "convert_sync_batchnorm", "partition_dataset",
     "shard_indices", "DistributedSampler", "Shard", "TorchModel", "TorchUnit",
-    "DistOpt", "ddp", "opt", "run",
+    "DistOpt", "ddp", "opt", "run", "ZeroRedundancyOptimizer",
+    "init_process_group",
 ]

@@ -117,7 +117,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     ``load_state_dict``. A fresh optimizer has no state: only its hyper-parameters are
     sent, so its trajectory stays that of one process (Horovod creates the state with a
     zero-gradient ``step()``, which advances Adam's step count). ``model`` is accepted
-    for Horovod's signature (distnn needs no model to build the state).
+    for Horovod's signature (distnn needs no model to build the state). A
+    ``ZeroRedundancyOptimizer`` is consolidated on root first; each rank loads its part.
     """
     c = _comm(comm, process_set)
     if c.size == 1:
@@ -125,7 +126,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     if process_set is not None and getattr(process_set, "ranks", None) is not None:
         root_rank = process_set.ranks.index(root_rank)
         process_set = None  # root_rank is now relative to c
-    state = optimizer.state_dict()
+    # a sharded optimizer (ZeroRedundancyOptimizer): root's whole state, each rank keeps its part
+    sharded = hasattr(optimizer, "consolidate_state_dict")
+    if sharded:
+        optimizer.consolidate_state_dict(to=root_rank)
+    state = optimizer.state_dict() if c.rank == root_rank or not sharded else {}
     tensors: list[torch.Tensor] = []
 
     def skeleton(obj):
@@ -141,7 +146,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     mine = skeleton(state)
     theirs = c.bcast_obj(mine if c.rank == root_rank else None, root_rank)
     _check_same(c, "broadcast_optimizer_state",
-                [len(g["params"]) for g in state["param_groups"]], "parameter groups")
+                [len(g["params"]) for g in optimizer.param_groups], "parameter groups")
     if c.rank == root_rank:
         for t in tensors:
             broadcast_(t, root_rank, process_set=process_set, comm=c)
