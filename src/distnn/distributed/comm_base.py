@@ -179,5 +179,13 @@ class LocalComm:
         np.copyto(recv, send[:counts[0]])
         return recv
 
+    # -- sharded training state (distributed/sharded.py) -------------------------------
+    def ireduce_scatter_(self, send, recv, counts, op="sum"):
+        return _DoneHandle(self.reduce_scatter_(send, recv, counts, op))
+
+    def allgatherv_(self, buf, counts):
+        """In place: every rank's block of ``buf`` reaches every rank (size 1: nothing)."""
+        return _check_array(buf, "allgatherv_")
+
     def __repr__(self):
         return "LocalComm()"

@@ -330,5 +330,34 @@ class MPIComm:
         self.comm.Reduce_scatter(send, recv, [int(c) for c in counts], op=self._ops[op])
         return _divide_(recv, self.size) if op == "mean" else recv
 
+    # -- sharded training state (distributed/sharded.py) -------------------------------
+    def ireduce_scatter_(self, send, recv, counts, op="sum"):
+        """Start reducing the 1-D ``send`` over ranks; rank r receives the r-th block of
+        ``counts[r]`` elements into ``recv`` (MPI ``Ireduce_scatter``); keep ``send``
+        unchanged until the handle's ``wait()``, which returns recv."""
+        _check_op(op, _check_array(recv, "ireduce_scatter_"))
+        _check_array(send, "ireduce_scatter_")
+        if send.dtype == np.float16:
+            raise TypeError("ireduce_scatter_: float16 is not supported; use reduce_scatter_")
+        counts = [int(c) for c in counts]
+        request = self.comm.Ireduce_scatter(send, recv, counts, op=self._ops[op])
+        return self._collective(request, recv, self.size if op == "mean" else 1,
+                                keep=(send, counts))
+
+    def allgatherv_(self, buf, counts):
+        """In place: rank r's block of ``counts[r]`` elements (in rank order, at offset
+        ``sum(counts[:r])`` of the 1-D ``buf``) reaches every rank (MPI ``Allgatherv`` with
+        ``MPI.IN_PLACE``, as raw bytes); returns buf."""
+        _check_array(buf, "allgatherv_")
+        counts = [int(c) for c in counts]
+        if sum(counts) != buf.size:
+            raise ValueError(f"allgatherv_: counts sum to {sum(counts)} but the buffer holds "
+                             f"{buf.size} elements; pass one count per rank covering it")
+        nbytes = [c * buf.itemsize for c in counts]
+        displs = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(int).tolist()
+        self._watched(self.comm.Allgatherv, self.MPI.IN_PLACE,
+                      [buf.view(np.uint8), (nbytes, displs), self.MPI.BYTE])
+        return buf
+
     def __repr__(self):
         return f"MPIComm(rank={self.rank}, size={self.size})"

@@ -19,6 +19,7 @@ from .normalization import BatchNormalization, link_bn_relu
 from .sums import _add, _sum_fresh, _sum_into
 
 GradHook = Callable[[Layer], None]
+LayerHook = Callable[[str, Layer], None]
 
 
 def _as_layers(branch) -> list[Layer]:
@@ -287,6 +288,9 @@ class Sequential(ModelMethods, _Chain):
         self._params_flat: np.ndarray | None = None
         self._grads_flat: np.ndarray | None = None
         self.grad_hooks: list[GradHook] = []
+        # called as hook("forward", layer) / hook("backward", layer) just before each
+        # top-level layer with parameters runs: where sharded parameters are gathered
+        self.layer_hooks: list[LayerHook] = []
         self.dtype = np.dtype(dtype)
         if input_shape is not None:
             self.build(tuple(input_shape), rng=rng, dtype=dtype)
@@ -365,13 +369,25 @@ class Sequential(ModelMethods, _Chain):
         if x.dtype != self.dtype:
             x = x.astype(self.dtype)
         check_input(self, x)
-        return super().forward(x, training)
+        before = self.layer_hooks
+        if not before:
+            return super().forward(x, training)
+        for layer in self.layers:
+            if layer in self._has_params:
+                for hook in before:
+                    hook("forward", layer)
+            x = layer.forward(x, training)
+        return x
 
     def backward(self, dy):
         """Backpropagate dy through all layers; after each top-level layer's backward the
-        registered grad hooks are called with that layer (its gradients are then final)."""
-        hooks = self.grad_hooks
+        registered grad hooks are called with that layer (its gradients are then final),
+        and before it the layer hooks, with ("backward", layer)."""
+        hooks, before = self.grad_hooks, self.layer_hooks
         for layer in reversed(self.layers):
+            if before and layer in self._has_params:
+                for hook in before:
+                    hook("backward", layer)
             dy = layer.backward(dy)
             if hooks and layer in self._has_params:
                 for hook in hooks:

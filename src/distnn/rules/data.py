@@ -8,11 +8,12 @@ ranks sent, and each rank keeps its residual (error feedback) for its next steps
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from .. import distributed as dist
-from .base import Message, Rule
+from .base import Message, Rule, RuleArgumentError
 
 
 class DataParallel(Rule):
@@ -28,6 +29,14 @@ class DataParallel(Rule):
         autotune: try bucket sizes during the first steps and keep the fastest
             (``distnn.distributed.autotune``; the choice is printed).
         autotune_steps: timed steps per bucket size tried.
+        shard: 0 (a whole replica on every rank) or the ZeRO stage 1, 2 or 3 of
+            ``distnn.distributed.ShardedOptimizer``: each rank keeps the optimizer state
+            (1), and the summed gradients (2), and the parameters (3) of its own slice
+            of the flat buffers only; the same updates as 0.
+
+    With ``shard`` a checkpoint's parameters and optimizer state are written by every rank,
+    its own slice (``distnn.training.checkpoint_shards``), and a resume on any number of
+    ranks re-slices them.
 
     Checkpoints keep the compression's step count, PowerSGD's Q matrices and every rank's
     residual; a resume on another number of ranks sums the residuals and splits them
@@ -47,7 +56,14 @@ class DataParallel(Rule):
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,
                  compression: Any = None, error_feedback: bool = True,
                  compression_warmup_steps: int = 0, autotune: bool = False,
-                 autotune_steps: int = 5):
+                 autotune_steps: int = 5, shard: int = 0):
+        if isinstance(shard, bool) or shard not in (0, 1, 2, 3):
+            raise RuleArgumentError("shard", f"shard must be 0 (no sharding) or a ZeRO stage "
+                                    f"1, 2 or 3, got {shard!r}")
+        if shard and autotune:
+            raise RuleArgumentError("shard", "autotune tunes the dense all-reduce's buckets; "
+                                    f"it does not apply with shard={shard}: drop one of them")
+        self.shard = int(shard)
         self.bucket_size_mb = bucket_size_mb
         self.autotune, self.autotune_steps = bool(autotune), int(autotune_steps)
         self._tuner = None
@@ -60,6 +76,21 @@ class DataParallel(Rule):
         self._residuals = None
 
     def bind(self, trainer, optimizer):
+        if self.shard:
+            if isinstance(optimizer, (dist.DistributedOptimizer, dist.ShardedOptimizer)):
+                raise TypeError(f"DataParallel(shard={self.shard}) wraps a plain distnn "
+                                f"optimizer itself, got {type(optimizer).__name__}")
+            try:
+                optimizer = dist.ShardedOptimizer(
+                    optimizer, trainer.model, stage=self.shard, comm=trainer.comm, op="sum",
+                    bucket_size_mb=self.bucket_size_mb, non_blocking=self.non_blocking,
+                    compression=self.compression, error_feedback=self.error_feedback,
+                    compression_warmup_steps=self.compression_warmup_steps,
+                    stall=trainer.stall)
+            except ValueError as exc:
+                raise RuleArgumentError("shard", str(exc)) from None
+            self._optimizer = optimizer
+            return optimizer
         if not isinstance(optimizer, dist.DistributedOptimizer):
             # op="sum": the trainer's loss is already divided by the *global* batch size.
             optimizer = dist.DistributedOptimizer(
@@ -89,6 +120,20 @@ class DataParallel(Rule):
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
+        if self.shard:
+            self._optimizer.shard()
+
+    @contextlib.contextmanager
+    def evaluation_weights(self, trainer) -> Iterator[None]:
+        if self.shard:  # stage 3: the parameters gathered for validation, then dropped
+            with self._optimizer.gathered():
+                yield
+        else:
+            yield
+
+    def end(self, trainer) -> None:
+        if self.shard:  # the model holds the run's final weights, whole
+            self._optimizer.unshard()
 
     def _compressor(self):
         return getattr(getattr(self, "_optimizer", None), "compressor", None)
@@ -139,4 +184,5 @@ class DataParallel(Rule):
 
     def __repr__(self) -> str:
         return (f"DataParallel(bucket_size_mb={self.bucket_size_mb}, "
-                f"non_blocking={self.non_blocking}, compression={self.compression!r})")
+                f"non_blocking={self.non_blocking}, compression={self.compression!r}"
+                + (f", shard={self.shard})" if self.shard else ")"))

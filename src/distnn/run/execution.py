@@ -98,6 +98,12 @@ class ParallelConfig(Section):
     error_feedback: bool = option(True, Bool(),
         "topk/threshold/powersgd: add what a rank did not send to its next gradient (false: "
         "drop it).", commands=(TRAIN,))
+    shard: int = option(0, Int(0, 3),
+        "data: shard the training state over the ranks (ZeRO stages): 1 the optimizer state, "
+        "2 also the gradients (reduce-scattered during backward), 3 also the parameters "
+        "(all-gathered layer by layer before its forward and backward); 0: a whole replica "
+        "on every rank. The same updates as 0; a checkpoint is written by every rank, its "
+        "own slice, and resumes on any number of ranks.", commands=(TRAIN,))
     threads: int = option(0, Int(0, 1 << 12),
         "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
         "else the libraries' defaults).")

@@ -22,6 +22,10 @@ def build_rule(cfg: RunConfig, comm):
                           f"gradient all-reduce of --parallel data; --parallel {p.parallel} "
                           "exchanges no gradients that way: drop --gradient_compression or "
                           "use --parallel data")
+    if p.shard and "shard" not in inspect.signature(RULES[name]).parameters:
+        raise ConfigError(f"--shard {p.shard} shards the training state of --parallel data; "
+                          f"--parallel {p.parallel} keeps its own: drop --shard or use "
+                          "--parallel data")
     for option in ("group_size", "masters"):
         value = getattr(p, option)
         if value > 1 and option not in inspect.signature(RULES[name]).parameters \

@@ -34,6 +34,7 @@ from ..distributed.coordination import on_ranks
 from ..fileio import WriteError, atomic_open, guarded_write, npz_kind, read_npz
 from .checkpoint_check import meta_problem
 from . import checkpoint_files
+from .checkpoint_shards import is_sharded, load_shards, remove_stale, save_shards
 from .checkpoint_files import keep_previous, previous_path
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_latest", "previous_path", "Checkpoint",
@@ -132,6 +133,8 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
     prepare = getattr(trainer.rule, "prepare_checkpoint", None)
     if prepare is not None:
         prepare(trainer)  # collective: per-rank rule state (compression residuals)
+    # sharded state: every rank writes its own slice first (checkpoint_shards.py)
+    sharded = save_shards(path, trainer) if is_sharded(trainer.optimizer) else None
     rng_states = {k: g.bit_generator.state for k, g in _generators(trainer.model).items()}
     all_rng = comm.allgather_obj(rng_states)
     done = trainer.epoch + 1 if epochs_done is None else int(epochs_done)
@@ -143,7 +146,7 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
 
     def write():
         guarded_write(path, lambda: _write(path, trainer, all_rng, done, run, position,
-                                           keep_previous), "checkpoint")
+                                           keep_previous, sharded), "checkpoint")
 
     if per_node and comm.size > 1:
         # every node keeps its own copy: a resume reads the file on its own node
@@ -152,14 +155,21 @@ def save_checkpoint(path: str | os.PathLike, trainer, *, epochs_done: int | None
         on_ranks(comm, write, root=0, catch=WriteError)
 
 
+def _parameter_keys(model) -> set[str]:
+    return {f"{layer.name}/{key}" for layer in model.walk() for key in layer.params}
+
+
 def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=None,
-           keep: bool = True) -> None:
+           keep: bool = True, sharded: dict | None = None) -> None:
     arrays: dict[str, np.ndarray] = {}
     if position is not None:
         arrays["epoch_sums"] = position[1]
+    skip = _parameter_keys(trainer.model) if sharded else set()  # in the shard files
     for key, value in trainer.model.named_arrays().items():
-        arrays[f"model/{key}"] = np.asarray(value)
-    optim_state = pack(_base_optimizer(trainer.optimizer).state_dict(), "optim", arrays)
+        if key not in skip:
+            arrays[f"model/{key}"] = np.asarray(value)
+    optimizer = trainer.optimizer if sharded else _base_optimizer(trainer.optimizer)
+    optim_state = pack(optimizer.state_dict(), "optim", arrays)
     callbacks = [{"type": type(cb).__name__, "checkpointed": keeps_state(cb),
                   "state": pack(cb.state_dict(), f"callbacks/{i}", arrays)}
                  for i, cb in enumerate(trainer.callbacks)]
@@ -177,12 +187,16 @@ def _write(path: str, trainer, all_rng: list, epochs_done: int, run, position=No
         "global_batch_size": getattr(trainer, "global_batch_size", None),
         "run": dict(run or {}),
     }
+    if sharded:
+        meta["sharded"] = sharded
     arrays["__meta__"] = np.array(json.dumps(meta))
     if not keep and os.path.lexists(previous_path(path)):
         os.unlink(previous_path(path))
     with atomic_open(path, fsync=True,
                      before_replace=(lambda: keep_previous(path)) if keep else None) as f:
         np.savez(f, **arrays)
+    if sharded:
+        remove_stale(path, meta)
 
 
 def keeps_state(callback) -> bool:
@@ -258,9 +272,13 @@ class Checkpoint:
         return {k[len("model/"):]: v for k, v in self.arrays.items() if k.startswith("model/")}
 
     def restore_model(self, model) -> None:
-        """Copy the stored parameters and buffers into ``model`` (same architecture)."""
+        """Copy the stored parameters and buffers into ``model`` (same architecture); a
+        sharded checkpoint's parameters are in its shard files (``checkpoint_shards``)."""
         stored = self.model_arrays()
         target = model.named_arrays()
+        if "sharded" in self.meta:
+            params = _parameter_keys(model)
+            target = {k: v for k, v in target.items() if k not in params}
         missing = sorted(set(target) - set(stored))
         extra = sorted(set(stored) - set(target))
         if missing or extra:
@@ -298,13 +316,22 @@ class Checkpoint:
         from .history import History
         meta = self.meta
         self.restore_model(trainer.model)
-        base = _base_optimizer(trainer.optimizer)
+        sharded = is_sharded(trainer.optimizer)
+        if "sharded" in meta and not sharded:
+            info = meta["sharded"]
+            raise CheckpointError(f"checkpoint {self.path!r} holds sharded training state "
+                                  f"(stage {info.get('stage')} on {info.get('ranks')} ranks); "
+                                  "resume it with --shard 1, 2 or 3 (any stage, any number "
+                                  "of ranks)")
+        base = trainer.optimizer if sharded else _base_optimizer(trainer.optimizer)
         state = unpack(meta["optimizer"], self.arrays)
         try:
             base.load_state_dict(state)
         except ValueError as exc:
             raise CheckpointError(f"checkpoint {self.path!r}: cannot restore the optimizer: {exc}; "
                              "resume with the same --optimizer as the run that wrote it") from None
+        if "sharded" in meta:
+            load_shards(self, trainer.optimizer, CheckpointError)
         # Callbacks that keep no state (TrainingCheckpoint, ProgressFile, TensorBoard): a
         # resume may add or drop one (--resume alone keeps checkpointing to the same file).
         stored_cbs = stored_callbacks(meta)

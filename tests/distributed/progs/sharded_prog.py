@@ -1,0 +1,121 @@
+"""Sharded training state under mpiexec: every stage against dense ``data``, for several
+optimizers, on the whole world and on a sub-communicator of one rank fewer; sharded
+checkpoints resumed on the same and on another number of ranks. Rank 0 prints one JSON
+line (its weights per case) for tests/distributed/test_sharded.py."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from distnn import distributed as dist
+from distnn.data.base import ArrayDataset, Preprocess
+from distnn.nn.activations import ReLU
+from distnn.nn.containers import Sequential
+from distnn.nn.core import Dense, Flatten
+from distnn.optim import get_optimizer
+from distnn.rules import DataParallel
+from distnn.training import Callback, Trainer
+from distnn.training.stopping import TrainingCheckpoint
+
+OPTIMIZERS = {
+    "sgd_momentum": ("sgd", dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+    "sgd_nesterov": ("sgd", dict(lr=0.05, momentum=0.9, nesterov=True)),
+    "adam": ("adam", dict(lr=1e-2)),
+    "adamw": ("adamw", dict(lr=1e-2, weight_decay=0.05)),
+    "rmsprop": ("rmsprop", dict(lr=1e-3, momentum=0.5, centered=True)),
+    "nadam": ("nadam", dict(lr=1e-2)),
+    "adadelta": ("adadelta", dict(lr=1.0, weight_decay=1e-3)),
+}
+STEPS = 20  # 2 epochs of 10 batches (9 of 11 samples, one of 2: a rank of 3 gets none)
+
+
+def model() -> Sequential:
+    # 6*7+7 + 7*5+5 + 5*3+3 = 107 parameters: not divisible by 2 or 3
+    return Sequential([Flatten(), Dense(7), ReLU(), Dense(5), ReLU(), Dense(3)],
+                      input_shape=(2, 3), dtype=np.float64, rng=0)
+
+
+def dataset() -> ArrayDataset:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(101, 2, 3))
+    y = rng.integers(0, 3, size=101)
+    return ArrayDataset(x, y, 3, preprocess=Preprocess(dtype=np.float64))
+
+
+class Probe(Callback):
+    """What a rank holds in the middle of training (after each step)."""
+
+    def __init__(self):
+        self.seen: dict = {}
+
+    def on_batch_end(self, trainer, step, logs):
+        opt, m = trainer.optimizer, trainer.model
+        if hasattr(opt, "state_bytes"):
+            self.seen = {**opt.state_bytes(), "params_flat": int(m._params_flat.size),
+                         "grads_flat": int(m._grads_flat.size), "slice": opt.hi - opt.lo,
+                         "calls": opt.allreduce_calls}
+
+
+PROBES: dict = {}
+
+
+def train(comm, opt: str, shard: int, epochs: int = 2, checkpoint: str | None = None,
+          resume: str | None = None) -> np.ndarray:
+    m = model()
+    name, kw = OPTIMIZERS[opt]
+    probe = PROBES.setdefault((opt, shard, comm.size), Probe())
+    callbacks = [probe] + ([TrainingCheckpoint(checkpoint)] if checkpoint else [])
+    rule = DataParallel(shard=shard, bucket_size_mb=0.0)
+    trainer = Trainer(m, get_optimizer(name, m, **kw), comm=comm, rule=rule, progress=False,
+                      verbose=False, metrics=(), callbacks=callbacks)
+    # 11 samples per global batch: uneven shards on 2 and 3 ranks
+    trainer.fit(dataset(), epochs=epochs, global_batch_size=11, resume=resume)
+    return m.parameters_flat().copy()
+
+
+def main() -> None:
+    world = dist.init()
+    rank, size = world.rank, world.size
+    smaller = world.split(0 if rank < size - 1 else 1, rank)
+    out: dict = {"size": size, "cases": {}, "resume": {}}
+    folder = world.bcast_obj(tempfile.mkdtemp() if rank == 0 else None)
+    for opt in OPTIMIZERS:
+        stages = (0, 1, 2, 3) if opt in ("sgd_momentum", "adam") else (0, 3)
+        for stage in stages:
+            w = train(world, opt, stage)
+            same = world.allgather_obj(w.tobytes())
+            out["cases"][f"{opt}/{stage}/{size}"] = {
+                "w": w.tolist(), "ranks_agree": all(s == same[0] for s in same),
+                "held": world.allgather_obj(PROBES[(opt, stage, size)].seen)}
+    # the whole run on size - 1 ranks (the others idle), and resumes across rank counts
+    for opt in ("sgd_momentum", "adam"):
+        for stage in (1, 2, 3):
+            ck_small = os.path.join(folder, f"{opt}{stage}_small.npz")
+            ck_world = os.path.join(folder, f"{opt}{stage}_world.npz")
+            if rank < size - 1:
+                w = train(smaller, opt, stage)
+                out["cases"][f"{opt}/{stage}/{size - 1}"] = {"w": w.tolist(), "ranks_agree": True}
+                train(smaller, opt, stage, epochs=1, checkpoint=ck_small)
+            world.barrier()
+            train(world, opt, stage, epochs=1, checkpoint=ck_world)
+            key, resumed = f"{opt}/{stage}", out["resume"]
+            # same rank count, and size - 1 -> size
+            resumed[f"{key}/{size}->{size}"] = train(world, opt, stage, resume=ck_world).tolist()
+            resumed[f"{key}/{size - 1}->{size}"] = train(world, opt, stage,
+                                                         resume=ck_small).tolist()
+            if rank < size - 1:  # size -> size - 1
+                resumed[f"{key}/{size}->{size - 1}"] = train(smaller, opt, stage,
+                                                             resume=ck_world).tolist()
+            world.barrier()
+    if rank == 0:  # one line (several ranks' long lines would interleave)
+        out["files"] = sorted(os.listdir(folder))
+        print(json.dumps(out))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
