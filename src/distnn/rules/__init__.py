@@ -5,6 +5,8 @@ Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **kwargs)`` builds one, an
 ``build_rule(name, arguments)`` builds one from typed arguments by name, taking those its
 constructor has. See ``base.Rule`` for the interface the ``Trainer`` calls. Rules know
 nothing of command-line options: ``distnn.run`` maps its options to these arguments.
+``Pipeline`` (pipeline stages × data parallelism) is chosen by its stage count
+(``--pipeline_stages``), over the ``data`` rule's exchange, not by a name of its own.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from .gem import GEM
 from .gossip import Gossip
 from .localsgd import LocalSGD
 from .partial import PartialUpdate
+from .pipeline import Pipeline
 
 RULES: dict[str, type[Rule]] = {
     cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM,
@@ -28,7 +31,8 @@ ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial"}
 
 __all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "RULES", "ALIASES", "rule_name", "get_rule",
+           "Gossip", "GEM", "PartialUpdate", "Pipeline",
+           "RULES", "ALIASES", "rule_name", "get_rule",
            "build_rule"]
 
 
