@@ -12,8 +12,7 @@ import pytest
 
 from rulejobs import PROG, run_cli
 from helpers import MPIEXEC, child_env, needs_mpi
-
-pytestmark = needs_mpi
+from distnn.rules.pipeline_stages import SCHEDULES, live_micro_batches, partition
 
 PIPE_PROG = PROG.parent / "pipeline_prog.py"
 BASE = {"seed": 1, "optimizer": "sgd", "lr": 0.1, "hyper": {"momentum": 0.9}, "n": 48,
@@ -76,6 +75,7 @@ def runs(request, tmp_path_factory):
     return request.param, results(request.param, tmp_path_factory)
 
 
+@needs_mpi
 def test_pipeline_gives_the_unsplit_model_with_gradient_accumulation(runs):
     n, res = runs
     for case in CASES[n]:
@@ -110,6 +110,7 @@ def test_pipeline_gives_the_unsplit_model_with_gradient_accumulation(runs):
         assert len(ranks[0]["starts"]) == case["stages"]
 
 
+@needs_mpi
 @pytest.mark.parametrize("n, a, b", [(2, "mlp_gpipe_m4", "mlp_1f1b_m4"),
                                      (4, "grid_gpipe_m4", "grid_1f1b_m4")])
 def test_both_schedules_give_the_same_weights(tmp_path_factory, n, a, b):
@@ -122,6 +123,7 @@ def test_both_schedules_give_the_same_weights(tmp_path_factory, n, a, b):
         assert rank["stats"]["messages"] > 0 and 0 <= rank["stats"]["bubble"] < 1
 
 
+@needs_mpi
 def test_explicit_cuts_and_params_balance(tmp_path_factory):
     res = results(3, tmp_path_factory)
     assert res["mlp_1f1b_m4"][0]["starts"] == [0, 1, 3]
@@ -130,6 +132,7 @@ def test_explicit_cuts_and_params_balance(tmp_path_factory):
     assert res["mlp_gpipe_m2"][0]["starts"] == [0, 2, 4]
 
 
+@needs_mpi
 @pytest.mark.parametrize("name, argument, words", [
     ("too_many_stages", "stages", "8 pipeline stages need at least 8 top-level layers"),
     ("micro_larger_than_batch", "micro_batches", "16 micro-batches do not divide"),
@@ -137,6 +140,7 @@ def test_explicit_cuts_and_params_balance(tmp_path_factory):
     ("bad_cut", "balance", "got '9'"),
     ("ranks_not_a_multiple", "stages", "2 ranks are not a multiple of 3 pipeline stages"),
 ])
+@needs_mpi
 def test_refusals_on_every_rank_before_any_step(tmp_path_factory, name, argument, words):
     res = results(2, tmp_path_factory)
     errors = [rank["error"] for rank in res[name]]
@@ -144,6 +148,7 @@ def test_refusals_on_every_rank_before_any_step(tmp_path_factory, name, argument
     assert errors[0].startswith(f"RuleArgumentError({argument}):") and words in errors[0]
 
 
+@needs_mpi
 def test_command_refuses_ranks_not_a_multiple_of_the_stages(tmp_path):
     proc = run_cli(3, "train", "--dataset", "synthetic", "--num_samples", "64",
                    "--pipeline_stages", "2", "--steps_per_epoch", "1", "--quiet",
@@ -155,6 +160,7 @@ def test_command_refuses_ranks_not_a_multiple_of_the_stages(tmp_path):
     assert "3 ranks are not a multiple of 2 stages" in lines[0], out
 
 
+@needs_mpi
 def test_command_trains_a_pipeline_and_refuses_bad_micro_batches(tmp_path):
     common = ["train", "--dataset", "synthetic", "--num_samples", "128", "--batch_size",
               "16", "--steps_per_epoch", "4", "--quiet", "--model", "simplemlp"]
@@ -166,3 +172,101 @@ def test_command_trains_a_pipeline_and_refuses_bad_micro_batches(tmp_path):
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distnn train: error: --micro_batches 5:")
     assert "divide a replica's batch of 16" in lines[0], bad.stderr
+
+
+def _pids_of_rank(rank: int, mark: str) -> list[int]:
+    """Pids of the MPI rank ``rank``'s ``distnn train`` (not its watcher) whose environment
+    holds ``mark``."""
+    import os
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                watcher = b"rankwatch" in f.read()
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and mark.encode() in env and not watcher:
+            found.append(int(pid))
+    return found
+
+
+@needs_mpi
+def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from helpers import COMMAND
+    mark = f"DISTNN_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    history = tmp_path / "h.json"
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "distnn.cluster.rankwatch", *COMMAND,
+         "train", "--dataset", "synthetic", "--num_samples", "64", "--batch_size", "8",
+         "--model", "simplemlp", "--num_epochs", "1000", "--pipeline_stages", "2",
+         "--micro_batches", "2", "--validation_split", "0", "--evaluate", "false",
+         "--history_file", str(history), "--quiet"], cwd=tmp_path,
+        env=child_env(DISTNN_KERNELS="numpy", **dict([mark.split("=", 1)])),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not history.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert history.exists(), "no epoch ended: " + "".join(proc.communicate(timeout=30))
+        pids = _pids_of_rank(1, mark)
+        assert pids, "rank 1 not found"
+        killed = time.monotonic()
+        os.kill(pids[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        ended = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 9, (out + err)[-3000:]
+    assert ended < 10, ended  # stage 0 waited on rank 1's messages: it did not hang
+    lines = [ln for ln in err.splitlines() if "ended by" in ln]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"distnn: rank 1 \(pid {pids[0]}, host {re.escape(socket.gethostname())}\), pipeline "
+        r"stage 1 of 2 \(layers \d+\.\.\d+\), replica 0 of 1: ended by signal 9 \(Killed\)",
+        lines[0]), err[-3000:]
+
+
+def test_partition_is_the_best_contiguous_cut():
+    import itertools
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        costs = rng.integers(0, 9, size=int(rng.integers(3, 8))).tolist()
+        stages = int(rng.integers(1, len(costs) + 1))
+        starts = partition(costs, stages)
+        ends = (*starts[1:], len(costs))
+        assert starts[0] == 0 and all(a < b for a, b in zip(starts, ends))
+        got = max(sum(costs[a:b]) for a, b in zip(starts, ends))
+        best = min(max(sum(costs[a:b]) for a, b in zip((0, *cuts), (*cuts, len(costs))))
+                   for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
+        assert got == best, (costs, stages, starts)
+    assert partition([1, 1, 1, 3], 2) == (0, 3)
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("stages, micro", [(2, 1), (2, 4), (3, 2), (3, 8), (4, 3)])
+def test_schedules_run_every_micro_batch_once_forward_before_backward(schedule, stages,
+                                                                      micro):
+    for stage in range(stages):
+        order = SCHEDULES[schedule](stage, stages, micro)
+        assert sorted(order) == sorted([("F", i) for i in range(micro)]
+                                       + [("B", i) for i in range(micro)])
+        assert [i for op, i in order if op == "B"] == list(range(micro))
+        assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(micro))
+        live = live_micro_batches(order)
+        assert live == (micro if schedule == "gpipe" else min(stages - stage, micro))
+
+
+def test_1f1b_fills_then_alternates():
+    assert SCHEDULES["1f1b"](0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3),
+                                          ("B", 1), ("B", 2), ("B", 3)]
+    assert SCHEDULES["1f1b"](2, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]

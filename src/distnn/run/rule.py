@@ -63,6 +63,10 @@ def _pipeline(cfg: RunConfig, comm, name: str):
         if value not in (off, None):
             raise ConfigError(f"--{option} {value} does not combine with --pipeline_stages "
                               f"{p.pipeline_stages} yet: drop one of them")
+    if t.validate_every:
+        raise ConfigError(f"--validate_every {t.validate_every}: validation inside an epoch "
+                          f"would see other stages' stale weights under --pipeline_stages "
+                          f"{p.pipeline_stages}; validate at epoch ends (drop it)")
     if t.checkpoint or t.resume:
         raise ConfigError(f"--pipeline_stages {p.pipeline_stages}: checkpoints of a "
                           "pipeline's per-stage optimizer state are not written yet: drop "
