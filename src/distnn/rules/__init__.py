@@ -6,7 +6,9 @@ Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **kwargs)`` builds one, an
 constructor has. See ``base.Rule`` for the interface the ``Trainer`` calls. Rules know
 nothing of command-line options: ``distnn.run`` maps its options to these arguments.
 ``RULES`` is found, not listed: every module of this package is imported and each ``Rule``
-subclass with a ``name`` is a rule.
+subclass with a ``name`` is a rule, except those a run chooses by other options
+(``chosen_by_name = False``): ``Pipeline`` (pipeline stages × data parallelism) is chosen
+by its stage count (``--pipeline_stages``), over the ``data`` rule's exchange.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .gem import GEM
 from .gossip import Gossip
 from .localsgd import LocalSGD
 from .partial import PartialUpdate
+from .pipeline import Pipeline
 
 
 
@@ -35,7 +38,8 @@ def _discover() -> dict[str, type[Rule]]:
     while todo:
         for cls in todo.pop().__subclasses__():
             todo.append(cls)
-            if cls.name and cls.__module__.startswith(f"{__name__}."):
+            if (cls.name and cls.chosen_by_name
+                    and cls.__module__.startswith(f"{__name__}.")):
                 if found.get(cls.name, cls) is not cls:
                     raise RuntimeError(f"two training rules are called {cls.name!r}: "
                                        f"{found[cls.name].__qualname__} and {cls.__qualname__}")
@@ -48,7 +52,8 @@ ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial"}
 
 __all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "RULES", "ALIASES", "rule_name", "get_rule",
+           "Gossip", "GEM", "PartialUpdate", "Pipeline",
+           "RULES", "ALIASES", "rule_name", "get_rule",
            "build_rule"]
 
 

@@ -13,7 +13,8 @@ other hooks in this order::
     data_shard(trainer)                   # fit() start: (share, shares) of each batch
     begin(trainer)                        # fit() start, after a resume restored the state
     for each epoch:
-        for each batch:  step(trainer)    # after backward: apply this rank's gradients
+        for each batch:  train_batch(...)  # None: the trainer runs forward and backward
+                         step(trainer)    # after backward: apply this rank's gradients
           (or, on a rank whose share is None:  serve(trainer, epoch, progress))
         end_epoch(trainer, epoch)         # before the epoch metrics and validation
         with evaluation_weights(trainer): # validation, on_epoch_end callbacks, checkpoint
@@ -69,6 +70,7 @@ class Rule:
 
     name = ""
     min_ranks = 1
+    chosen_by_name = True  # False: a run picks it by options of its own (rules/__init__.py)
     # True when all ranks take every step together (a collective in each step), so the
     # trainer may add a small per-step collective of its own (the NaN check).
     lockstep = False
@@ -122,6 +124,12 @@ class Rule:
 
     def begin(self, trainer) -> None:
         """Make the replicas consistent before the first step of ``fit``."""
+
+    def train_batch(self, trainer, batch, sums) -> float | None:
+        """Forward and backward of this rank's share ``batch`` done by the rule itself (a
+        pipeline stage: its micro-batches and messages), adding the batch's metric sums to
+        ``sums``; returns the batch's loss. None (the default): the trainer does them."""
+        return None
 
     def step(self, trainer) -> None:
         """Apply this rank's gradients (already computed by backward; zero on a rank with

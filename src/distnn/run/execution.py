@@ -104,6 +104,22 @@ class ParallelConfig(Section):
         "(all-gathered layer by layer before its forward and backward); 0: a whole replica "
         "on every rank. The same updates as 0; a checkpoint is written by every rank, its "
         "own slice, and resumes on any number of ranks.", commands=(TRAIN,))
+    pipeline_stages: int = option(1, Int(1),
+        "Cut the model's top-level layers into this many pipeline stages, one per rank; "
+        "ranks = replicas x stages (each stage's gradients all-reduced over its replicas). "
+        "--parallel data only; 1: no pipeline.", commands=(TRAIN,), argument="stages")
+    micro_batches: int = option(1, Int(1),
+        "--pipeline_stages: micro-batches per replica's batch (must divide --batch_size); "
+        "gradients are summed over them before the step.", commands=(TRAIN,))
+    pipeline_schedule: str = option("gpipe", Str(("gpipe", "1f1b")),
+        "--pipeline_stages: gpipe (all forwards, then all backwards) or 1f1b (one forward, "
+        "one backward in turn: fewer live activations). Not a learning-rate schedule.",
+        commands=(TRAIN,), aliases=("schedule",), argument="schedule")
+    pipeline_balance: str = option("time", Str(),
+        "--pipeline_stages: where the stages are cut: time (each layer's forward+backward "
+        "timed on one micro-batch), params (parameter counts: reproducible) or the first "
+        "layer of each stage after the first, e.g. 2,5.", commands=(TRAIN,),
+        argument="balance")
     threads: int = option(0, Int(0, 1 << 12),
         "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
         "else the libraries' defaults).")

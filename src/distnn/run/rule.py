@@ -33,6 +33,8 @@ def build_rule(cfg: RunConfig, comm):
             takes = [r for r, cls in RULES.items() if option in inspect.signature(cls).parameters]
             raise ConfigError(f"--{option} {value} is built for --parallel {', '.join(takes)}, "
                               f"not --parallel {p.parallel}: drop --{option} or change the rule")
+    if p.pipeline_stages > 1 or p.micro_batches > 1:
+        return _pipeline(cfg, comm, name)
     try:
         rule = rule_from_options(name, p.rule_arguments())
     except ValueError as exc:
@@ -48,3 +50,45 @@ def build_rule(cfg: RunConfig, comm):
                           f"together (--parallel data); --parallel {p.parallel} does not: "
                           "checkpoint by epochs (--checkpoint_freq) instead")
     return rule
+
+
+def _pipeline(cfg: RunConfig, comm, name: str):
+    """The ``Pipeline`` rule of ``--pipeline_stages``/``--micro_batches`` (over ``data``),
+    refused by name where it does not combine."""
+    from ..rules import Pipeline
+    p, t = cfg.parallel, cfg.train
+    if name != "data":
+        raise ConfigError(f"--pipeline_stages {p.pipeline_stages} runs over --parallel data "
+                          f"(each stage's gradients all-reduced over its replicas), not "
+                          f"--parallel {p.parallel}: drop one of them")
+    for option, off in (("gradient_compression", "none"), ("sync_batchnorm", False),
+                        ("shard", 0)):
+        value = getattr(p, option, off)
+        if value not in (off, None):
+            raise ConfigError(f"--{option} {value} does not combine with --pipeline_stages "
+                              f"{p.pipeline_stages} yet: drop one of them")
+    if t.validate_every:
+        raise ConfigError(f"--validate_every {t.validate_every}: validation inside an epoch "
+                          f"would see other stages' stale weights under --pipeline_stages "
+                          f"{p.pipeline_stages}; validate at epoch ends (drop it)")
+    if t.checkpoint or t.resume:
+        raise ConfigError(f"--pipeline_stages {p.pipeline_stages}: checkpoints of a "
+                          "pipeline's per-stage optimizer state are not written yet: drop "
+                          "--checkpoint/--resume")
+    stages = p.pipeline_stages
+    if comm.size % stages:
+        raise ConfigError(f"--pipeline_stages {stages}: {comm.size} ranks are not a multiple "
+                          f"of {stages} stages (ranks = replicas x stages); run mpiexec -n "
+                          f"{stages * max(1, comm.size // stages)} or change the stages")
+    replicas = comm.size // stages
+    share = (t.global_batch_size // replicas) if t.global_batch_size else t.batch_size
+    if p.micro_batches > share or share % p.micro_batches:
+        raise ConfigError(f"--micro_batches {p.micro_batches}: it must divide a replica's "
+                          f"batch of {share} samples (--batch_size); use a divisor of {share}")
+    try:
+        return Pipeline(stages=stages, micro_batches=p.micro_batches,
+                        schedule=p.pipeline_schedule, balance=p.pipeline_balance,
+                        probe_rows=max(1, share // p.micro_batches),
+                        bucket_size_mb=p.bucket_size_mb)
+    except ValueError as exc:
+        raise rule_error(p, exc) from None

@@ -48,9 +48,13 @@ class EpochLoop:
         stall = self.stall
         if stall is not None:
             stall.phase("forward", step=self.global_step)
+        # A rule may run forward and backward itself (pipeline stages); it returns the loss.
+        loss = self.rule.train_batch(self, batch, sums)
+        if loss is not None:
+            self.batch_loss = loss
         # SyncBatchNorm layers make collectives inside forward/backward, so a rank with an
         # empty shard must still run them (the layers accept 0 rows).
-        if n or self._sync_bn:
+        elif n or self._sync_bn:
             logits = model.forward(batch.x, training=True)
             denom = self.rule.loss_denominator(batch)
             loss_value, dlogits = self.loss_fn(logits, batch.y, denom=denom)

@@ -1,0 +1,265 @@
+"""``pipeline``: pipeline stages (GPipe, 1F1B) times data parallelism, as a 2-D grid.
+
+The ranks form D replicas × S stages (``comm.size = D·S``): rank r is stage ``r % S`` of
+replica ``r // S``, so the stages of a replica are neighbouring ranks. A Sequential's
+top-level layers are cut into S contiguous stages (``pipeline_stages``: by parameters, by
+measured time, or at given layers); every rank holds the whole model but trains only its
+stage's layers. Each global batch is split over the D replicas (as under ``data``), each
+replica's share into M micro-batches; activations go forward and their gradients back
+between neighbouring stages as non-blocking point-to-point messages (all receives of a
+step posted first, each send started as soon as its array is ready). Loss and metrics are
+computed on the last stage. Each stage sums its gradients over the M micro-batches, then
+over its D replicas (the ``Reducer`` of a ``DistributedOptimizer`` on the sub-communicator
+of that stage's ranks), and steps its own optimizer on its own slice of the flat buffer:
+the update of the unsplit model with gradient accumulation over the D·M micro-batches.
+
+Batch norm sees each micro-batch alone (running statistics updated per micro-batch) and
+a dropout layer draws from its own generator in micro-batch order under both schedules,
+so a run is deterministic and the same under GPipe and 1F1B. Validation, callbacks and
+the final model see the whole model on every rank: each stage's weights (and buffers) are
+broadcast to the other stages of its replica before them.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import distributed as dist
+from ..distributed.coordination import wait_all
+from .base import Rule, RuleArgumentError
+from .pipeline_stages import (SCHEDULES, CacheSlots, StageModel, live_micro_batches,
+                              stage_starts)
+
+__all__ = ["Pipeline"]
+
+TAG_ACTIVATION, TAG_GRADIENT = 1, 2  # + 4 · micro-batch: one tag per message of a step
+
+
+class Pipeline(Rule):
+    """Pipeline parallelism over a Sequential's layers, with data parallelism around it.
+
+    Args:
+        stages: S, the number of stages (ranks must be a multiple of it).
+        micro_batches: M, the micro-batches of each replica's share of a batch (it must
+            divide that share; a short last batch is split as evenly as it goes).
+        schedule: "gpipe" (all forwards, then all backwards) or "1f1b" (one forward, one
+            backward in turn once the pipeline is full: fewer live activations).
+        balance: "time" (each top-level layer's forward and backward timed on one
+            micro-batch at bind, then the cut that makes the slowest stage fastest),
+            "params" (the same over parameter counts: reproducible), or the first layer
+            of each stage after the first (e.g. "2,5" or (2, 5)).
+        probe_rows: the rows of the micro-batch ``balance="time"`` times (the run passes
+            its batch size / M).
+        bucket_size_mb: bucket size of each stage's gradient all-reduce over its replicas.
+
+    Example:
+        rule = Pipeline(stages=2, micro_batches=4, schedule="1f1b", balance="params")
+        Trainer(model, SGD(model, lr=0.1), rule=rule).fit(train, batch_size=64)
+    """
+
+    name = "pipeline"
+    chosen_by_name = False  # --pipeline_stages picks it (run/rule.py)
+    lockstep = True
+
+    def __init__(self, *, stages: int = 2, micro_batches: int = 1, schedule: str = "gpipe",
+                 balance: Any = "time", probe_rows: int = 16, bucket_size_mb: float = 4.0):
+        for arg, value in (("stages", stages), ("micro_batches", micro_batches),
+                           ("probe_rows", probe_rows)):
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise RuleArgumentError(arg, f"{arg} must be an integer >= 1, got {value!r}")
+        if schedule not in SCHEDULES:
+            raise RuleArgumentError("schedule", f"pipeline schedule must be one of "
+                                    f"{sorted(SCHEDULES)}, got {schedule!r}")
+        self.stages, self.micro_batches = int(stages), int(micro_batches)
+        self.schedule, self.balance = schedule, balance
+        self.probe_rows, self.bucket_size_mb = int(probe_rows), float(bucket_size_mb)
+        self.starts: tuple[int, ...] = ()
+        self.counters = {"messages": 0, "bytes": 0, "wait_s": 0.0, "compute_s": 0.0,
+                         "steps": 0, "step_s": 0.0}
+
+    # -- the grid ------------------------------------------------------------------------
+    def shard_of(self, comm) -> tuple[int | None, int]:
+        return comm.rank // self.stages, max(1, comm.size // self.stages)
+
+    def role(self, rank: int) -> str:
+        if not self.starts:
+            return ""
+        s, d = rank % self.stages, rank // self.stages
+        lo, hi = self._layers_of(s)
+        return (f"pipeline stage {s} of {self.stages} (layers {lo}..{hi - 1}), replica {d} "
+                f"of {self._replicas}")
+
+    def _layers_of(self, s: int) -> tuple[int, int]:
+        ends = (*self.starts[1:], self._n_layers)
+        return self.starts[s], ends[s]
+
+    def bind(self, trainer, optimizer):
+        comm, model, S = trainer.comm, trainer.model, self.stages
+        if not hasattr(model, "layers") or not hasattr(model, "layer_ranges"):
+            raise RuleArgumentError("stages", f"pipeline stages cut a distnn Sequential's "
+                                    f"layers; got a {type(model).__name__}")
+        if S > len(model.layers):
+            raise RuleArgumentError(
+                "stages", f"{S} pipeline stages need at least {S} top-level layers; the "
+                f"model has {len(model.layers)}: use at most {len(model.layers)} stages")
+        if comm.size % S:
+            raise RuleArgumentError(
+                "stages", f"{comm.size} ranks are not a multiple of {S} pipeline stages; run "
+                f"a multiple of {S} ranks (replicas x stages) or change the stages")
+        if isinstance(optimizer, dist.DistributedOptimizer):
+            raise RuleArgumentError("stages", "the pipeline builds each stage's "
+                                    "DistributedOptimizer itself: pass the plain optimizer")
+        if any(getattr(l, "stat_reducer", None) is not None for l in model.walk()):
+            raise RuleArgumentError("stages", "synchronised batch norm reduces over all "
+                                    "ranks inside forward; pipeline stages normalise per "
+                                    "micro-batch: drop sync_batchnorm")
+        self._n_layers, self._replicas = len(model.layers), comm.size // S
+        self.stage, self.replica = comm.rank % S, comm.rank // S
+        self.starts = stage_starts(model, S, self.balance, self.probe_rows, comm)
+        self._stage_comm = comm.split(self.replica, self.stage)   # this replica's stages
+        self._replica_comm = comm.split(self.stage, self.replica)  # this stage's replicas
+        self._stages = [StageModel(model, *self._layers_of(s)) for s in range(S)]
+        self.model = self._stages[self.stage]
+        self.order = SCHEDULES[self.schedule](self.stage, S, self.micro_batches)
+        self._slots = CacheSlots(self.model.layers, live_micro_batches(self.order))
+        base = type(optimizer)(self.model, lr=optimizer.scheduled_lr,
+                               **optimizer.hyperparameters())
+        base.lr_scale = optimizer.lr_scale
+        # op="sum": the loss of every micro-batch is already divided by the global batch.
+        return dist.DistributedOptimizer(
+            base, self.model, comm=self._replica_comm, op="sum",
+            bucket_size_mb=self.bucket_size_mb, non_blocking=False, stall=trainer.stall)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def begin(self, trainer) -> None:
+        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
+        share = trainer.global_batch_size // self._replicas
+        if self.micro_batches > share or share % self.micro_batches:
+            raise RuleArgumentError(
+                "micro_batches", f"{self.micro_batches} micro-batches do not divide a "
+                f"replica's batch of {share} samples (global batch "
+                f"{trainer.global_batch_size} over {self._replicas} replicas); use a "
+                f"divisor of {share}")
+
+    def train_batch(self, trainer, batch, sums: np.ndarray) -> float:
+        t_step = time.perf_counter()
+        s, S, comm = self.stage, self.stages, self._stage_comm
+        n, denom = len(batch.x), self.loss_denominator(batch)
+        bounds = np.linspace(0, n, self.micro_batches + 1).round().astype(int)
+        pieces = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        m = len(pieces)
+        first, last = s == 0, s == S - 1
+        dtype, grads = self.model.dtype, self.model.gradients_flat()
+        inbox, gradbox, sends, upstream = {}, {}, [], {}
+        for i, (a, b) in enumerate(pieces):  # every receive of the step, posted first
+            if not first:
+                inbox[i] = comm.irecv_(np.empty((b - a, *self.model.input_shape), dtype),
+                                       s - 1, TAG_ACTIVATION + 4 * i)
+            if not last:
+                gradbox[i] = comm.irecv_(np.empty((b - a, *self.model.output_shape), dtype),
+                                         s + 1, TAG_GRADIENT + 4 * i)
+        acc = np.zeros_like(grads) if m > 1 else None
+        delta = np.zeros(len(sums) + 1)  # the last stage's metric sums, then the loss
+        wait = compute = 0.0
+        sent = 0
+        try:
+            for op, i in (step for step in self.order if step[1] < m):
+                a, b = pieces[i]
+                if op == "F":
+                    if first:
+                        x = batch.x[a:b]
+                    else:
+                        wait += wait_all([inbox[i]], max_sleep=2e-4)
+                        x = inbox.pop(i).wait()
+                    t0 = time.perf_counter()
+                    self._slots.enter(i)
+                    y = self.model.forward(x, True)
+                    self._slots.leave(i)
+                    if last:
+                        loss, upstream[i] = trainer.loss_fn(y, batch.y[a:b], denom=denom)
+                        trainer.metrics.accumulate(delta[:-1], y, batch.y[a:b], loss, denom)
+                        delta[-1] += float(loss)
+                    else:
+                        upstream[i] = y = np.ascontiguousarray(y)  # kept until sent
+                        sends.append(comm.isend_(y, s + 1, TAG_ACTIVATION + 4 * i))
+                        sent += y.nbytes
+                    compute += time.perf_counter() - t0
+                else:
+                    if not last:
+                        wait += wait_all([gradbox[i]], max_sleep=2e-4)
+                        dy = gradbox.pop(i).wait()
+                    else:
+                        dy = upstream[i]
+                    t0 = time.perf_counter()
+                    self._slots.enter(i)
+                    dx = self.model.backward(dy)
+                    self._slots.leave(i)
+                    upstream.pop(i, None)
+                    if acc is not None:
+                        np.add(acc, grads, out=acc)
+                    if not first:
+                        dx = np.ascontiguousarray(dx)
+                        upstream[("dx", i)] = dx
+                        sends.append(comm.isend_(dx, s - 1, TAG_GRADIENT + 4 * i))
+                        sent += dx.nbytes
+                    compute += time.perf_counter() - t0
+            wait += wait_all(sends, max_sleep=2e-4)
+        except Exception as exc:
+            exc.add_note(f"[{self.role(trainer.comm.rank)}]")
+            raise
+        if acc is not None:
+            grads[...] = acc
+        elif m == 0:
+            grads[...] = 0  # no samples for this replica: still take part in the all-reduce
+        if S > 1:
+            comm.bcast_(delta, root=S - 1)
+        sums += delta[:-1]
+        c = self.counters
+        c["messages"] += len(sends)
+        c["bytes"] += sent
+        c["wait_s"] += wait
+        c["compute_s"] += compute
+        c["steps"] += 1
+        c["step_s"] += time.perf_counter() - t_step
+        return float(delta[-1])
+
+    def end_epoch(self, trainer, epoch: int) -> None:
+        # Every stage added the last stage's sums (so its bar and batch logs are right);
+        # only the last stage's count in the epoch's all-reduce, once per replica.
+        if self.stage != self.stages - 1 and trainer.epoch_sums is not None:
+            trainer.epoch_sums[...] = 0
+
+    def _share_stages(self, trainer) -> None:
+        """Every stage's weights and buffers to the other ranks of its replica."""
+        if self.stages == 1:
+            return
+        flat = trainer.model.parameters_flat()
+        for s, stage in enumerate(self._stages):
+            if stage.stop > stage.start:
+                self._stage_comm.bcast_(flat[stage.start:stage.stop], root=s)
+            for layer in stage.walk():
+                for key in sorted(layer.buffers):
+                    self._stage_comm.bcast_(layer.buffers[key], root=s)
+
+    @contextlib.contextmanager
+    def evaluation_weights(self, trainer) -> Iterator[None]:
+        self._share_stages(trainer)
+        yield
+
+    def end(self, trainer) -> None:
+        self._share_stages(trainer)
+
+    def stats(self) -> dict[str, float]:
+        """Messages and bytes this rank sent, seconds it waited for its neighbours and
+        computed, and its mean step time (``bubble`` = waiting / step time)."""
+        c = self.counters
+        out = {k: float(v) for k, v in c.items()}
+        out["bubble"] = c["wait_s"] / c["step_s"] if c["step_s"] else float("nan")
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Pipeline(stages={self.stages}, micro_batches={self.micro_batches}, "
+                f"schedule={self.schedule!r}, balance={self.balance!r})")
