@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from .base import Rule, RuleArgumentError
 from .data import DataParallel
+from .delayed import DelayedSGD
 from .downpour import Downpour
 from .easgd import EASGD
 from .gem import GEM
@@ -22,14 +23,14 @@ from .partial import PartialUpdate
 
 RULES: dict[str, type[Rule]] = {
     cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM,
-                              PartialUpdate)
+                              PartialUpdate, DelayedSGD)
 }
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
-           "partial_update": "partial"}
+           "partial_update": "partial", "delayed": "pipeline"}
 
 __all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "RULES", "ALIASES", "rule_name", "get_rule",
-           "build_rule"]
+           "Gossip", "GEM", "PartialUpdate", "DelayedSGD", "RULES", "ALIASES", "rule_name",
+           "get_rule", "build_rule"]
 
 
 def rule_name(name: str) -> str:

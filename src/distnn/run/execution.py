@@ -23,8 +23,9 @@ class ParallelConfig(Section):
         "Training rule: data (synchronous all-reduce, alias bsp), localsgd (periodic "
         "averaging), downpour (asynchronous parameter server on rank 0), easgd (elastic "
         "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
-        "(local steps, one chunk of the weights averaged per step); sequential (one process) or "
-        "auto (data).")
+        "(local steps, one chunk of the weights averaged per step), pipeline (delayed SGD: "
+        "gradients one step stale, their all-reduce behind the next step; alias delayed); "
+        "sequential (one process) or auto (data).")
     stall_warning: float = option(60.0, Float(0.0, low_open=True),
         "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
         "that have not arrived and where each last was (step, phase).", commands=(TRAIN,))
@@ -43,6 +44,21 @@ class ParallelConfig(Section):
         "its first rank exchanges for it (with the master, or the other groups' first ranks); "
         "groups are cut host by host. Under data every rank "
         "already trains synchronously with all the others: it changes nothing.",
+        commands=(TRAIN,))
+    # localsgd's averages (PyDTNN's --model-sync-algo/-participation/-min-avail/-dtype)
+    sync_weighting: str = option("wavg", Str(("wavg", "avg", "invwavg")),
+        "localsgd: weights of the replicas in an average: wavg (samples each trained since "
+        "the last average), avg (equal), invwavg (inverse: min + max - samples).",
+        commands=(TRAIN,), argument="weighting")
+    sync_participation: str = option("all", Str(("all", "avail2all")),
+        "localsgd: ranks taking part in an average: all, or avail2all (those that trained "
+        "on a sample since the last one; the others take the average).",
+        commands=(TRAIN,), argument="participation")
+    sync_min_avail: int = option(0, Int(0),
+        "localsgd: skip an average fewer ranks than this take part in (never the epoch "
+        "end's).", commands=(TRAIN,), argument="min_avail")
+    sync_dtype: str = option("none", Str(("none", "float16", "float32", "float64")),
+        "localsgd: dtype the replicas are all-reduced in (none: the model's).",
         commands=(TRAIN,))
     masters: int = option(1, Int(1),
         "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
@@ -107,6 +123,12 @@ class ParallelConfig(Section):
         (``rules.build_rule`` takes those its rule has)."""
         return {f.metadata.get("argument", f.name): getattr(self, f.name)
                 for f in fields(self)}
+
+    @staticmethod
+    def rule_arguments_of(option: str) -> str:
+        """The training rules' constructor argument that ``option`` sets."""
+        return next(f.metadata.get("argument", f.name) for f in fields(ParallelConfig)
+                    if f.name == option)
 
     @staticmethod
     def option_of(argument: str | None) -> str | None:

@@ -29,6 +29,13 @@ def build_rule(cfg: RunConfig, comm):
             takes = [r for r, cls in RULES.items() if option in inspect.signature(cls).parameters]
             raise ConfigError(f"--{option} {value} is built for --parallel {', '.join(takes)}, "
                               f"not --parallel {p.parallel}: drop --{option} or change the rule")
+    accepted = inspect.signature(RULES[name]).parameters
+    for option, default in (("sync_weighting", "wavg"), ("sync_participation", "all"),
+                            ("sync_min_avail", 0), ("sync_dtype", "none")):
+        argument = p.rule_arguments_of(option)
+        if getattr(p, option) != default and argument not in accepted:
+            raise ConfigError(f"--{option} {getattr(p, option)} sets localsgd's averages, not "
+                              f"--parallel {p.parallel}'s: drop it or use --parallel localsgd")
     try:
         rule = rule_from_options(name, p.rule_arguments())
     except ValueError as exc:
