@@ -16,6 +16,7 @@ from .data import DataParallel
 from .delayed import DelayedSGD
 from .downpour import Downpour
 from .easgd import EASGD
+from .fedavg import FedAvg
 from .gem import GEM
 from .gossip import Gossip
 from .localsgd import LocalSGD
@@ -23,14 +24,14 @@ from .partial import PartialUpdate
 
 RULES: dict[str, type[Rule]] = {
     cls.name: cls for cls in (DataParallel, LocalSGD, Downpour, EASGD, Gossip, GEM,
-                              PartialUpdate, DelayedSGD)
+                              PartialUpdate, DelayedSGD, FedAvg)
 }
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial", "delayed": "pipeline"}
 
 __all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "DelayedSGD", "RULES", "ALIASES", "rule_name",
-           "get_rule", "build_rule"]
+           "Gossip", "GEM", "PartialUpdate", "DelayedSGD", "FedAvg", "RULES", "ALIASES",
+           "rule_name", "get_rule", "build_rule"]
 
 
 def rule_name(name: str) -> str:

@@ -24,7 +24,8 @@ class ParallelConfig(Section):
         "averaging), downpour (asynchronous parameter server on rank 0), easgd (elastic "
         "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
         "(local steps, one chunk of the weights averaged per step), pipeline (delayed SGD: "
-        "gradients one step stale, their all-reduce behind the next step; alias delayed); "
+        "gradients one step stale, their all-reduce behind the next step; alias delayed), "
+        "fedavg (federated averaging: rounds of clients training locally on their own part); "
         "sequential (one process) or auto (data).")
     stall_warning: float = option(60.0, Float(0.0, low_open=True),
         "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
@@ -59,6 +60,21 @@ class ParallelConfig(Section):
         "end's).", commands=(TRAIN,), argument="min_avail")
     sync_dtype: str = option("none", Str(("none", "float16", "float32", "float64")),
         "localsgd: dtype the replicas are all-reduced in (none: the model's).",
+        commands=(TRAIN,))
+    # fedavg's rounds (the partition of the data: --partition, a data option)
+    clients: int = option(0, Int(0),
+        "fedavg: the number of clients, dealt to the ranks round-robin (0: one per rank).",
+        commands=(TRAIN,))
+    client_fraction: float = option(1.0, Float(0.0, 1.0, low_open=True),
+        "fedavg: the share of the clients drawn each round (an epoch is a round).",
+        commands=(TRAIN,))
+    local_epochs: int = option(1, Int(1),
+        "fedavg: epochs each drawn client trains on its part per round.", commands=(TRAIN,))
+    fedprox_mu: float = option(0.0, Float(0.0),
+        "fedavg: FedProx's proximal term mu (0: plain FedAvg).", commands=(TRAIN,))
+    secure_aggregation: bool = option(False, Bool(),
+        "fedavg: sum the clients' updates with pairwise masks (Bonawitz et al.): no client's "
+        "update leaves its process unmasked; the sum is exact in 64-bit fixed point.",
         commands=(TRAIN,))
     masters: int = option(1, Int(1),
         "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
