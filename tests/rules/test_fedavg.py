@@ -4,8 +4,11 @@ clients, FedProx, a client that fails mid-round, secure aggregation), and the ru
 ``distnn train --parallel fedavg``."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 
 from rulejobs import run_cli, run_jobs
-from helpers import needs_mpi
+from helpers import COMMAND, child_env, needs_mpi
 
 from distnn.data.partition import client_partition
 from distnn.rules.fedavg import FedAvg
@@ -41,9 +44,14 @@ def drawn_client(round: int) -> int:
     return rule.drawn(round)[0]
 
 
+HAVE_TENSEAL = importlib.util.find_spec("tenseal") is not None
+
+
 def jobs() -> list[dict]:
     out = [dict(j) for j in JOBS]
     out[2]["fail"] = [1, drawn_client(1)]  # the first client drawn in round 2 fails
+    if HAVE_TENSEAL:
+        out.append({**JOBS[0], "name": "ckks", "options": {**OPTIONS, "encryption": "ckks"}})
     return out
 
 
@@ -123,6 +131,29 @@ def test_secure_aggregation_gives_the_same_rounds(ranks):
         # fixed point of 2**-32 units: within 2**-33 per client and element of n_k w_k
         np.testing.assert_allclose(res["secure"][r]["final"], res["plain"][r]["final"],
                                    rtol=0, atol=1e-9)
+
+
+@needs_mpi
+@pytest.mark.skipif(not HAVE_TENSEAL, reason="TenSEAL (the optional extra) is not installed")
+def test_ckks_encrypted_sums_give_the_same_rounds(ranks):
+    n, res = ranks
+    for r in range(n):  # CKKS is approximate: about 1e-7 relative on the sums
+        np.testing.assert_allclose(res["ckks"][r]["final"], res["plain"][r]["final"],
+                                   rtol=0, atol=1e-5)
+        assert res["ckks"][r]["participants"] == res["plain"][r]["participants"]
+
+
+def test_encryption_without_tenseal_is_refused_by_name(tmp_path):
+    hidden = tmp_path / "tenseal"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('No module named tenseal')\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run([*COMMAND, "train", "--parallel", "fedavg", "--dataset", "digits",
+                           "--encryption", "ckks", "--quiet"], capture_output=True, text=True,
+                          env=child_env(PYTHONPATH=path), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and "--encryption ckks: CKKS needs TenSEAL" in lines[0], proc.stderr
 
 
 @needs_mpi

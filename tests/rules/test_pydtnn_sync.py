@@ -183,8 +183,8 @@ def test_pydtnn_parallel_pipeline_through_the_command(tmp_path, n):
 
 
 @pytest.mark.parametrize("args,says", [
-    (["--encryption", "tenseal"], "--encryption tenseal: homomorphic encryption"),
-    (["--encryption", "polyhe_x"], "a backend distnn does not know"),
+    (["--encryption", "tenseal"], "--encryption tenseal encrypts --parallel fedavg's"),
+    (["--encryption", "polyhe_x"], "must be one of ckks, none, tenseal; got 'polyhe_x'"),
     (["--model-sync-freq", "-1"], "--model-sync-freq -1: PyDTNN's independent replicas"),
     (["--model-sync-algo", "wavg"], "--model-sync-algo sets how the weights are averaged"),
     (["--final-model-sync", "false"], "--final-model-sync false"),

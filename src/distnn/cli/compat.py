@@ -21,7 +21,6 @@ A note is printed once, on rank 0, to stderr: nothing is silently ignored.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from .pydtnn_rate import DISTNN, DOORS, PYDTNN, learning_rate
@@ -61,8 +60,6 @@ NOTES = {
 _MODEL_SYNC = {"model_sync_algo": ("sync_weighting", "avg"),
                "model_sync_participation": ("sync_participation", "all"),
                "model_sync_min_avail": ("sync_min_avail", 0)}
-# --encryption's backends and the module each needs
-ENCRYPTION_BACKENDS = {"tenseal": "tenseal", "ckks": "tenseal"}
 
 
 def model_sync(values: dict[str, Any], explicit: set[str]) -> list[str]:
@@ -72,18 +69,6 @@ def model_sync(values: dict[str, Any], explicit: set[str]) -> list[str]:
     rule = values.get("parallel")
     given = [n for n in (*_MODEL_SYNC, "model_sync_quantize", "model_sync_dtype")
              if n in explicit]
-    if values.get("encryption") is not None:
-        backend = str(values["encryption"])
-        module = ENCRYPTION_BACKENDS.get(backend.lower())
-        if module is None or importlib.util.find_spec(module) is None:
-            need = ("TenSEAL (python -m pip install tenseal), which is not installed"
-                    if module else f"a backend distnn does not know (it knows "
-                    f"{', '.join(ENCRYPTION_BACKENDS)})")
-            raise ValueError(f"--encryption {backend}: homomorphic encryption of the averaged "
-                             f"weights needs {need}; drop --encryption (and "
-                             "--encryption-slots/-scale/-security)")
-        raise ValueError(f"--encryption {backend}: encrypted averaging is not built in "
-                         "distnn train yet; drop --encryption")
     for name in ("initial_model_sync", "final_model_sync"):
         if values.get(name) is False:
             raise ValueError(f"--{name.replace('_', '-')} false: distnn always starts every "

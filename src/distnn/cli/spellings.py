@@ -173,15 +173,6 @@ FOREIGN_OPTIONS: list[Option] = [
        "epoch end; false is refused.", "parallel", FOREIGN, (TRAIN,)),
     _O("parallel_pipeline", Bool(), False, "PyDTNN: = --parallel pipeline (gradients one "
        "step stale, their all-reduce behind the next step).", "parallel", FOREIGN, (TRAIN,)),
-    _O("encryption", Maybe(Str(lower=False, metavar="BACKEND")), None, "PyDTNN: "
-       "homomorphic encryption of the averaged payload; refused unless its backend is "
-       "installed.", "parallel", FOREIGN, (TRAIN,)),
-    _O("encryption_slots", Maybe(Int(1)), None, "PyDTNN: --encryption's slots.", "parallel",
-       FOREIGN, (TRAIN,)),
-    _O("encryption_scale", Maybe(Float(0.0, low_open=True)), None, "PyDTNN: --encryption's "
-       "scale.", "parallel", FOREIGN, (TRAIN,)),
-    _O("encryption_security", Maybe(Int(0)), None, "PyDTNN: --encryption's security "
-       "level.", "parallel", FOREIGN, (TRAIN,)),
     # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
     _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
        "--parallel data, easgd, gosgd = gossip).", FOREIGN, FOREIGN, (TRAIN,),

@@ -20,6 +20,9 @@ Dropped clients: the set of clients taking part in a round is agreed before mask
 (clients that fail during local training are left out of it), so the masks are drawn among
 the survivors only. Recovering the masks of a client that drops after it sent its masked
 update (Bonawitz's secret-shared seeds) is not built.
+
+``CKKSAggregator``: the other way to keep the payload unreadable on the wire, homomorphic
+encryption with TenSEAL's CKKS (an optional extra; refused by name when not installed).
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 __all__ = ["FRACTION_BITS", "SecureAggregationError", "SecureAggregator", "x25519",
-           "public_key", "encode", "decode"]
+           "public_key", "encode", "decode", "ENCRYPTIONS", "CKKSAggregator", "check_ckks",
+           "load_tenseal"]
 
 FRACTION_BITS = 32
 _SCALE = float(2 ** FRACTION_BITS)
@@ -176,3 +180,73 @@ class SecureAggregator:
         buf = self.masked(updates, sorted(int(k) for k in survivors), round, n)
         self.comm.allreduce_(buf, "sum")
         return decode(buf)
+
+
+# -- homomorphic encryption of the sum (TenSEAL's CKKS, an optional extra) -------------------
+ENCRYPTIONS = ("none", "ckks", "tenseal")  # tenseal: PyDTNN's name of the same backend
+
+
+def load_tenseal(option: str = "--encryption"):
+    """TenSEAL, or an ImportError naming ``option`` and how to install it."""
+    try:
+        import tenseal
+    except ImportError as exc:
+        raise ImportError(f"CKKS needs TenSEAL (python -m pip install tenseal), which "
+                          f"is not installed here ({exc}); drop {option}") from None
+    return tenseal
+
+
+def check_ckks(slots: int, scale: float, security: int) -> int:
+    """The bits of ``scale``; ValueError naming the CKKS parameter that does not fit."""
+    bits = float(np.log2(scale))
+    if slots not in (4096, 8192):
+        raise ValueError(f"encryption_slots must be 4096 or 8192, got {slots!r}")
+    if bits != int(bits) or not 20 <= bits <= 50:
+        raise ValueError(f"encryption_scale must be a power of two from 2**20 to 2**50, got "
+                         f"{scale!r}")
+    if security != 128:
+        raise ValueError(f"encryption_security: SEAL's parameters here give 128 bits, got "
+                         f"{security!r}")
+    return int(bits)
+
+
+class CKKSAggregator:
+    """Sums of float64 vectors over the ranks as CKKS ciphertexts (TenSEAL): each rank
+    encrypts its vector in chunks of ``slots`` values, the ciphertexts are all-gathered and
+    added homomorphically, and the sum is decrypted. Rank 0 makes the context (its keys)
+    and broadcasts it once, secret key included: every rank can decrypt (the payload is
+    encrypted on the wire, as PyDTNN's encrypted averaging; the ranks trust each other).
+    CKKS is approximate: the sum is exact to about 1e-7 relative at the default scale.
+
+    Args:
+        comm: the communicator.
+        slots: values per ciphertext (4096 or 8192: polynomial degree 2 x slots).
+        scale: CKKS's scale, a power of two from 2**20 to 2**50.
+        security: bits of security (128, SEAL's default; others are refused).
+    """
+
+    def __init__(self, comm, slots: int = 4096, scale: float = 2.0 ** 40, security: int = 128):
+        ts = load_tenseal()
+        bits = check_ckks(slots, scale, security)
+        self.comm, self.slots, self._ts = comm, int(slots), ts
+        middle = [int(bits)] * (2 if slots == 4096 else 4)
+        blob = None
+        if comm.rank == 0:
+            ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=2 * self.slots,
+                             coeff_mod_bit_sizes=[60, *middle, 60])
+            ctx.global_scale = float(scale)
+            blob = ctx.serialize(save_secret_key=True)
+        self.context = ts.context_from(comm.bcast_obj(blob, root=0))
+        self.bytes_sent = 0
+
+    def sum(self, x: np.ndarray) -> np.ndarray:
+        """The sum over the ranks of ``x`` (collective)."""
+        x = np.asarray(x, np.float64)
+        chunks = [self._ts.ckks_vector(self.context, x[lo:lo + self.slots].tolist()).serialize()
+                  for lo in range(0, len(x), self.slots)]
+        self.bytes_sent += sum(len(c) for c in chunks)
+        total = None
+        for part in self.comm.allgather_obj(chunks):
+            vecs = [self._ts.ckks_vector_from(self.context, c) for c in part]
+            total = vecs if total is None else [a + b for a, b in zip(total, vecs)]
+        return np.concatenate([np.asarray(v.decrypt(), np.float64) for v in total])[:len(x)]

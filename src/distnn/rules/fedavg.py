@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from .. import distributed as dist
-from ..distributed.secagg import SecureAggregator
+from ..distributed.secagg import (ENCRYPTIONS, CKKSAggregator, SecureAggregator, check_ckks,
+                                  load_tenseal)
 from ..data.partition import PARTITIONS, client_partition
 from ._p2p import Traffic
-from .base import Rule
+from .base import Rule, RuleArgumentError
 
 
 class FedAvg(Rule):
@@ -45,6 +46,9 @@ class FedAvg(Rule):
         shards_per_client: label shards per client of ``shards``.
         secure_aggregation: sum the updates with pairwise masks (no client's update
             leaves its process unmasked).
+        encryption: none | ckks (tenseal): each rank's sum of its clients' updates leaves
+            it as CKKS ciphertexts (TenSEAL, refused by name when not installed).
+        encryption_slots, encryption_scale, encryption_security: CKKS's parameters.
         seed: the seed of the partition and of the clients' draws.
 
     Example:
@@ -57,7 +61,9 @@ class FedAvg(Rule):
     def __init__(self, *, clients: int = 0, client_fraction: float = 1.0,
                  local_epochs: int = 1, fedprox_mu: float = 0.0, partition: str = "iid",
                  dirichlet_alpha: float = 0.5, shards_per_client: int = 2,
-                 secure_aggregation: bool = False, seed: int = 0):
+                 secure_aggregation: bool = False, encryption: str = "none",
+                 encryption_slots: int = 4096, encryption_scale: float = 2.0 ** 40,
+                 encryption_security: int = 128, seed: int = 0):
         if isinstance(clients, bool) or int(clients) != clients or clients < 0:
             raise ValueError(f"fedavg: clients must be an integer >= 0, got {clients!r}")
         if not 0 < client_fraction <= 1:
@@ -72,6 +78,21 @@ class FedAvg(Rule):
         if partition not in PARTITIONS:
             raise ValueError(f"fedavg: partition must be one of {', '.join(PARTITIONS)}, "
                              f"got {partition!r}")
+        if encryption not in ENCRYPTIONS:
+            raise RuleArgumentError("encryption", f"must be one of {', '.join(ENCRYPTIONS)}")
+        if encryption != "none":
+            if secure_aggregation:
+                raise RuleArgumentError("encryption", "and secure aggregation both hide the "
+                                        "updates: give one of them")
+            try:
+                load_tenseal()
+                check_ckks(int(encryption_slots), float(encryption_scale),
+                           int(encryption_security))
+            except (ImportError, ValueError) as exc:
+                raise RuleArgumentError("encryption", str(exc)) from None
+        self.encryption = "none" if encryption == "none" else "ckks"
+        self._ckks_args = (int(encryption_slots), float(encryption_scale),
+                           int(encryption_security))
         self.clients, self.client_fraction = int(clients), float(client_fraction)
         self.local_epochs, self.fedprox_mu = int(local_epochs), float(fedprox_mu)
         self.partition, self.dirichlet_alpha = partition, float(dirichlet_alpha)
@@ -83,6 +104,7 @@ class FedAvg(Rule):
         self.participants: list[list[int]] = []
         self._train = None
         self._secagg = None
+        self._ckks = None
 
     # -- the data -----------------------------------------------------------------------
     def attach_data(self, train) -> None:
@@ -106,6 +128,8 @@ class FedAvg(Rule):
         self.sizes = [len(idx) for idx in parts]
         if self.secure_aggregation:
             self._secagg = SecureAggregator(comm, self.owners)
+        if self.encryption == "ckks":
+            self._ckks = CKKSAggregator(comm, *self._ckks_args)
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
@@ -180,6 +204,11 @@ class FedAvg(Rule):
         n = w.size + 1
         if self._secagg is not None:
             total = self._secagg.sum(updates, survivors, epoch, n)
+        elif self._ckks is not None:
+            local = np.zeros(n, np.float64)
+            for u in updates.values():
+                local += u
+            total = self._ckks.sum(local)
         else:
             total = np.zeros(n, np.float64)
             for u in updates.values():

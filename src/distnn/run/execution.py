@@ -76,6 +76,16 @@ class ParallelConfig(Section):
         "fedavg: sum the clients' updates with pairwise masks (Bonawitz et al.): no client's "
         "update leaves its process unmasked; the sum is exact in 64-bit fixed point.",
         commands=(TRAIN,))
+    encryption: str = option("none", Str(("none", "ckks", "tenseal")),
+        "fedavg: encrypt each rank's sum of its clients' updates with CKKS (TenSEAL, "
+        "python -m pip install tenseal; tenseal is PyDTNN's name of it) before the "
+        "exchange; the ranks share the keys.", commands=(TRAIN,))
+    encryption_slots: int = option(4096, Int(1),
+        "--encryption: values per ciphertext (4096 or 8192).", commands=(TRAIN,))
+    encryption_scale: float = option(2.0 ** 40, Float(0.0, low_open=True),
+        "--encryption: CKKS's scale (a power of two, 2**20 to 2**50).", commands=(TRAIN,))
+    encryption_security: int = option(128, Int(1),
+        "--encryption: bits of security (128).", commands=(TRAIN,))
     masters: int = option(1, Int(1),
         "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
         "serve the workers and exchange with rank 0 every --sync_every of their updates.",

@@ -30,6 +30,10 @@ def build_rule(cfg: RunConfig, comm):
             raise ConfigError(f"--{option} {value} is built for --parallel {', '.join(takes)}, "
                               f"not --parallel {p.parallel}: drop --{option} or change the rule")
     accepted = inspect.signature(RULES[name]).parameters
+    if p.encryption != "none" and "encryption" not in accepted:
+        raise ConfigError(f"--encryption {p.encryption} encrypts --parallel fedavg's averages; "
+                          f"--parallel {p.parallel} does not take it: drop --encryption or use "
+                          "--parallel fedavg")
     for option, default in (("sync_weighting", "wavg"), ("sync_participation", "all"),
                             ("sync_min_avail", 0), ("sync_dtype", "none")):
         argument = p.rule_arguments_of(option)
