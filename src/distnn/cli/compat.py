@@ -56,6 +56,59 @@ NOTES = {
 
 
 # -- from their options to distnn's ----------------------------------------------------------
+# PyDTNN 3.x's --model-sync-* options: distnn's localsgd options of the same meaning.
+_MODEL_SYNC = {"model_sync_algo": ("sync_weighting", "avg"),
+               "model_sync_participation": ("sync_participation", "all"),
+               "model_sync_min_avail": ("sync_min_avail", 0)}
+
+
+def model_sync(values: dict[str, Any], explicit: set[str]) -> list[str]:
+    """PyDTNN's model synchronization options as distnn's rule and its options (in place);
+    ValueError naming the option for what is not built here."""
+    freq = values.get("model_sync_freq") or 0
+    rule = values.get("parallel")
+    given = [n for n in (*_MODEL_SYNC, "model_sync_quantize", "model_sync_dtype")
+             if n in explicit]
+    for name in ("initial_model_sync", "final_model_sync"):
+        if values.get(name) is False:
+            raise ValueError(f"--{name.replace('_', '-')} false: distnn always starts every "
+                             "rank from rank 0's weights and averages them at every epoch "
+                             f"end; drop --{name.replace('_', '-')}")
+    if values.get("parallel_pipeline"):
+        if freq > 0:
+            raise ValueError(f"--parallel-pipeline delays the gradient all-reduce of every "
+                             f"step; --model-sync-freq {freq} averages weights instead: "
+                             "give one of them")
+        if rule not in ("auto", "data", "bsp", "pipeline", "delayed"):
+            raise ValueError(f"--parallel-pipeline is --parallel pipeline; drop --parallel "
+                             f"{rule} or --parallel-pipeline")
+        values["parallel"] = "pipeline"
+        return []
+    if freq < 0:
+        raise ValueError(f"--model-sync-freq {freq}: PyDTNN's independent replicas (never "
+                         "synchronized) are not built; give N > 0 to average every N batches "
+                         "(0: gradients every batch)")
+    if freq == 0:
+        if given and rule != "localsgd":
+            raise ValueError(f"--{given[0].replace('_', '-')} sets how the weights are "
+                             "averaged every --model-sync-freq N batches; with "
+                             "--model-sync-freq 0 the gradients are all-reduced every batch: "
+                             "give --model-sync-freq N > 0")
+        if rule != "localsgd":
+            return []
+    elif rule not in ("auto", "data", "bsp", "localsgd", "local_sgd"):
+        raise ValueError(f"--model-sync-freq {freq} averages the weights every {freq} batches "
+                         f"(--parallel localsgd); drop --parallel {rule} or --model-sync-freq")
+    if freq > 0:
+        values["parallel"], values["sync_every"] = "localsgd", freq
+    for name, (option, default) in _MODEL_SYNC.items():
+        if name in explicit or option not in explicit:
+            values[option] = values.get(name, default)
+    if values.get("model_sync_quantize"):
+        values["sync_dtype"] = values.get("model_sync_dtype") or "float16"
+    return []
+
+
 def translate(values: dict[str, Any], explicit: set[str],
               spelled: frozenset[str] = frozenset(), command: str = "train",
               like: str = DISTNN) -> list[str]:
@@ -115,6 +168,7 @@ def translate(values: dict[str, Any], explicit: set[str],
         notes.append("--tracing: distnn writes a Chrome trace (layers and communication) to "
                      "distnn-trace.json (choose the file with --trace FILE); PyDTNN's "
                      "Extrae/Simple tracers are not available")
+    notes += model_sync(values, explicit)
     if values.get("use_blocking_mpi") is not None:
         values["non_blocking_mpi"] = not values["use_blocking_mpi"]
     if values.get("shared_storage") is False:

@@ -152,6 +152,27 @@ FOREIGN_OPTIONS: list[Option] = [
     _O("effective_learning_rate", Maybe(Float(0.0)), None, "PyDTNN: the rate each step "
        "applies (its learning_rate / global batch): --learning_rate with --lr_per_sample "
        "false.", "optim", FOREIGN, (TRAIN,)),
+    # PyDTNN 3.x's model synchronization (``compat.model_sync`` translates them)
+    _O("model_sync_freq", Int(-(1 << 31)), 0, "PyDTNN: N > 0 averages the weights every N batches "
+       "(--parallel localsgd --sync_every N); 0: gradients every batch (--parallel data).",
+       "parallel", FOREIGN, (TRAIN,)),
+    _O("model_sync_algo", Str(("avg", "wavg", "invwavg")), "avg", "PyDTNN: avg | wavg | "
+       "invwavg = --sync_weighting.", "parallel", FOREIGN, (TRAIN,),
+       aliases=("model_sync_alg",)),
+    _O("model_sync_participation", Str(("all", "avail2all")), "all", "PyDTNN: "
+       "= --sync_participation.", "parallel", FOREIGN, (TRAIN,)),
+    _O("model_sync_min_avail", Int(0), 0, "PyDTNN: = --sync_min_avail.", "parallel",
+       FOREIGN, (TRAIN,)),
+    _O("model_sync_quantize", Bool(), False, "PyDTNN: all-reduce the weights in "
+       "--model_sync_dtype (= --sync_dtype).", "parallel", FOREIGN, (TRAIN,)),
+    _O("model_sync_dtype", Str(("float16", "float32", "float64")), "float16", "PyDTNN: "
+       "the dtype of --model_sync_quantize.", "parallel", FOREIGN, (TRAIN,)),
+    _O("initial_model_sync", Bool(), True, "PyDTNN: distnn always starts from rank 0's "
+       "weights; false is refused.", "parallel", FOREIGN, (TRAIN,)),
+    _O("final_model_sync", Bool(), True, "PyDTNN: distnn's localsgd averages at every "
+       "epoch end; false is refused.", "parallel", FOREIGN, (TRAIN,)),
+    _O("parallel_pipeline", Bool(), False, "PyDTNN: = --parallel pipeline (gradients one "
+       "step stale, their all-reduce behind the next step).", "parallel", FOREIGN, (TRAIN,)),
     # Theano-MPI's tmlauncher flags: the keys of its session file (see --config)
     _O("rule", Maybe(Str(("bsp", "easgd", "gosgd"))), None, "Theano-MPI: RULE (bsp = "
        "--parallel data, easgd, gosgd = gossip).", FOREIGN, FOREIGN, (TRAIN,),

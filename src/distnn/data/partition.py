@@ -169,3 +169,68 @@ class PartDataset(Dataset):
     def arrays(self):
         """This rank's part only (the other parts are on the other ranks)."""
         return self.local.arrays()
+
+
+# -- clients' partitions of a labelled dataset (federated learning) -------------------------
+PARTITIONS = ("iid", "dirichlet", "shards")
+
+
+def iid_partition(labels: np.ndarray, clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The samples shuffled and cut into ``clients`` near-equal parts (indices, sorted)."""
+    order = rng.permutation(len(labels))
+    return [np.sort(part) for part in np.array_split(order, clients)]
+
+
+def dirichlet_partition(labels: np.ndarray, clients: int, alpha: float,
+                        rng: np.random.Generator, min_size: int = 1) -> list[np.ndarray]:
+    """Non-IID parts: each class's samples split among the clients in proportions drawn from
+    Dirichlet(alpha) (Hsu et al. 2019; small alpha: few classes per client), redrawn until
+    every client holds at least ``min_size`` samples.
+
+    Example:
+        parts = dirichlet_partition(y, 10, 0.5, np.random.default_rng(0))
+    """
+    labels = np.asarray(labels)
+    if alpha <= 0:
+        raise ValueError(f"dirichlet_alpha must be > 0, got {alpha!r}")
+    if clients * min_size > len(labels):
+        raise ValueError(f"{clients} clients of at least {min_size} samples need "
+                         f"{clients * min_size}, the dataset has {len(labels)}")
+    for _ in range(1000):
+        parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha))) * len(idx)).astype(int)
+            for k, piece in enumerate(np.split(idx, cuts[:-1])):
+                parts[k].append(piece)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in out) >= min_size:
+            return out
+    raise ValueError(f"no Dirichlet({alpha}) draw gave every one of {clients} clients "
+                     f"{min_size} samples in 1000 tries; raise dirichlet_alpha")
+
+
+def shard_partition(labels: np.ndarray, clients: int, shards_per_client: int,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al.'s pathological non-IID parts: the samples sorted by label, cut into
+    ``clients * shards_per_client`` shards, each client given ``shards_per_client`` at
+    random (so about that many classes each)."""
+    order = np.argsort(np.asarray(labels), kind="stable")
+    shards = np.array_split(order, clients * shards_per_client)
+    picks = rng.permutation(len(shards)).reshape(clients, shards_per_client)
+    return [np.sort(np.concatenate([shards[s] for s in row])) for row in picks]
+
+
+def client_partition(labels: np.ndarray, clients: int, how: str = "iid", *,
+                     alpha: float = 0.5, shards_per_client: int = 2,
+                     seed: int = 0) -> list[np.ndarray]:
+    """The indices of each client's samples: ``how`` iid | dirichlet | shards, the same on
+    every rank for the same ``seed``."""
+    rng = np.random.default_rng([seed, 7919])
+    if how == "iid":
+        return iid_partition(labels, clients, rng)
+    if how == "dirichlet":
+        return dirichlet_partition(labels, clients, alpha, rng)
+    if how == "shards":
+        return shard_partition(labels, clients, shards_per_client, rng)
+    raise ValueError(f"partition must be one of {', '.join(PARTITIONS)}, got {how!r}")

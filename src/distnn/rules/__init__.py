@@ -19,14 +19,15 @@ from typing import Any, Mapping
 
 from .base import Rule, RuleArgumentError
 from .data import DataParallel
+from .delayed import DelayedSGD
 from .downpour import Downpour
 from .easgd import EASGD
+from .fedavg import FedAvg
 from .gem import GEM
 from .gossip import Gossip
 from .localsgd import LocalSGD
 from .partial import PartialUpdate
 from .pipeline import Pipeline
-
 
 
 def _discover() -> dict[str, type[Rule]]:
@@ -49,12 +50,11 @@ def _discover() -> dict[str, type[Rule]]:
 
 RULES: dict[str, type[Rule]] = _discover()
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
-           "partial_update": "partial"}
+           "partial_update": "partial", "delayed": "pipeline"}
 
 __all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "Pipeline",
-           "RULES", "ALIASES", "rule_name", "get_rule",
-           "build_rule"]
+           "Gossip", "GEM", "PartialUpdate", "Pipeline", "DelayedSGD", "FedAvg",
+           "RULES", "ALIASES", "rule_name", "get_rule", "build_rule"]
 
 
 def rule_name(name: str) -> str:

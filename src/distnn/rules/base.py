@@ -10,6 +10,7 @@ rule's name; a new rule is one new file in this package (``RULES`` finds it).
 A rule is stateful per run: ``bind`` is called once by the ``Trainer`` constructor, the
 other hooks in this order::
 
+    attach_data(train)                    # fit() start: the training set (fedavg cuts it)
     data_shard(trainer)                   # fit() start: (share, shares) of each batch
     begin(trainer)                        # fit() start, after a resume restored the state
     for each epoch:
@@ -79,6 +80,10 @@ class Rule:
         """Return the optimizer object the trainer drives (``trainer.optimizer``): the
         given one, or a wrapper around it. Called once, from ``Trainer.__init__``."""
         return optimizer
+
+    def attach_data(self, train) -> None:
+        """The training set ``fit`` was given, for rules that partition it themselves
+        (federated clients); called before ``data_shard``."""
 
     def data_shard(self, trainer) -> tuple[int | None, int]:
         """(share, shares): this rank trains on share ``share`` of ``np.array_split(batch,

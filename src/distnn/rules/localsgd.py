@@ -8,6 +8,17 @@ average (so uneven shards count each sample once). Each epoch ends with an avera
 validation, checkpoints and the final model use the averaged model. With
 ``sync_every=1`` and equal shards it makes exactly the updates of ``data``.
 
+How the replicas are weighted in an average (``weighting``, PyDTNN's ``--model-sync-algo``):
+``wavg`` (the default) by the samples each trained since the last average, ``avg`` equally,
+``invwavg`` inversely (PyDTNN's inverse weights: a rank that trained n of the samples gets
+``min + max - n``, min and max over the ranks taking part, normalized here to sum to 1).
+Which ranks take part (``participation``): ``all``, or ``avail2all``: only the ranks that
+trained on at least one sample since the last average (a rank whose shard ran out is left
+out and takes the average of the others); with fewer than ``min_avail`` of those the round
+is skipped (the epoch-end average is never skipped). ``sync_dtype`` casts each rank's
+weighted replica to float16/float32 before the all-reduce (PyDTNN's
+``--model-sync-quantize``): half the bytes in float16, each rank's contribution rounded.
+
 With ``group_size`` K > 1 a replica is a group of K ranks (``rules/groups.py``): they sum
 their gradients every step and take the same local step; the averages run among the
 groups' leaders and each group then takes its leader's weights.
@@ -21,6 +32,33 @@ from ._p2p import Traffic, gather_states, local_state, pick_state, restore_local
 from .base import Message, Rule
 from .groups import WorkerGroup, check_group_size, layout_of
 
+WEIGHTINGS = ("wavg", "avg", "invwavg")
+PARTICIPATIONS = ("all", "avail2all")
+SYNC_DTYPES = {"none": None, "float16": np.float16, "float32": np.float32,
+               "float64": np.float64}
+
+
+def sync_weights(samples: np.ndarray, weighting: str, taking_part: np.ndarray) -> np.ndarray:
+    """Each rank's weight in an average (summing to 1; 0 for a rank not taking part), from
+    the samples each trained since the last average.
+
+    Example:
+        sync_weights(np.array([3., 2.]), "invwavg", np.array([True, True]))  # [0.4, 0.6]
+    """
+    n = np.asarray(samples, np.float64)
+    part = np.asarray(taking_part, bool)
+    if weighting == "avg":
+        w = part.astype(np.float64)
+    elif weighting == "wavg":
+        w = np.where(part, n, 0.0)
+    else:  # invwavg: the fewest samples get the weight of the most and the reverse
+        lo, hi = n[part].min(), n[part].max()
+        w = np.where(part, lo + hi - n, 0.0)
+    total = w.sum()
+    if total <= 0:  # no rank trained (or all weights 0): an equal average of those taking part
+        w, total = part.astype(np.float64), max(part.sum(), 1)
+    return w / total
+
 
 class LocalSGD(Rule):
     """Local steps, then an all-reduce average of the weights every ``sync_every`` batches.
@@ -28,6 +66,11 @@ class LocalSGD(Rule):
     Args:
         sync_every: k, batches between two averages (1: every step).
         group_size: ranks per replica, training synchronously.
+        weighting: wavg | avg | invwavg, the weights of the replicas in an average.
+        participation: all | avail2all, which ranks take part in an average.
+        min_avail: skip an average that fewer ranks than this take part in.
+        sync_dtype: none | float16 | float32 | float64, the dtype the replicas are
+            all-reduced in (none: the model's).
 
     Example:
         Trainer(model, SGD(model, lr=0.01, momentum=0.9), rule=LocalSGD(sync_every=8))
@@ -46,11 +89,25 @@ class LocalSGD(Rule):
         return [Message("weights" if period > 1 else "chunk", (size + 1) * itemsize,
                         1 / period, "allreduce")]
 
-    def __init__(self, *, sync_every: int | None = None, group_size: int = 1):
+    def __init__(self, *, sync_every: int | None = None, group_size: int = 1,
+                 weighting: str = "wavg", participation: str = "all", min_avail: int = 0,
+                 sync_dtype: str = "none"):
         sync_every = self.default_period if sync_every is None else sync_every
         if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
             raise ValueError(f"localsgd: sync_every must be an integer >= 1, got {sync_every!r}")
+        for arg, value, choices in (("weighting", weighting, WEIGHTINGS),
+                                    ("participation", participation, PARTICIPATIONS),
+                                    ("sync_dtype", sync_dtype, tuple(SYNC_DTYPES))):
+            if value not in choices:
+                raise ValueError(f"localsgd: {arg} must be one of {', '.join(choices)}, "
+                                 f"got {value!r}")
+        if isinstance(min_avail, bool) or int(min_avail) != min_avail or min_avail < 0:
+            raise ValueError(f"localsgd: min_avail must be an integer >= 0, got {min_avail!r}")
         self.sync_every = int(sync_every)
+        self.weighting, self.participation = weighting, participation
+        self.min_avail, self.sync_dtype = int(min_avail), sync_dtype
+        self.skipped = 0
+        self._stale = False
         self.group_size = check_group_size(self.name, group_size)
         self._group: WorkerGroup | None = None
         self.traffic = Traffic()
@@ -97,13 +154,22 @@ class LocalSGD(Rule):
         if self._steps % self.sync_every == 0:
             self._average(trainer)
 
-    def _average(self, trainer) -> None:
+    @property
+    def _plain(self) -> bool:
+        """The one all-reduce of samples-weighted replicas and the sample count suffices."""
+        return (self.weighting, self.participation, self.min_avail, self.sync_dtype) \
+            == ("wavg", "all", 0, "none")
+
+    def _average(self, trainer, final: bool = False) -> None:
         comm = trainer.comm
         group = self._group
         if group is not None:
             comm = group.groups.leaders_comm if group.is_leader else None
         x = trainer.model.parameters_flat()
-        if comm is not None and comm.size > 1:
+        averaged = True
+        if comm is not None and comm.size > 1 and not self._plain:
+            averaged = self._weighted_average(comm, x, final)
+        elif comm is not None and comm.size > 1:
             buf = self._buf
             np.multiply(x, self._samples, out=buf[:-1])
             buf[-1] = self._samples
@@ -111,13 +177,36 @@ class LocalSGD(Rule):
             self.traffic.sent(buf)
             np.divide(buf[:-1], buf[-1], out=x)
             self.averages += 1
-        if group is not None:
+        if group is not None:  # a skipped round leaves the group's ranks as they were: equal
             group.share_weights(trainer)
-        self._samples = 0
+        if averaged:
+            self._samples = 0
+        self._stale = not averaged
+
+    def _weighted_average(self, comm, x: np.ndarray, final: bool) -> bool:
+        """Average ``x`` in place with ``sync_weights``' weights (one all-gather of the
+        sample counts, then one all-reduce in ``sync_dtype``); False: the round is skipped
+        (fewer than ``min_avail`` ranks take part)."""
+        samples = comm.allgather(np.array([self._samples], np.float64)).reshape(-1)
+        self.traffic.sent(np.empty(1, np.float64))
+        part = samples > 0 if self.participation == "avail2all" else np.ones(len(samples), bool)
+        if not part.any():
+            part[:] = True
+        if part.sum() < self.min_avail and not final:
+            self.skipped += 1
+            return False
+        weight = sync_weights(samples, self.weighting, part)[comm.rank]
+        dtype = SYNC_DTYPES[self.sync_dtype] or x.dtype
+        buf = (x * weight).astype(dtype)
+        comm.allreduce_(buf, "sum")
+        self.traffic.sent(buf)
+        x[...] = buf
+        self.averages += 1
+        return True
 
     def end_epoch(self, trainer, epoch: int) -> None:
-        if self._steps % self.sync_every:
-            self._average(trainer)
+        if self._steps % self.sync_every or self._stale:
+            self._average(trainer, final=True)
         self._steps = 0
         # the replicas are equal now; their optimizers are not
         self._states = gather_states(trainer, local_state(trainer, weights=False))
@@ -132,7 +221,11 @@ class LocalSGD(Rule):
     def stats(self):
         out = self.traffic.as_dict()
         out["averages"] = float(self.averages)
+        if self.skipped:
+            out["skipped"] = float(self.skipped)
         return out
 
     def __repr__(self) -> str:
-        return f"LocalSGD(sync_every={self.sync_every}, group_size={self.group_size})"
+        return (f"LocalSGD(sync_every={self.sync_every}, group_size={self.group_size}, "
+                f"weighting={self.weighting!r}, participation={self.participation!r}, "
+                f"min_avail={self.min_avail}, sync_dtype={self.sync_dtype!r})")

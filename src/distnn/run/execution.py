@@ -23,8 +23,10 @@ class ParallelConfig(Section):
         "Training rule: data (synchronous all-reduce, alias bsp), localsgd (periodic "
         "averaging), downpour (asynchronous parameter server on rank 0), easgd (elastic "
         "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
-        "(local steps, one chunk of the weights averaged per step); sequential (one process) or "
-        "auto (data).")
+        "(local steps, one chunk of the weights averaged per step), pipeline (delayed SGD: "
+        "gradients one step stale, their all-reduce behind the next step; alias delayed), "
+        "fedavg (federated averaging: rounds of clients training locally on their own part); "
+        "sequential (one process) or auto (data).")
     stall_warning: float = option(60.0, Float(0.0, low_open=True),
         "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
         "that have not arrived and where each last was (step, phase).", commands=(TRAIN,))
@@ -44,6 +46,46 @@ class ParallelConfig(Section):
         "groups are cut host by host. Under data every rank "
         "already trains synchronously with all the others: it changes nothing.",
         commands=(TRAIN,))
+    # localsgd's averages (PyDTNN's --model-sync-algo/-participation/-min-avail/-dtype)
+    sync_weighting: str = option("wavg", Str(("wavg", "avg", "invwavg")),
+        "localsgd: weights of the replicas in an average: wavg (samples each trained since "
+        "the last average), avg (equal), invwavg (inverse: min + max - samples).",
+        commands=(TRAIN,), argument="weighting")
+    sync_participation: str = option("all", Str(("all", "avail2all")),
+        "localsgd: ranks taking part in an average: all, or avail2all (those that trained "
+        "on a sample since the last one; the others take the average).",
+        commands=(TRAIN,), argument="participation")
+    sync_min_avail: int = option(0, Int(0),
+        "localsgd: skip an average fewer ranks than this take part in (never the epoch "
+        "end's).", commands=(TRAIN,), argument="min_avail")
+    sync_dtype: str = option("none", Str(("none", "float16", "float32", "float64")),
+        "localsgd: dtype the replicas are all-reduced in (none: the model's).",
+        commands=(TRAIN,))
+    # fedavg's rounds (the partition of the data: --partition, a data option)
+    clients: int = option(0, Int(0),
+        "fedavg: the number of clients, dealt to the ranks round-robin (0: one per rank).",
+        commands=(TRAIN,))
+    client_fraction: float = option(1.0, Float(0.0, 1.0, low_open=True),
+        "fedavg: the share of the clients drawn each round (an epoch is a round).",
+        commands=(TRAIN,))
+    local_epochs: int = option(1, Int(1),
+        "fedavg: epochs each drawn client trains on its part per round.", commands=(TRAIN,))
+    fedprox_mu: float = option(0.0, Float(0.0),
+        "fedavg: FedProx's proximal term mu (0: plain FedAvg).", commands=(TRAIN,))
+    secure_aggregation: bool = option(False, Bool(),
+        "fedavg: sum the clients' updates with pairwise masks (Bonawitz et al.): no client's "
+        "update leaves its process unmasked; the sum is exact in 64-bit fixed point.",
+        commands=(TRAIN,))
+    encryption: str = option("none", Str(("none", "ckks", "tenseal")),
+        "fedavg: encrypt each rank's sum of its clients' updates with CKKS (TenSEAL, "
+        "python -m pip install tenseal; tenseal is PyDTNN's name of it) before the "
+        "exchange; the ranks share the keys.", commands=(TRAIN,))
+    encryption_slots: int = option(4096, Int(1),
+        "--encryption: values per ciphertext (4096 or 8192).", commands=(TRAIN,))
+    encryption_scale: float = option(2.0 ** 40, Float(0.0, low_open=True),
+        "--encryption: CKKS's scale (a power of two, 2**20 to 2**50).", commands=(TRAIN,))
+    encryption_security: int = option(128, Int(1),
+        "--encryption: bits of security (128).", commands=(TRAIN,))
     masters: int = option(1, Int(1),
         "downpour, easgd: sub-masters under a top master (NNLO's --n-masters): ranks 1..M "
         "serve the workers and exchange with rank 0 every --sync_every of their updates.",
@@ -129,6 +171,12 @@ class ParallelConfig(Section):
         (``rules.build_rule`` takes those its rule has)."""
         return {f.metadata.get("argument", f.name): getattr(self, f.name)
                 for f in fields(self)}
+
+    @staticmethod
+    def rule_arguments_of(option: str) -> str:
+        """The training rules' constructor argument that ``option`` sets."""
+        return next(f.metadata.get("argument", f.name) for f in fields(ParallelConfig)
+                    if f.name == option)
 
     @staticmethod
     def option_of(argument: str | None) -> str | None:

@@ -33,10 +33,29 @@ def build_rule(cfg: RunConfig, comm):
             takes = [r for r, cls in RULES.items() if option in inspect.signature(cls).parameters]
             raise ConfigError(f"--{option} {value} is built for --parallel {', '.join(takes)}, "
                               f"not --parallel {p.parallel}: drop --{option} or change the rule")
+    accepted = inspect.signature(RULES[name]).parameters
+    if p.encryption != "none" and "encryption" not in accepted:
+        raise ConfigError(f"--encryption {p.encryption} encrypts --parallel fedavg's averages; "
+                          f"--parallel {p.parallel} does not take it: drop --encryption or use "
+                          "--parallel fedavg")
+    for option, default in (("sync_weighting", "wavg"), ("sync_participation", "all"),
+                            ("sync_min_avail", 0), ("sync_dtype", "none")):
+        argument = p.rule_arguments_of(option)
+        if getattr(p, option) != default and argument not in accepted:
+            raise ConfigError(f"--{option} {getattr(p, option)} sets localsgd's averages, not "
+                              f"--parallel {p.parallel}'s: drop it or use --parallel localsgd")
+    d = cfg.data
+    if d.partition != "iid" and "partition" not in accepted:
+        raise ConfigError(f"--partition {d.partition} cuts the data among --parallel fedavg's "
+                          f"clients; --parallel {p.parallel} shards every global batch: drop "
+                          "--partition or use --parallel fedavg")
+    arguments = {**p.rule_arguments(), "partition": d.partition,
+                 "dirichlet_alpha": d.dirichlet_alpha, "shards_per_client": d.shards_per_client,
+                 "seed": cfg.model.random_seed}
     if p.pipeline_stages > 1 or p.micro_batches > 1:
         return _pipeline(cfg, comm, name)
     try:
-        rule = rule_from_options(name, p.rule_arguments())
+        rule = rule_from_options(name, arguments)
     except ValueError as exc:
         raise rule_error(p, exc) from None
     if comm.size < rule.min_ranks:

@@ -215,6 +215,7 @@ class Trainer(EpochLoop):
                              f"got {steps_per_epoch!r}")
         # The rule says which share of each global batch this rank trains on (None: none,
         # e.g. a parameter-server master) and among how many ranks the batches are split.
+        self.rule.attach_data(train)
         shard, n_shards = self.rule.data_shard(self)
         local_bs, gbs = resolve_batch_sizes(batch_size, global_batch_size, n_shards)
         self.global_batch_size = gbs

@@ -1,0 +1,192 @@
+"""FedAvg on Fashion-MNIST: distnn's ``fedavg`` rule over MPI ranks against Flower's FedAvg
+strategy, the same model, partitions, clients per round and local training.
+
+Setup: 10 clients (Dirichlet(0.5) over the labels of the 60,000 training images,
+``distnn.data.partition``), half of them drawn per round (the same draw on both sides:
+``FedAvg.drawn``), each training 1 local epoch of plain SGD (lr 0.05, batch 32, the same
+shuffles) of an MLP 784-128-10 from the same initial weights; test accuracy on the 10,000
+test images after every round.
+
+* distnn: ``mpiexec -n R python benchmarks/fedavg_flower.py distnn`` (the clients dealt
+  round-robin to the R ranks; ``--secure`` sums with pairwise masks), writing
+  fedavg_distnn.json and the initial weights.
+* Flower: ``python benchmarks/fedavg_flower.py flower`` (one process): each client a
+  ``flwr.client.NumPyClient`` training a torch module, the server step Flower's
+  ``flwr.server.strategy.FedAvg.aggregate_fit`` (its sample-weighted average). Flower's
+  simulation engine (``flwr.simulation``) needs Ray, which is not installed here, so the
+  clients are called in-process, in the order of the draw.
+* ``python benchmarks/fedavg_flower.py table`` prints the table of both.
+
+Usage:
+    mpiexec -n 2 python benchmarks/fedavg_flower.py distnn --rounds 15
+    python benchmarks/fedavg_flower.py flower --rounds 15
+    python benchmarks/fedavg_flower.py table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one BLAS thread per rank (2 cores; spinning costs)
+
+import numpy as np  # noqa: E402
+
+CLIENTS, FRACTION, ALPHA, SEED = 10, 0.5, 0.5, 3
+LR, BATCH, LOCAL_EPOCHS, HIDDEN = 0.05, 32, 1, 128
+OUT = Path("fedavg_bench")
+
+
+def load():
+    from distnn.data import load_dataset
+    splits = load_dataset("fashion_mnist", download=False)
+    x, y = splits.train.arrays()
+    xt, yt = splits.test.arrays()
+    return splits, x.reshape(len(x), -1), y, xt.reshape(len(xt), -1), yt
+
+
+def rule(secure: bool = False):
+    from distnn.rules.fedavg import FedAvg
+    return FedAvg(clients=CLIENTS, client_fraction=FRACTION, local_epochs=LOCAL_EPOCHS,
+                  partition="dirichlet", dirichlet_alpha=ALPHA, seed=SEED,
+                  secure_aggregation=secure)
+
+
+def run_distnn(rounds: int, secure: bool) -> None:
+    from distnn import distributed as dist
+    from distnn.nn import Dense, Flatten, ReLU, Sequential
+    from distnn.optim import SGD
+    from distnn.training import Trainer
+    from distnn.data import load_dataset
+    comm = dist.init()
+    splits = load_dataset("fashion_mnist", download=False)
+    model = Sequential([Flatten(), Dense(HIDDEN), ReLU(), Dense(10)], input_shape=(1, 28, 28),
+                       rng=SEED)
+    r = rule(secure)
+    trainer = Trainer(model, SGD(model, lr=LR), comm=comm, rule=r, progress=False,
+                      verbose=False, seed=SEED)
+    dist.broadcast_parameters(model, comm=comm)
+    initial = [p.copy() for layer in model.walk() for p in layer.params.values()]
+    t0 = time.perf_counter()
+    history = trainer.fit(splits.train, epochs=rounds, batch_size=BATCH,
+                          validation=splits.test)
+    wall = time.perf_counter() - t0
+    if comm.rank == 0:
+        OUT.mkdir(exist_ok=True)
+        np.savez(OUT / "initial.npz", *initial)
+        acc = [rec["val_accuracy"] for rec in history.records]
+        name = "distnn_secure" if secure else "distnn"
+        (OUT / f"{name}.json").write_text(json.dumps(
+            {"accuracy": acc, "ranks": comm.size, "wall_s": wall,
+             "clients_per_round": r.participants}))
+        print(f"{name} on {comm.size} ranks: {rounds} rounds in {wall:.1f} s; "
+              f"test accuracy {acc}")
+
+
+def run_flower(rounds: int) -> None:
+    import flwr
+    import torch
+    from flwr.common import FitRes, Status, Code, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import FedAvg as FlowerFedAvg
+    from distnn.data.partition import client_partition
+    torch.set_num_threads(1)
+    _, x, y, xt, yt = load()
+    parts = client_partition(y, CLIENTS, "dirichlet", alpha=ALPHA, seed=SEED)
+    with np.load(OUT / "initial.npz") as z:
+        w1, b1, w2, b2 = (z[f"arr_{i}"] for i in range(4))
+    net = torch.nn.Sequential(torch.nn.Linear(784, HIDDEN), torch.nn.ReLU(),
+                              torch.nn.Linear(HIDDEN, 10))
+
+    def set_weights(arrays):
+        with torch.no_grad():
+            for p, a in zip(net.parameters(), arrays):
+                p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+
+    def get_weights():
+        return [p.detach().numpy().copy() for p in net.parameters()]
+
+    class Client(flwr.client.NumPyClient):
+        def __init__(self, cid: int, round: int):
+            self.cid, self.round = cid, round
+
+        def fit(self, parameters, config):
+            set_weights(parameters)
+            opt = torch.optim.SGD(net.parameters(), lr=LR)
+            xc = torch.from_numpy(x[parts[self.cid]])
+            yc = torch.from_numpy(y[parts[self.cid]].astype(np.int64))
+            rng = np.random.default_rng([SEED, self.round, self.cid])
+            for _ in range(LOCAL_EPOCHS):
+                order = rng.permutation(len(xc))
+                for lo in range(0, len(xc), BATCH):
+                    ids = torch.from_numpy(order[lo:lo + BATCH])
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(net(xc[ids]), yc[ids]).backward()
+                    opt.step()
+            return get_weights(), len(xc), {}
+
+    def accuracy() -> float:
+        with torch.no_grad():
+            return float((net(torch.from_numpy(xt)).argmax(1).numpy() == yt).mean())
+
+    strategy = FlowerFedAvg(fraction_fit=FRACTION, fraction_evaluate=0.0)
+    weights = [w1.T, b1, w2.T, b2]  # distnn's Dense keeps (in, out); torch's Linear (out, in)
+    draws = rule()
+    draws.n_clients = CLIENTS
+    acc = []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        results = []
+        for cid in draws.drawn(r):
+            new, n, _ = Client(cid, r).fit(weights, {})
+            results.append((None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(new), n,
+                                         {})))
+        aggregated, _ = strategy.aggregate_fit(r + 1, results, [])
+        weights = parameters_to_ndarrays(aggregated)
+        set_weights(weights)
+        acc.append(accuracy())
+    wall = time.perf_counter() - t0
+    (OUT / "flower.json").write_text(json.dumps({"accuracy": acc, "wall_s": wall,
+                                                 "flwr": flwr.__version__}))
+    print(f"flower {flwr.__version__}: {rounds} rounds in {wall:.1f} s; test accuracy {acc}")
+
+
+def table() -> None:
+    runs = {}
+    for name in ("distnn", "distnn_secure", "flower"):
+        path = OUT / f"{name}.json"
+        if path.exists():
+            runs[name] = json.loads(path.read_text())
+    names = list(runs)
+    label = {"distnn": "distnn fedavg", "distnn_secure": "distnn fedavg, secure agg.",
+             "flower": "Flower FedAvg"}
+    print("| round | " + " | ".join(
+        f"{label[n]}" + (f" ({runs[n]['ranks']} ranks)" if "ranks" in runs[n] else "")
+        for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    rounds = max(len(r["accuracy"]) for r in runs.values())
+    for i in range(rounds):
+        print(f"| {i + 1} | " + " | ".join(
+            f"{runs[n]['accuracy'][i]:.4f}" if i < len(runs[n]["accuracy"]) else ""
+            for n in names) + " |")
+    print("| wall s | " + " | ".join(f"{runs[n]['wall_s']:.1f}" for n in names) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("side", choices=("distnn", "flower", "table"))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--secure", action="store_true")
+    args = ap.parse_args()
+    if args.side == "distnn":
+        run_distnn(args.rounds, args.secure)
+    elif args.side == "flower":
+        run_flower(args.rounds)
+    else:
+        table()
+
+
+if __name__ == "__main__":
+    main()
