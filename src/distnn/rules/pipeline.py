@@ -60,7 +60,7 @@ class Pipeline(Rule):
         Trainer(model, SGD(model, lr=0.1), rule=rule).fit(train, batch_size=64)
     """
 
-    name = "pipeline"
+    name = "pipeline_stages"
     chosen_by_name = False  # --pipeline_stages picks it (run/rule.py)
     lockstep = True
 
