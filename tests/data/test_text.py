@@ -128,6 +128,13 @@ def test_the_default_corpus_is_debians_fortunes():
     assert len(s.test) == (len(blocks(text)[2].encode()) - 1) // 256 > 100
 
 
+def test_a_missing_default_corpus_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "DEFAULT_CORPUS", tmp_path / "fortunes")
+    with pytest.raises(DatasetError, match=r"fortunes is not installed; run `apt-get install "
+                                           r"fortunes`.*or pass --dataset_path"):
+        load_dataset("text")
+
+
 def distnn(*args, cwd, ranks=1):
     return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
                           text=True, timeout=300, cwd=cwd,
