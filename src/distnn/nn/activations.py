@@ -22,7 +22,23 @@ def _fast_for(*arrays):
     return None
 
 
-class ReLU(Layer):
+class _OneOp(Layer):
+    """An activation that is one ONNX op (``onnx_ops[0]``) and one torch module of the
+    class's own name, neither with arguments: their declarations (nn/base.py)."""
+
+    def onnx_node(self, g, x):
+        return g.node(self.onnx_ops[0], [x], self)
+
+    def torch_module(self):
+        from torch import nn
+        return getattr(nn, type(self).__name__)()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        return cls(), {}
+
+
+class ReLU(_OneOp):
     """max(x, 0).
 
     After a ``BatchNormalization`` that is linked to it (``fused_relu``, set when the
@@ -80,17 +96,6 @@ class ReLU(Layer):
 
     onnx_ops = ("Relu",)
 
-    def onnx_node(self, g, x):
-        return g.node("Relu", [x], self)
-
-    def torch_module(self):
-        from torch import nn
-        return nn.ReLU()
-
-    @classmethod
-    def from_onnx(cls, g, node, attrs):
-        return cls(), {}
-
 
 class LeakyReLU(Layer):
     """x if x > 0 else alpha * x."""
@@ -126,7 +131,7 @@ class LeakyReLU(Layer):
         return cls(attrs.get("alpha", 0.01)), {}
 
 
-class Sigmoid(Layer):
+class Sigmoid(_OneOp):
     """1 / (1 + exp(-x)), computed without overflow."""
 
     def forward(self, x, training=False):
@@ -141,19 +146,8 @@ class Sigmoid(Layer):
 
     onnx_ops = ("Sigmoid",)
 
-    def onnx_node(self, g, x):
-        return g.node("Sigmoid", [x], self)
 
-    def torch_module(self):
-        from torch import nn
-        return nn.Sigmoid()
-
-    @classmethod
-    def from_onnx(cls, g, node, attrs):
-        return cls(), {}
-
-
-class Tanh(Layer):
+class Tanh(_OneOp):
     """tanh(x)."""
 
     def forward(self, x, training=False):
@@ -167,17 +161,6 @@ class Tanh(Layer):
         return dy * (1 - self._y * self._y)
 
     onnx_ops = ("Tanh",)
-
-    def onnx_node(self, g, x):
-        return g.node("Tanh", [x], self)
-
-    def torch_module(self):
-        from torch import nn
-        return nn.Tanh()
-
-    @classmethod
-    def from_onnx(cls, g, node, attrs):
-        return cls(), {}
 
 
 class Softmax(Layer):
