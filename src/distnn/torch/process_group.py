@@ -113,8 +113,16 @@ def init_process_group(backend: str = "gloo", *, comm: Communicator | None = Non
         raise RuntimeError(f"init_process_group: rank 0 could not open the rendezvous: "
                            f"{found}")
     addr, port = found
+    failed = None
     if store is None:
-        store = tdist.TCPStore(addr, port, c.size, False, timeout=wait)
+        try:
+            store = tdist.TCPStore(addr, port, c.size, False, timeout=wait)
+        except Exception as e:  # every rank raises the first failure, none waits for it
+            failed = f"rank {c.rank} could not reach {addr}:{port}: {type(e).__name__}: {e}"
+    failures = [f for f in c.allgather_obj(failed) if f]
+    if failures:
+        raise RuntimeError(f"init_process_group: {failures[0]}; pass master_addr= (rank 0's "
+                           "address on the network the hosts share)")
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(c.rank),
                       WORLD_SIZE=str(c.size), LOCAL_RANK=str(c.local_rank),
                       LOCAL_WORLD_SIZE=str(c.local_size))

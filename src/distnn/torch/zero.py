@@ -115,7 +115,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._zero_comm = channel(comm, process_set)
         self.rank, self.world_size = self._zero_comm.rank, self._zero_comm.size
         self.parameters_as_bucket_view = bool(parameters_as_bucket_view)
-        self._zero_optim_defaults = defaults
         self._zero_partition_cache: list[list[dict]] = []
         self._zero_all_state_dicts: list[dict] = []
         self._check_same_everywhere()
