@@ -231,6 +231,8 @@ class ShardedOptimizer:
             m._grads_flat = np.empty(0, dtype=self.dtype)  # a rank without samples zeroes it
             m.layer_hooks.append(u.hook)
             m.grad_hooks.append(u.ready)
+            from ..nn.allocator import release_freed_memory
+            release_freed_memory()  # the whole buffers, kept by distnn's heap thresholds
         self.sharded = True
 
     def unshard(self) -> None:
