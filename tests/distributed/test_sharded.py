@@ -162,3 +162,16 @@ def test_bad_shard_options_fail_before_any_step(tmp_path, extra, message):
     lines = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert lines and all(message in line for line in lines), proc.stderr
     assert "Epoch" not in proc.stdout + proc.stderr
+
+
+def test_a_dense_checkpoint_resumes_sharded_and_a_sharded_one_asks_for_shard(tmp_path):
+    from distnn.training.checkpoint import CheckpointError
+    dense_ck, sharded_ck = str(tmp_path / "dense.npz"), str(tmp_path / "sharded.npz")
+    whole = prog.train(LocalComm(), "adam", 0)
+    prog.train(LocalComm(), "adam", 0, epochs=1, checkpoint=dense_ck)
+    assert close(prog.train(LocalComm(), "adam", 3, resume=dense_ck), whole) < TOL
+    prog.train(LocalComm(), "adam", 2, epochs=1, checkpoint=sharded_ck)
+    assert close(prog.train(LocalComm(), "adam", 1, resume=sharded_ck), whole) < TOL
+    with pytest.raises(CheckpointError, match="holds sharded training state .stage 2 on 1 "
+                                              "ranks.; resume it with --shard"):
+        prog.train(LocalComm(), "adam", 0, resume=sharded_ck)
