@@ -14,8 +14,10 @@ This probe runs a small Python program on each host through the same remote shel
 
 A host fails when its remote shell fails, a connection is refused, has no route or does
 not complete within ``timeout`` seconds; the reason names the step, the peer and the
-error (``from h2: connect to h1 port 40123: No route to host``). A connect needs only a
-listening port, not ICMP, and crosses the same firewalls as MPI's TCP.
+error (``from h2: connect to h1 port 40123: No route to host (the rank-0 host)``). A
+connect needs only a listening port, not ICMP, and crosses the same firewalls as MPI's
+TCP. The ports are the system's choice (port 0), on every interface, each open for the
+probe's few seconds (a listener ends when its stdin closes, or after a minute).
 
 Example:
     probe = DataProbe(lambda host, argv: ["ssh", host, shlex.join(argv)])
@@ -67,6 +69,7 @@ class DataProbe:
         python: the Python on the hosts (default: this one, as the launch uses).
         timeout: seconds a connect may take.
         here: this machine's name as the hosts resolve it (default its hostname).
+        env: the environment of the remote shell (default this process's).
     """
 
     def __init__(self, remote: Callable[[str, list[str]], list[str]], *,
