@@ -16,7 +16,7 @@ import pytest
 from cluster_util import DISTNN, MPIEXEC, PREFIX, make_cluster, needs_cluster
 
 from distnn.launch.netprobe import DataProbe, Health
-from distnn.cluster.supervisor import Supervisor
+from distnn.launch.supervisor import Supervisor
 from distnn.training.checkpoint import load_checkpoint
 from helpers import have_fashion_mnist
 

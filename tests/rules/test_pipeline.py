@@ -205,7 +205,7 @@ def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
     mark = f"DISTNN_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
     history = tmp_path / "h.json"
     proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "distnn.cluster.rankwatch", *COMMAND,
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "distnn.launch.rankwatch", *COMMAND,
          "train", "--dataset", "synthetic", "--num_samples", "64", "--batch_size", "8",
          "--model", "simplemlp", "--num_epochs", "1000", "--pipeline_stages", "2",
          "--micro_batches", "2", "--validation_split", "0", "--evaluate", "false",
