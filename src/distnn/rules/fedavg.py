@@ -49,7 +49,8 @@ class FedAvg(Rule):
         encryption: none | ckks (tenseal): each rank's sum of its clients' updates leaves
             it as CKKS ciphertexts (TenSEAL, refused by name when not installed).
         encryption_slots, encryption_scale, encryption_security: CKKS's parameters.
-        seed: the seed of the partition and of the clients' draws.
+
+    The partition, the draws and the clients' shuffles follow the trainer's seed.
 
     Example:
         Trainer(model, SGD(model, lr=0.05), rule=FedAvg(clients=10, client_fraction=0.5,
@@ -63,7 +64,7 @@ class FedAvg(Rule):
                  dirichlet_alpha: float = 0.5, shards_per_client: int = 2,
                  secure_aggregation: bool = False, encryption: str = "none",
                  encryption_slots: int = 4096, encryption_scale: float = 2.0 ** 40,
-                 encryption_security: int = 128, seed: int = 0):
+                 encryption_security: int = 128):
         if isinstance(clients, bool) or int(clients) != clients or clients < 0:
             raise ValueError(f"fedavg: clients must be an integer >= 0, got {clients!r}")
         if not 0 < client_fraction <= 1:
@@ -97,7 +98,8 @@ class FedAvg(Rule):
         self.local_epochs, self.fedprox_mu = int(local_epochs), float(fedprox_mu)
         self.partition, self.dirichlet_alpha = partition, float(dirichlet_alpha)
         self.shards_per_client = int(shards_per_client)
-        self.secure_aggregation, self.seed = bool(secure_aggregation), int(seed)
+        self.secure_aggregation = bool(secure_aggregation)
+        self.seed = 0  # the trainer's seed, set in begin
         self.traffic = Traffic()
         self.rounds = 0
         self.dropped: list[tuple[int, int, str]] = []  # (round, client, error)
@@ -132,6 +134,7 @@ class FedAvg(Rule):
             self._ckks = CKKSAggregator(comm, *self._ckks_args)
 
     def begin(self, trainer) -> None:
+        self.seed = int(trainer.seed)
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
         self._setup(trainer.comm)
         self._fresh = [{k: np.zeros_like(a) for k, a in state.items()}
@@ -214,7 +217,11 @@ class FedAvg(Rule):
             for u in updates.values():
                 total += u
             comm.allreduce_(total, "sum")
-        self.traffic.sent(np.empty(n, np.uint64 if self._secagg else np.float64))
+        if self._ckks is None:
+            self.traffic.sent(np.empty(n, np.uint64 if self._secagg else np.float64))
+        else:
+            self.traffic.messages += 1
+            self.traffic.bytes = self._ckks.bytes_sent
         if total[-1] > 0:
             w[...] = total[:-1] / total[-1]
         else:

@@ -8,7 +8,7 @@ average (so uneven shards count each sample once). Each epoch ends with an avera
 validation, checkpoints and the final model use the averaged model. With
 ``sync_every=1`` and equal shards it makes exactly the updates of ``data``.
 
-How the replicas are weighted in an average (``weighting``, PyDTNN's ``--model-sync-algo``):
+How the replicas are weighted in an average (``weighting``, PyDTNN's model-sync-algo):
 ``wavg`` (the default) by the samples each trained since the last average, ``avg`` equally,
 ``invwavg`` inversely (PyDTNN's inverse weights: a rank that trained n of the samples gets
 ``min + max - n``, min and max over the ranks taking part, normalized here to sum to 1).
@@ -17,7 +17,7 @@ trained on at least one sample since the last average (a rank whose shard ran ou
 out and takes the average of the others); with fewer than ``min_avail`` of those the round
 is skipped (the epoch-end average is never skipped). ``sync_dtype`` casts each rank's
 weighted replica to float16/float32 before the all-reduce (PyDTNN's
-``--model-sync-quantize``): half the bytes in float16, each rank's contribution rounded.
+model-sync-quantize): half the bytes in float16, each rank's contribution rounded.
 
 With ``group_size`` K > 1 a replica is a group of K ranks (``rules/groups.py``): they sum
 their gradients every step and take the same local step; the averages run among the
