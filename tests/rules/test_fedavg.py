@@ -194,3 +194,12 @@ def test_partitions_belong_to_fedavg():
     proc = run_cli(0, "train", "--dataset", "digits", "--partition", "dirichlet", "--quiet")
     assert proc.returncode == 2
     assert "--partition dirichlet cuts the data among --parallel fedavg's" in proc.stderr
+
+
+def test_more_clients_than_samples_is_refused_by_name():
+    proc = run_cli(0, "train", "--parallel", "fedavg", "--dataset", "digits", "--clients",
+                   "2000", "--partition", "dirichlet", "--quiet")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and lines[0].startswith("distnn train: error: --clients 2000:"), \
+        proc.stderr

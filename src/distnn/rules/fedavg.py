@@ -105,12 +105,29 @@ class FedAvg(Rule):
         self.dropped: list[tuple[int, int, str]] = []  # (round, client, error)
         self.participants: list[list[int]] = []
         self._train = None
+        self._parts = None
+        self._seed_cut = 0
         self._secagg = None
         self._ckks = None
 
     # -- the data -----------------------------------------------------------------------
     def attach_data(self, train) -> None:
-        self._train = train
+        if train is self._train:
+            return
+        self._train, self._parts = train, None
+        x, y = train.arrays()
+        self._arrays = (x, y)
+        if self.clients:  # else one client per rank: cut once the ranks are known
+            self._parts = self._cut(self.clients)
+
+    def _cut(self, k: int) -> list[np.ndarray]:
+        y = self._arrays[1]
+        labels = y.argmax(axis=1) if y.ndim > 1 else y
+        try:
+            return client_partition(labels, k, self.partition, alpha=self.dirichlet_alpha,
+                                    shards_per_client=self.shards_per_client, seed=self.seed)
+        except ValueError as exc:
+            raise RuleArgumentError("clients", f"fedavg: {exc}") from None
 
     def data_shard(self, trainer):
         return None, trainer.comm.size
@@ -120,10 +137,9 @@ class FedAvg(Rule):
             raise ValueError("fedavg: the rule needs the training set (Trainer.fit gives it)")
         k = self.clients or comm.size
         self.n_clients = k
-        x, y = self._train.arrays()
-        labels = y.argmax(axis=1) if y.ndim > 1 else y
-        parts = client_partition(labels, k, self.partition, alpha=self.dirichlet_alpha,
-                                 shards_per_client=self.shards_per_client, seed=self.seed)
+        x, y = self._arrays
+        parts = self._parts if self._parts is not None and self._seed_cut == self.seed \
+            else self._cut(k)
         self.owners = [c % comm.size for c in range(k)]
         self.parts = {c: (x[idx], y[idx]) for c, idx in enumerate(parts)
                       if self.owners[c] == comm.rank}
@@ -132,6 +148,10 @@ class FedAvg(Rule):
             self._secagg = SecureAggregator(comm, self.owners)
         if self.encryption == "ckks":
             self._ckks = CKKSAggregator(comm, *self._ckks_args)
+
+    def bind(self, trainer, optimizer):
+        self.seed = self._seed_cut = int(trainer.seed)  # the partition follows it
+        return optimizer
 
     def begin(self, trainer) -> None:
         self.seed = int(trainer.seed)
