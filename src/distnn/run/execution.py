@@ -51,9 +51,11 @@ class ParallelConfig(Section):
         "localsgd: weights of the replicas in an average: wavg (samples each trained since "
         "the last average), avg (equal), invwavg (inverse: min + max - samples).",
         commands=(TRAIN,), argument="weighting")
-    sync_participation: str = option("all", Str(("all", "avail2all")),
-        "localsgd: ranks taking part in an average: all, or avail2all (those that trained "
-        "on a sample since the last one; the others take the average).",
+    sync_participation: str = option("all", Str(("all", "avail2all", "ready")),
+        "localsgd: ranks taking part in an average: all, avail2all (those that trained "
+        "on a sample since the last one; the others take the average) or ready (rank 0 "
+        "averages the first --sync_min_avail replicas to reach it, a late rank is left out "
+        "and not waited for).",
         commands=(TRAIN,), argument="participation")
     sync_min_avail: int = option(0, Int(0),
         "localsgd: skip an average fewer ranks than this take part in (never the epoch "
