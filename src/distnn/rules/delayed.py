@@ -1,4 +1,4 @@
-"""``pipeline``: delayed SGD with a staleness of one step (PyDTNN's ``--parallel-pipeline``).
+"""``pipeline``: delayed SGD with a staleness of one step (PyDTNN's parallel pipeline).
 
 Each step starts the all-reduce of this step's gradient and applies the one of the
 previous step, whose all-reduce had the whole of this step's forward and backward to
