@@ -174,8 +174,9 @@ class ParallelConfig(Section):
         "layer of each stage after the first, e.g. 2,5.", commands=(TRAIN,),
         argument="balance")
     threads: int = option(0, Int(0, 1 << 12),
-        "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
-        "else the libraries' defaults).")
+        "Threads per rank, for BLAS and the compiled kernels (0: DISTNN_NUM_THREADS or "
+        "OMP_NUM_THREADS when set, else the rank's cores shared among the ranks of its node "
+        "that share them: distnn.distributed.threads_per_rank).")
 
     def rule_arguments(self) -> dict[str, Any]:
         """Every field by the name of the training rules' constructor argument it sets
