@@ -31,7 +31,9 @@ CASES = {
         job("cnn_gpipe_m2_time", stages=2, micro=2, schedule="gpipe", model="cnn",
             balance="time"),
         job("cnn_1f1b_m4_cut", stages=2, micro=4, schedule="1f1b", model="cnn",
-            balance="4")],
+            balance="4"),
+        # one stage: micro-batches alone, gradient accumulation under 2 replicas
+        job("cnn_one_stage_m2", stages=1, micro=2, schedule="gpipe", model="cnn")],
     3: [job("mlp_gpipe_m2", stages=3, micro=2, schedule="gpipe"),
         job("mlp_1f1b_m4", stages=3, micro=4, schedule="1f1b", balance="1,3"),
         job("cnn_1f1b_m8", stages=3, micro=8, schedule="1f1b", model="cnn", balance="time")],
