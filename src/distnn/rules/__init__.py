@@ -5,8 +5,8 @@ Theano-MPI's ``bsp`` and ``gosgd``); ``get_rule(name, **kwargs)`` builds one, an
 ``build_rule(name, arguments)`` builds one from typed arguments by name, taking those its
 constructor has. See ``base.Rule`` for the interface the ``Trainer`` calls. Rules know
 nothing of command-line options: ``distnn.run`` maps its options to these arguments.
-``Pipeline`` (pipeline stages × data parallelism) is chosen by its stage count
-(``--pipeline_stages``), over the ``data`` rule's exchange, not by a name of its own.
+``Pipeline`` (pipeline stages × data parallelism) is chosen by its stage count (the run's
+option for it), over the ``data`` rule's exchange, not by a name of its own.
 """
 from __future__ import annotations
 
