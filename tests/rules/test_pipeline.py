@@ -30,8 +30,11 @@ CASES = {
             lr=0.01, hyper={}),
         job("cnn_gpipe_m2_time", stages=2, micro=2, schedule="gpipe", model="cnn",
             balance="time"),
+        # cut between a batch norm and its ReLU, a pair that runs fused in one model
         job("cnn_1f1b_m4_cut", stages=2, micro=4, schedule="1f1b", model="cnn",
-            balance="4")],
+            balance="2"),
+        # one stage: micro-batches alone, gradient accumulation under 2 replicas
+        job("cnn_one_stage_m2", stages=1, micro=2, schedule="gpipe", model="cnn")],
     3: [job("mlp_gpipe_m2", stages=3, micro=2, schedule="gpipe"),
         job("mlp_1f1b_m4", stages=3, micro=4, schedule="1f1b", balance="1,3"),
         job("cnn_1f1b_m8", stages=3, micro=8, schedule="1f1b", model="cnn", balance="time")],
