@@ -54,7 +54,15 @@ def test_every_stage_gives_the_weights_of_dense_data(sharded):
         ref = dense(sharded, opt)
         assert case["ranks_agree"], key
         assert close(case["w"], ref) < TOL, (key, close(case["w"], ref))
-        assert not np.allclose(ref, prog.model().parameters_flat()), "nothing trained"
+        start = prog.model("residual" if opt.endswith("_residual") else "mlp")
+        assert not np.allclose(ref, start.parameters_flat()), "nothing trained"
+
+
+@pytest.mark.mpi
+def test_clipping_takes_the_norm_over_every_slice(sharded):
+    held = sharded["cases"][f"adam_clip/3/{sharded['size']}"]["held"]
+    norms = [h["grad_norm"] for h in held]
+    assert norms[0] > 0.05 and all(n == norms[0] for n in norms)  # clipped; one norm
 
 
 @pytest.mark.mpi

@@ -50,6 +50,22 @@ def check_shardable(total: int, size: int, who: str = "ShardedOptimizer") -> Non
                          f"{total} ranks or without sharding")
 
 
+def _decay_ranges(optimizer, inner, model, defaults: dict, lo: int, hi: int) -> None:
+    """An optimizer with parameter groups of weight decay (AdamW: ``_ranges`` of the flat
+    buffer) decays, on this rank's slice, the part of those ranges inside it."""
+    if not hasattr(inner, "_ranges"):
+        return
+    if isinstance(optimizer, (str, type)):
+        from ..optim import groups
+        rule = defaults.get("decay", "auto")
+        ranges = groups.decay_ranges(model, groups.decays if rule == "auto" else rule)
+    else:
+        ranges = optimizer._ranges
+    if ranges is not None:
+        inner._ranges = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges
+                         if min(b, hi) > max(a, lo)]
+
+
 def _sliced_optimizer(optimizer, defaults: dict, pair, lo: int, hi: int):
     """A new optimizer over ``pair`` (this rank's slice): of ``optimizer``'s class and
     settings, its step count and (once it stepped) its state sliced; or, for a class or
@@ -60,7 +76,7 @@ def _sliced_optimizer(optimizer, defaults: dict, pair, lo: int, hi: int):
         if cls is None or not issubclass(cls, Optimizer):
             raise ValueError(f"ShardedOptimizer: optimizer {optimizer!r} is not a distnn "
                              f"optimizer; use one of {', '.join(sorted(OPTIMIZERS))}")
-        return cls([pair], **defaults)
+        return cls([pair], **{k: v for k, v in defaults.items() if k != "clip_grad_norm"})
     cls = type(optimizer)
     try:
         inner = cls([pair], lr=optimizer.scheduled_lr, **optimizer.hyperparameters())
@@ -148,6 +164,7 @@ class ShardedOptimizer:
         if self.stage == 1:
             pair = (params[self.lo:self.hi], grads[self.lo:self.hi])
             self.optimizer = _sliced_optimizer(optimizer, defaults, pair, self.lo, self.hi)
+            self._own(optimizer, defaults)
             self._dist = DistributedOptimizer(
                 self.optimizer, model, comm=self.comm, op=op, bucket_size_mb=bucket_size_mb,
                 non_blocking=non_blocking, compression=compression,
@@ -161,8 +178,40 @@ class ShardedOptimizer:
         p = self.param_shard if self.stage == 3 else params[self.lo:self.hi]
         self.optimizer = _sliced_optimizer(optimizer, defaults, (p, self.grad_shard),
                                            self.lo, self.hi)
+        self._own(optimizer, defaults)
         self._units = UnitExchange(model, self.comm, self.bounds, self.grad_shard,
                                    self.param_shard, self.stage)
+
+    def _own(self, optimizer, defaults: dict) -> None:
+        """The settings of the whole model that the slice's optimizer must not apply on
+        its own: weight-decay groups (re-cut to the slice) and the gradient clipping (by
+        the norm over every rank's slice: ``step``)."""
+        _decay_ranges(optimizer, self.optimizer, self.model, defaults, self.lo, self.hi)
+        clip = (defaults.get("clip_grad_norm") if isinstance(optimizer, (str, type))
+                else getattr(optimizer, "clip_grad_norm", None))
+        self.clip_grad_norm = clip
+        self.grad_norm: float | None = None
+
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """Clip the summed gradients to this global L2 norm before each update (None: no
+        clipping); the norm is over every rank's slice (one 8-byte all-reduce)."""
+        return self._clip
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: float | None) -> None:
+        self.optimizer.clip_grad_norm = value  # validated there, then not used there
+        self._clip, self.optimizer.clip_grad_norm = self.optimizer.clip_grad_norm, None
+
+    def _clip_(self) -> None:
+        g = self.optimizer.param_pairs()[0][1]
+        total = np.array([float(np.einsum("i,i->", g, g, dtype=np.float64))])
+        self.comm.allreduce_(total, "sum")
+        norm = float(np.sqrt(total[0]))
+        factor = self._clip / (norm + 1e-6)  # torch's clip_grad_norm_, as optim.groups
+        if factor < 1.0 and np.isfinite(norm):
+            np.multiply(g, g.dtype.type(factor), out=g)
+        self.grad_norm = norm
 
     # -- sharding the model's buffers ---------------------------------------------------
     def shard(self) -> None:
@@ -182,6 +231,8 @@ class ShardedOptimizer:
             m._grads_flat = np.empty(0, dtype=self.dtype)  # a rank without samples zeroes it
             m.layer_hooks.append(u.hook)
             m.grad_hooks.append(u.ready)
+            from ..nn.allocator import release_freed_memory
+            release_freed_memory()  # the whole buffers, kept by distnn's heap thresholds
         self.sharded = True
 
     def unshard(self) -> None:
@@ -218,15 +269,21 @@ class ShardedOptimizer:
     @contextlib.contextmanager
     def gathered(self) -> Iterator[None]:
         """Within it the model holds all its parameters (stage 3: gathered, then dropped
-        again): validation, callbacks. Collective at stage 3."""
+        again; no gradient buffer): validation, callbacks. Collective at stage 3."""
         if self.stage != 3 or not self.sharded:
             yield
             return
-        self.unshard()
+        m, u = self.model, self._units
+        u.release_all()
+        m.layer_hooks.remove(u.hook)  # no per-layer gathers while the whole model is here
+        m._params_flat = self.gather_parameters()
+        self._repoint("params", m._params_flat)
         try:
             yield
         finally:
-            self.shard()
+            u.placeholders("params")
+            m._params_flat = np.empty(0, dtype=self.dtype)
+            m.layer_hooks.append(u.hook)
 
     # -- the step -----------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -245,6 +302,8 @@ class ShardedOptimizer:
         """Combine the gradients, update this rank's slice, share the parameters (stages 1
         and 2: all-gathered in place; stage 3: gathered by the next forward)."""
         self.synchronize()
+        if self._clip is not None:
+            self._clip_()
         self.optimizer.step()
         if self._dist is not None:
             self._dist._reducer.synced = False

@@ -41,3 +41,12 @@ def reuse_freed_memory(enabled: bool = True, limit_bytes: int = 1 << 30) -> bool
     ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, mmap)
     ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, trim)
     return bool(ok_mmap and ok_trim)
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's freed blocks back to the system now (glibc ``malloc_trim``): after a
+    large buffer is dropped for good (a sharded model's whole parameter and gradient
+    buffers), which the thresholds above would otherwise keep resident. Returns whether
+    anything was released (False on non-glibc systems)."""
+    libc = _libc()
+    return bool(libc is not None and hasattr(libc, "malloc_trim") and libc.malloc_trim(0))

@@ -14,7 +14,7 @@ import numpy as np
 from distnn import distributed as dist
 from distnn.data.base import ArrayDataset, Preprocess
 from distnn.nn.activations import ReLU
-from distnn.nn.containers import Sequential
+from distnn.nn.containers import Add, Sequential
 from distnn.nn.core import Dense, Flatten
 from distnn.optim import get_optimizer
 from distnn.rules import DataParallel
@@ -22,6 +22,8 @@ from distnn.training import Callback, Trainer
 from distnn.training.stopping import TrainingCheckpoint
 
 OPTIMIZERS = {
+    "adam_residual": ("adam", dict(lr=1e-2)),  # on model("residual")
+    "adam_clip": ("adam", dict(lr=1e-2, clip_grad_norm=0.05)),  # clipped every step
     "sgd_momentum": ("sgd", dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
     "sgd_nesterov": ("sgd", dict(lr=0.05, momentum=0.9, nesterov=True)),
     "adam": ("adam", dict(lr=1e-2)),
@@ -33,7 +35,10 @@ OPTIMIZERS = {
 STEPS = 20  # 2 epochs of 10 batches (9 of 11 samples, one of 2: a rank of 3 gets none)
 
 
-def model() -> Sequential:
+def model(kind: str = "mlp") -> Sequential:
+    if kind == "residual":  # a block whose layers are nested: one unit of stage 3
+        return Sequential([Flatten(), Dense(7), ReLU(), Add([Dense(7), ReLU()], []), Dense(3)],
+                          input_shape=(2, 3), dtype=np.float64, rng=0)
     # 6*7+7 + 7*5+5 + 5*3+3 = 107 parameters: not divisible by 2 or 3
     return Sequential([Flatten(), Dense(7), ReLU(), Dense(5), ReLU(), Dense(3)],
                       input_shape=(2, 3), dtype=np.float64, rng=0)
@@ -57,7 +62,7 @@ class Probe(Callback):
         if hasattr(opt, "state_bytes"):
             self.seen = {**opt.state_bytes(), "params_flat": int(m._params_flat.size),
                          "grads_flat": int(m._grads_flat.size), "slice": opt.hi - opt.lo,
-                         "calls": opt.allreduce_calls}
+                         "calls": opt.allreduce_calls, "grad_norm": opt.grad_norm}
 
 
 PROBES: dict = {}
@@ -65,15 +70,21 @@ PROBES: dict = {}
 
 def train(comm, opt: str, shard: int, epochs: int = 2, checkpoint: str | None = None,
           resume: str | None = None) -> np.ndarray:
-    m = model()
+    m = model("residual" if opt.endswith("_residual") else "mlp")
     name, kw = OPTIMIZERS[opt]
+    kw = dict(kw)
+    clip = kw.pop("clip_grad_norm", None)
     probe = PROBES.setdefault((opt, shard, comm.size), Probe())
     callbacks = [probe] + ([TrainingCheckpoint(checkpoint)] if checkpoint else [])
     rule = DataParallel(shard=shard, bucket_size_mb=0.0)
-    trainer = Trainer(m, get_optimizer(name, m, **kw), comm=comm, rule=rule, progress=False,
+    optimizer = get_optimizer(name, m, **kw)
+    optimizer.clip_grad_norm = clip  # as distnn train's --clip_grad_norm sets it
+    trainer = Trainer(m, optimizer, comm=comm, rule=rule, progress=False,
                       verbose=False, metrics=(), callbacks=callbacks)
     # 11 samples per global batch: uneven shards on 2 and 3 ranks
-    trainer.fit(dataset(), epochs=epochs, global_batch_size=11, resume=resume)
+    # validation each epoch: stage 3 gathers the whole model for it, then drops it again
+    trainer.fit(dataset(), epochs=epochs, global_batch_size=11, resume=resume,
+                validation=dataset(), eval_batch_size=16)
     return m.parameters_flat().copy()
 
 
