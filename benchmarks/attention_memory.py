@@ -2,7 +2,8 @@
 against PyTorch's ``scaled_dot_product_attention``. Prints two Markdown tables.
 
     python benchmarks/attention_memory.py [--lengths 256,512,1024,2048,4096] [--heads 1]
-        [--dim 32] [--speed-shape 16,4,128,32] [--repeat 20] [--skip-memory] [--skip-speed]
+        [--dim 32] [--speed-shape 16,4,128,32] [--repeat 20] [--clock wall|cpu]
+        [--skip-memory] [--skip-speed]
 
 Memory: the peak of NumPy allocations (``tracemalloc``, which sees every NumPy array)
 during one causal float32 forward+backward at batch 1, above the inputs, for the tiled
@@ -15,7 +16,9 @@ work arrays are (Tk, D) per (batch, head) item by construction.
 Speed: causal float32 forward+backward at a gpt_mini-like shape (B, H, T, D), 1 thread
 everywhere (BLAS through threadpoolctl, the compiled loops, torch), median over
 ``--repeat`` runs, interleaved so that load from other processes hits all alike;
-tokens/s = B * T / time.
+tokens/s = B * T / time. ``--clock cpu`` times the process's CPU time instead of wall time
+(everything runs on one thread, so on a host that other processes load it gives each
+implementation's own cost).
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def memory_table(lengths, heads, dim) -> None:
         print(f"| {t} | {a:.2f} | {b:.1f} | {b / a:.1f}x | {a / t * 1000:.2f} |")
 
 
-def speed_table(shape, repeat) -> None:
+def speed_table(shape, repeat, clock) -> None:
     import torch
     F = torch.nn.functional
     b, h, t, d = shape
@@ -82,6 +85,8 @@ def speed_table(shape, repeat) -> None:
     tdo = torch.tensor(do)
 
     def torch_sdpa():
+        # loading numba's OpenMP layer (the compiled backend) sets torch's threads to 2
+        torch.set_num_threads(1)
         for x in (tq, tk, tv):
             x.grad = None
         F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tdo)
@@ -105,12 +110,12 @@ def speed_table(shape, repeat) -> None:
             fn()
         for _ in range(repeat):
             for name, fn in variants.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn()
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
     ref = statistics.median(times["torch F.scaled_dot_product_attention"])
     print(f"\nCausal float32 forward+backward, B={b}, H={h}, T={t}, D={d}, 1 thread, "
-          f"median of {repeat}\n")
+          f"median of {repeat}, {clock.__name__}\n")
     print("| implementation | ms | tokens/s | time / torch |")
     print("|---|---:|---:|---:|")
     for name, ts in times.items():
@@ -133,13 +138,15 @@ def main(argv=None) -> None:
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--speed-shape", default="16,4,128,32", help="B,H,T,D")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     args = ap.parse_args(argv)
     if not args.skip_memory:
         memory_table([int(x) for x in args.lengths.split(",")], args.heads, args.dim)
     if not args.skip_speed:
-        speed_table(tuple(int(x) for x in args.speed_shape.split(",")), args.repeat)
+        clock = time.perf_counter if args.clock == "wall" else time.process_time
+        speed_table(tuple(int(x) for x in args.speed_shape.split(",")), args.repeat, clock)
 
 
 if __name__ == "__main__":

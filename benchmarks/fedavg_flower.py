@@ -51,8 +51,7 @@ def load():
 def rule(secure: bool = False):
     from distnn.rules.fedavg import FedAvg
     return FedAvg(clients=CLIENTS, client_fraction=FRACTION, local_epochs=LOCAL_EPOCHS,
-                  partition="dirichlet", dirichlet_alpha=ALPHA, seed=SEED,
-                  secure_aggregation=secure)
+                  partition="dirichlet", dirichlet_alpha=ALPHA, secure_aggregation=secure)
 
 
 def run_distnn(rounds: int, secure: bool) -> None:
@@ -134,7 +133,7 @@ def run_flower(rounds: int) -> None:
     strategy = FlowerFedAvg(fraction_fit=FRACTION, fraction_evaluate=0.0)
     weights = [w1.T, b1, w2.T, b2]  # distnn's Dense keeps (in, out); torch's Linear (out, in)
     draws = rule()
-    draws.n_clients = CLIENTS
+    draws.n_clients, draws.seed = CLIENTS, SEED  # as the trainer's seed sets it
     acc = []
     t0 = time.perf_counter()
     for r in range(rounds):

@@ -3,12 +3,14 @@ GPipe (``torch.distributed.pipelining.ScheduleGPipe``) on gloo, for the same net
 
 An MLP (784-1024-1024-1024-1024-10, float32; 3.9 M weights) on synthetic Fashion-MNIST-shaped
 data, global batch 128, SGD, on 2 ranks × 1 thread each (``mpiexec -n 2``, it runs itself
-under it). distnn's pipeline: S = 2 stages cut by measured time, M micro-batches, GPipe and
-1F1B; dense: ``--parallel data``, 64 samples per rank; torch: the same network cut at the
-same layer, ``ScheduleGPipe`` with the same M. Each run trains ``--epochs`` epochs of
-``--steps`` steps; the throughput is the median over the epochs after the first (which
-warms caches). The bubble is the share of a stage's pipeline time spent waiting for its
-neighbour (mean over the stages, measured in the same epochs), against the ideal
+under it). distnn's pipeline: S = 2 stages cut by parameter counts (reproducible: a cut by
+measured time moves with the load of a shared host), M micro-batches, GPipe and 1F1B;
+dense: ``--parallel data``, 64 samples per rank; torch: the same network cut at the same
+layer, ``ScheduleGPipe`` with the same M. Each run trains ``--epochs`` epochs of
+``--steps`` steps; the throughput is the global batch over the median step time (of the
+slowest rank) in the epochs after the first (which warms caches): medians of steps resist
+the bursts of other processes on a shared host. The bubble is the median share of a step's
+pipeline time a stage spent waiting for its neighbour (mean over the stages), against the ideal
 (S − 1)/(M + S − 1) of equal stages with free messages.
 
     python benchmarks/pipeline.py                       # M in 1 2 4 8, with torch
@@ -58,28 +60,28 @@ def distnn_worker(cfg: dict) -> dict:
         rule = DataParallel()
     else:
         rule = Pipeline(stages=comm.size, micro_batches=cfg["micro"], schedule=cfg["mode"],
-                        balance="time", probe_rows=gbs // cfg["micro"])
-    bubbles = []
+                        balance=cfg.get("balance", "params"))
+    steps, bubbles = [], []
 
-    class Bubble(Callback):
-        def on_epoch_begin(self, trainer, epoch):
-            self.start = dict(getattr(rule, "counters", {}))
+    class PerStep(Callback):  # medians of steps resist the bursts of a shared host
+        def on_batch_begin(self, trainer, step):
+            self.t0, self.c0 = time.perf_counter(), dict(getattr(rule, "counters", {}))
 
-        def on_epoch_end(self, trainer, epoch, logs):
+        def on_batch_end(self, trainer, step, logs):
+            if trainer.epoch == 0:  # warms caches and kernels: not measured
+                return
+            steps.append(time.perf_counter() - self.t0)
             c = getattr(rule, "counters", None)
             if c:
-                wait = c["wait_s"] - self.start["wait_s"]
-                step = c["step_s"] - self.start["step_s"]
-                bubbles.append(wait / step)
+                bubbles.append((c["wait_s"] - self.c0["wait_s"])
+                               / (c["step_s"] - self.c0["step_s"]))
 
     trainer = Trainer(model, SGD(model, lr=0.01, momentum=0.9), comm=comm, rule=rule,
-                      progress=False, verbose=False, callbacks=[Bubble()])
+                      progress=False, verbose=False, callbacks=[PerStep()])
     trainer.fit(ds, epochs=cfg["epochs"], global_batch_size=gbs, shuffle=False)
-    rates = [h["samples_per_s"] for h in trainer.history.records[1:]]
-    mine = statistics.median(bubbles[1:]) if bubbles else float("nan")
-    every = comm.allgather_obj(mine)
-    return {"samples_per_s": statistics.median(rates),
-            "bubble": float(np.mean(every)) if bubbles else float("nan"),
+    slowest = max(comm.allgather_obj(statistics.median(steps)))
+    every = comm.allgather_obj(statistics.median(bubbles) if bubbles else float("nan"))
+    return {"samples_per_s": gbs / slowest, "bubble": float(np.mean(every)),
             "starts": list(getattr(rule, "starts", ()))}
 
 
@@ -109,23 +111,29 @@ def torch_worker(cfg: dict) -> dict:
     opt = torch.optim.SGD(part.parameters(), lr=0.01, momentum=0.9)
     x, y = data(cfg["batch"] * cfg["steps"])
     x, y = torch.from_numpy(x), torch.from_numpy(y)
-    rates = []
-    for _ in range(cfg["epochs"]):
-        tdist.barrier()
-        t0 = time.perf_counter()
+    times = []
+    for epoch in range(cfg["epochs"]):
         for s in range(cfg["steps"]):
             xb = x[s * cfg["batch"]:(s + 1) * cfg["batch"]]
             yb = y[s * cfg["batch"]:(s + 1) * cfg["batch"]]
+            t0 = time.perf_counter()
             opt.zero_grad()
             if rank == 0:
                 schedule.step(xb)
             else:
                 schedule.step(target=yb)
             opt.step()
-        tdist.barrier()
-        rates.append(cfg["batch"] * cfg["steps"] / (time.perf_counter() - t0))
+            if epoch:
+                times.append(time.perf_counter() - t0)
+    slowest = max(t.item() for t in _gather(torch, tdist, statistics.median(times), size))
     tdist.destroy_process_group()
-    return {"samples_per_s": statistics.median(rates[1:]), "bubble": float("nan")}
+    return {"samples_per_s": cfg["batch"] / slowest, "bubble": float("nan")}
+
+
+def _gather(torch, tdist, value: float, size: int):
+    out = [torch.zeros(1, dtype=torch.float64) for _ in range(size)]
+    tdist.all_gather(out, torch.tensor([value], dtype=torch.float64))
+    return out
 
 
 def launch(cfg: dict, out: Path) -> dict:
@@ -145,7 +153,7 @@ def main() -> None:
     ap.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--batch", type=int, default=128, help="global batch")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--worker")
     ap.add_argument("--out")
@@ -174,7 +182,8 @@ def main() -> None:
                               "port": port}, out)
                 rows.append(("torch ScheduleGPipe, gloo, S=2", m, res, ideal))
     print(f"\n2 ranks x 1 thread, MLP {INPUT}-{'-'.join(map(str, WIDTHS))}-{CLASSES} float32, "
-          f"global batch {args.batch}, {args.steps} steps/epoch, median of epochs 2..{args.epochs}"
+          f"global batch {args.batch}, median step of epochs 2..{args.epochs} "
+          f"({args.steps} steps each)"
           f"; the pipeline's first stage: layers 0..{max(0, rows[1][2]['starts'][1] - 1)}\n")
     print("| run | M | samples/s | vs dense | bubble measured | bubble ideal (S-1)/(M+S-1) |")
     print("|---|---|---|---|---|---|")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from benchmarks.fuzz import fuzz_settings
 from distnn.cluster import commits
-from distnn.cluster.commits import (ENV_MAX_COMMIT, HEADER_MAX, CommitStore, FrameError,
+from distnn.launch.commits import (ENV_MAX_COMMIT, HEADER_MAX, CommitStore, FrameError,
                                     StoreClient)
 
 MiB = 1 << 20
@@ -217,7 +217,7 @@ def test_fuzzed_frames_give_no_traceback_and_the_store_keeps_serving(door):
 # -- memory: what a stranger can make the supervisor's process hold -----------------------
 HOST = """
 import sys
-from distnn.cluster.commits import CommitStore
+from distnn.launch.commits import CommitStore
 store = CommitStore("127.0.0.1")
 print(store.address, store.token, flush=True)
 sys.stdin.read()

@@ -16,7 +16,7 @@ import pytest
 from cluster_util import DISTNN, MPIEXEC, PREFIX, make_cluster, needs_cluster
 
 from distnn.launch.netprobe import DataProbe, Health
-from distnn.cluster.supervisor import Supervisor
+from distnn.launch.supervisor import Supervisor
 from distnn.training.checkpoint import load_checkpoint
 from helpers import have_fashion_mnist
 
@@ -221,7 +221,7 @@ def test_a_host_failing_the_probe_is_left_out_when_min_hosts_allows(tmp_path):
 
 
 # -- the case of the issue, to the end ------------------------------------------------------
-@pytest.mark.long
+@pytest.mark.long  # minutes, to 85%; the same decisions in the default run: the tests above
 @needs_cluster
 @pytest.mark.skipif(not have_fashion_mnist(), reason="needs Fashion-MNIST")
 def test_a_30_s_partition_and_a_killed_host_finish_at_85_percent(cluster, tmp_path):
@@ -229,8 +229,9 @@ def test_a_30_s_partition_and_a_killed_host_finish_at_85_percent(cluster, tmp_pa
     proc = launch(cluster, tmp_path, "--max_restarts", "3", "--min_hosts", "2",
                   "--stall_timeout", "60", "--", "train", "--dataset", "fashion_mnist",
                   "--model", "simplemlp", "--global_batch_size", "64", "--steps_per_epoch",
-                  "300", "--num_epochs", "4", "--validation_split", "0", "--random_seed",
-                  "7", "--learning_rate", "0.05", "--checkpoint", "ck.npz",
+                  "300", "--num_epochs", "7", "--validation_split", "0", "--random_seed",
+                  "7", "--optimizer", "adam", "--learning_rate", "0.001", "--checkpoint",
+                  "ck.npz",
                   "--checkpoint_steps", "20")
     start = time.monotonic()
     try:
@@ -251,5 +252,9 @@ def test_a_30_s_partition_and_a_killed_host_finish_at_85_percent(cluster, tmp_pa
     accuracy = float(re.search(r"Test: .*accuracy=([0-9.]+)", out + err).group(1))
     print("test accuracy", accuracy)
     assert accuracy >= 0.85
-    assert f"host {H2} fails the data-network probe: from {H2}: connect to" in said, said
-    assert len(re.findall(r": restart \d", said)) <= 3, said
+    # h2 still partitioned when h3 (killed) passes again: the run goes on without h2
+    restart = next(line for line in said.splitlines() if ": restart 1/3:" in line)
+    assert re.search(rf"lost host {H2} \(host {H2} fails the data-network probe: from {H2}: "
+                     rf"connect to \S+ port \d+: .+\); after waiting", restart) \
+        and f"on 2 hosts ({H1},{H3})" in restart, restart
+    assert len(re.findall(r": restart \d", said)) == 1, said

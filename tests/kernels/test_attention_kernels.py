@@ -172,3 +172,14 @@ def test_bad_arguments_are_named(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         attention_forward(args["q"], args["k"], args["v"],
                           key_padding_mask=args["key_padding_mask"])
+
+
+def test_the_compiled_float32_exponential_is_within_two_ulp(kernel_backend):
+    if kernel_backend == "numpy":
+        pytest.skip("the compiled kernels' own exponential")
+    from distnn.kernels._numba_attention import _expf
+    x = np.concatenate([-np.logspace(-8, np.log10(86.9), 4000), [0.0, 1e-7]]).astype(np.float32)
+    got = np.array([_expf(v) for v in x], np.float64)
+    want = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 2 * np.finfo(np.float32).eps
+    assert _expf(np.float32(-np.inf)) == 0 and _expf(np.float32(-100.0)) == 0

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from distnn.kernels import node_cores, threads_per_rank
+from distnn.kernels import loop_threads, node_cores
 
 
 @pytest.fixture
@@ -19,21 +19,21 @@ def clean_env(monkeypatch):
 def test_the_cores_of_the_process_unless_omp_num_threads(clean_env, monkeypatch):
     cores = len(os.sched_getaffinity(0))
     assert node_cores() == cores
-    assert threads_per_rank() == cores
-    assert threads_per_rank(cores) == 1
-    assert threads_per_rank(cores * 4) == 1  # never 0
+    assert loop_threads() == cores
+    assert loop_threads(cores) == 1
+    assert loop_threads(cores * 4) == 1  # never 0
     monkeypatch.setenv("MPI_LOCALNRANKS", str(cores))  # a launcher's: not read here
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", str(cores))
-    assert threads_per_rank() == cores
+    assert loop_threads() == cores
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
-    assert threads_per_rank() == 3
+    assert loop_threads() == 3
 
 
 def test_affinity_not_the_machine_count(clean_env):
     before = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {min(before)})  # as taskset, Slurm or a cpuset would
-        assert node_cores() == 1 and threads_per_rank() == 1
+        assert node_cores() == 1 and loop_threads() == 1
     finally:
         os.sched_setaffinity(0, before)
     assert os.cpu_count() >= len(before)

@@ -264,3 +264,18 @@ def test_decode_refuses_a_non_causal_layer_and_a_mismatched_cache():
     causal.decode(data(N, 2, E), cache)
     with pytest.raises(ValueError, match="one cache per sequence batch"):
         causal.decode(data(N + 1, 1, E), cache)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_torch_module_traces_to_torchscript(causal):
+    """save_torch traces the exported modules (torch.jit.trace with its check run)."""
+    torch = pytest.importorskip("torch")
+    import warnings
+    layer = built(MultiHeadAttention(H, causal=causal), (6, E), dtype=np.float32)
+    module = torch.nn.Sequential(layer.torch_module()).float().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation notice
+        traced = torch.jit.trace(module, torch.zeros(2, 6, E))
+    x = data(3, 6, E, dtype=np.float32)
+    np.testing.assert_allclose(traced(torch.tensor(x)).detach().numpy(), layer.forward(x),
+                               rtol=1e-5, atol=1e-5)

@@ -201,3 +201,16 @@ def test_tied_model_to_torch_and_onnx():
     proto = onnx_model(model)
     assert [t.name for t in proto.graph.initializer].count("embedding_0/w") == 1
     assert "Transpose" in [n.op_type for n in proto.graph.node]
+
+
+def test_embedding_from_onnx_reads_the_gather_back():
+    pytest.importorskip("onnx")
+    from distnn.models.onnx_import import _attrs, _Graph
+    from distnn.nn.onnx_export import onnx_model
+    model = Sequential([Embedding(V, D), LayerNormalization()], input_shape=(T,), rng=0)
+    g = _Graph(onnx_model(model), "tokens.onnx")
+    gather = next(n for n in g.nodes if n.op_type == "Gather")
+    assert gather.op_type in Embedding.onnx_ops
+    layer, arrays = Embedding.from_onnx(g, gather, _attrs(gather))
+    assert (layer.vocab_size, layer.dim) == (V, D)
+    np.testing.assert_array_equal(arrays["w"], model.layers[0].params["w"])

@@ -84,3 +84,23 @@ def test_errors():
     layer = built(LayerNormalization(name="ln"), (4, 7))
     with pytest.raises(ValueError, match=r"'ln'.*\(batch, \.\.\., 7\)"):
         layer.forward(np.zeros((2, 4, 6)))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layernorm_from_onnx(affine):
+    pytest.importorskip("onnx")
+    from distnn.models.onnx_import import _attrs, _Graph
+    from distnn.nn.onnx_export import onnx_model
+    model = Sequential([LayerNormalization(epsilon=1e-3, elementwise_affine=affine)],
+                       input_shape=(4, 7), rng=0)
+    for p in model.layers[0].params.values():
+        p[...] = RNG.standard_normal(p.shape)
+    g = _Graph(onnx_model(model), "ln.onnx")
+    (node,) = g.nodes[:1]
+    assert node.op_type in LayerNormalization.onnx_ops and not RMSNorm.onnx_ops
+    layer, arrays = LayerNormalization.from_onnx(g, node, _attrs(node))
+    assert layer.epsilon == pytest.approx(1e-3)
+    gamma = model.layers[0].params["gamma"] if affine else np.ones(7)
+    np.testing.assert_allclose(arrays["gamma"], gamma, rtol=1e-6)
+    np.testing.assert_allclose(arrays["beta"], model.layers[0].params["beta"] if affine else 0,
+                               rtol=1e-6)

@@ -27,21 +27,27 @@ from test_rules_arithmetic import SGDRef, grad  # noqa: E402
 
 PROG = Path(__file__).parent / "progs" / "fedavg_prog.py"
 OPTIONS = {"clients": 5, "client_fraction": 0.6, "local_epochs": 2, "fedprox_mu": 0.3,
-           "partition": "dirichlet", "dirichlet_alpha": 1.0, "seed": 4}
+           "partition": "dirichlet", "dirichlet_alpha": 1.0}
+SEED = 4  # the trainer's
 JOBS = [
-    {"name": "plain", "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
+    {"name": "plain", "seed": SEED, "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
      "options": OPTIONS},
-    {"name": "secure", "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
+    {"name": "secure", "seed": SEED, "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
      "options": {**OPTIONS, "secure_aggregation": True}},
-    {"name": "failing", "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
+    {"name": "failing", "seed": SEED, "n": 60, "batch": 4, "epochs": 3, "lr": 0.2, "momentum": 0.5,
      "options": OPTIONS, "fail": None},
 ]
 
 
+def rule_of(options: dict) -> FedAvg:
+    """A FedAvg of ``options`` with the trainer's seed and client count, to draw from."""
+    rule = FedAvg(**options)
+    rule.n_clients, rule.seed = options["clients"], SEED
+    return rule
+
+
 def drawn_client(round: int) -> int:
-    rule = FedAvg(**OPTIONS)
-    rule.n_clients = OPTIONS["clients"]
-    return rule.drawn(round)[0]
+    return rule_of(OPTIONS).drawn(round)[0]
 
 
 HAVE_TENSEAL = importlib.util.find_spec("tenseal") is not None
@@ -68,9 +74,8 @@ def reference(w: np.ndarray, job: dict, n_ranks: int, fail=None) -> tuple[np.nda
     opts = job["options"]
     x, y = data(job["n"])
     parts = client_partition(y, opts["clients"], opts["partition"],
-                             alpha=opts["dirichlet_alpha"], seed=opts["seed"])
-    rule = FedAvg(**opts)
-    rule.n_clients = opts["clients"]
+                             alpha=opts["dirichlet_alpha"], seed=SEED)
+    rule = rule_of(opts)
     rounds = []
     for r in range(job["epochs"]):
         acc, total, done = np.zeros_like(w), 0, []
@@ -79,7 +84,7 @@ def reference(w: np.ndarray, job: dict, n_ranks: int, fail=None) -> tuple[np.nda
                 continue
             wc, opt = w.copy(), SGDRef(job["lr"], job["momentum"])
             xc, yc = x[parts[c]], y[parts[c]]
-            rng = np.random.default_rng([opts["seed"], r, c])
+            rng = np.random.default_rng([SEED, r, c])
             for _ in range(opts["local_epochs"]):
                 order = rng.permutation(len(xc))
                 for lo in range(0, len(xc), job["batch"]):
@@ -189,3 +194,12 @@ def test_partitions_belong_to_fedavg():
     proc = run_cli(0, "train", "--dataset", "digits", "--partition", "dirichlet", "--quiet")
     assert proc.returncode == 2
     assert "--partition dirichlet cuts the data among --parallel fedavg's" in proc.stderr
+
+
+def test_more_clients_than_samples_is_refused_by_name():
+    proc = run_cli(0, "train", "--parallel", "fedavg", "--dataset", "digits", "--clients",
+                   "2000", "--partition", "dirichlet", "--quiet")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and lines[0].startswith("distnn train: error: --clients 2000:"), \
+        proc.stderr

@@ -30,8 +30,11 @@ CASES = {
             lr=0.01, hyper={}),
         job("cnn_gpipe_m2_time", stages=2, micro=2, schedule="gpipe", model="cnn",
             balance="time"),
+        # cut between a batch norm and its ReLU, a pair that runs fused in one model
         job("cnn_1f1b_m4_cut", stages=2, micro=4, schedule="1f1b", model="cnn",
-            balance="4")],
+            balance="2"),
+        # one stage: micro-batches alone, gradient accumulation under 2 replicas
+        job("cnn_one_stage_m2", stages=1, micro=2, schedule="gpipe", model="cnn")],
     3: [job("mlp_gpipe_m2", stages=3, micro=2, schedule="gpipe"),
         job("mlp_1f1b_m4", stages=3, micro=4, schedule="1f1b", balance="1,3"),
         job("cnn_1f1b_m8", stages=3, micro=8, schedule="1f1b", model="cnn", balance="time")],
@@ -205,7 +208,7 @@ def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
     mark = f"DISTNN_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
     history = tmp_path / "h.json"
     proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "distnn.cluster.rankwatch", *COMMAND,
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "distnn.launch.rankwatch", *COMMAND,
          "train", "--dataset", "synthetic", "--num_samples", "64", "--batch_size", "8",
          "--model", "simplemlp", "--num_epochs", "1000", "--pipeline_stages", "2",
          "--micro_batches", "2", "--validation_split", "0", "--evaluate", "false",

@@ -43,6 +43,11 @@ def jobs(n: int) -> list[dict]:
          "options": {"sync_every": 1000, "weighting": "avg"}},
         {"name": "fp16", "rule": "localsgd", "n": N[n], **common,
          "options": {"sync_every": 2, "sync_dtype": "float16"}},
+        {"name": "ready_all", "rule": "localsgd", "n": N[n], **common,
+         "options": {"sync_every": 1, "participation": "ready", "min_avail": n}},
+        {"name": "ready_late", "rule": "localsgd", "n": N[n], **common,
+         "options": {"sync_every": 1, "participation": "ready", "min_avail": n - 1},
+         "slow_rank": n - 1, "slow_factor": 8.0},
     ]
 
 
@@ -95,6 +100,27 @@ def test_localsgd_averages_with_the_weighting_by_hand(ranks, name, weighting, pa
     if name == "invwavg":
         _, _, wavg = _job(ranks, "wavg")
         assert np.abs(wavg[0]["final"] - res[0]["final"]).max() > 1e-6
+
+
+@needs_mpi
+def test_ready_rounds_of_every_rank_are_the_weighted_average_by_hand(ranks):
+    n, job, res = _job(ranks, "ready_all")
+    w = local_sgd_reference(res[0]["initial"], job, n, "wavg", "all")
+    for r in range(n):
+        np.testing.assert_allclose(res[r]["final"], w, rtol=0, atol=TOL)
+    assert res[0]["stats"]["left_out"] == 0
+
+
+@needs_mpi
+def test_a_late_rank_is_left_out_not_waited_for(ranks):
+    n, job, res = _job(ranks, "ready_late")
+    # rank n-1 sleeps after every step: rank 0 averages the first n-1 replicas to reach it
+    # and goes on, so the late rank misses rounds (it then takes their average)
+    assert res[0]["stats"]["left_out"] >= 1, res[0]["stats"]
+    for r in range(1, n):  # the epoch-end average waits for everyone: one model
+        np.testing.assert_allclose(res[r]["final"], res[0]["final"], rtol=0, atol=TOL)
+    _, _, every = _job(ranks, "ready_all")
+    assert np.abs(res[0]["final"] - every[0]["final"]).max() > 1e-6
 
 
 @needs_mpi
@@ -170,6 +196,16 @@ def test_pydtnn_model_sync_options_through_the_command(tmp_path, n):
             run["sync_dtype"]) == ("invwavg", "avail2all", 2, "float16"), run
     for key, w in weights.items():  # the last average was all-reduced in float16
         np.testing.assert_array_equal(w, w.astype(np.float16).astype(w.dtype), err_msg=key)
+    assert "Test:" in out
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ready_participation_through_the_command(tmp_path, n):
+    run, weights, out = cli(n, tmp_path, "--model-sync-freq", "1", "--sync_participation",
+                            "ready", "--sync_min_avail", "1")
+    assert (run["parallel"], run["sync_participation"], run["sync_min_avail"]) == \
+        ("localsgd", "ready", 1), run
     assert "Test:" in out
 
 

@@ -16,6 +16,7 @@ from ..run.errors import RunError, rank_path
 from ..run.outputs import write_predictions
 from .builders import make_comm
 from .export import run_export
+from .generate import run_generate
 from .plan import run_plan
 from .plot import run_plot
 
@@ -226,5 +227,5 @@ COMMANDS: dict[str, Callable[[RunConfig, Any], int]] = {
 }
 PLAIN_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": run_info, "convert-imagenet": run_convert, "plot": run_plot,
-    "export": run_export, "plan": run_plan,
+    "export": run_export, "plan": run_plan, "generate": run_generate,
 }

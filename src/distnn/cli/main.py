@@ -1,4 +1,5 @@
-"""The ``distnn`` command: train, evaluate, predict, info, convert-imagenet, plot, plan.
+"""The ``distnn`` command: train, evaluate, predict, generate, info, convert-imagenet,
+plot, plan.
 
 This is the only module that reads ``sys.argv`` and calls ``sys.exit`` (through the
 console script). Options come from ``distnn.run.OPTIONS`` (with ``_`` or ``-``) and the
@@ -31,6 +32,7 @@ from .cluster import add_cluster_parser, run_cluster
 from .plan import add_plan_parser
 from .plot import add_plot_parser
 from .export import add_export_parser
+from .generate import add_generate_parser
 from .launch import add_launch_parser, run_launch
 from .options import (_argtype, add_options, explicit_options, given_options, load_config,
                       resolve_values, spelled_flags)
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plot_parser(sub)
     add_plan_parser(sub)
     add_export_parser(sub)
+    add_generate_parser(sub)
     add_launch_parser(sub)
     info = sub.add_parser("info", help="describe the MPI set-up (ranks, hosts, threads)",
                           allow_abbrev=False)
@@ -197,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return _fail(PROG, "choose a command: train, evaluate, predict, info, "
-                     "convert-imagenet, search, cluster, plot, plan, launch, export", True)
+                     "convert-imagenet, search, cluster, plot, plan, launch, export, "
+                     "generate", True)
     prog = f"{PROG} {args.command}"
     if args.command == SEARCH:
         return main_search(args, prog, _env_rank() == 0)

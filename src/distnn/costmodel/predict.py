@@ -302,6 +302,10 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
                 step = max(worker, computing * m.nbytes * m.per_step / link.bytes_per_s)
                 msgs.append((m.what, 2 * m.nbytes * m.per_step, there_and_back,
                              "point to point", None))
+            elif m.shape == "behind":
+                t, alg = allreduce_time(m.nbytes, hosts, link, itemsize=item)
+                msgs.append((m.what, m.nbytes * m.per_step, t, alg, None))
+                step = max(step, m.per_step * t)
             elif m.shape == "push":
                 # the link carries it while the rank computes the next step: only a link
                 # slower than that shows

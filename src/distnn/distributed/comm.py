@@ -21,8 +21,7 @@ hands it to the kernels of a script's ranks; ``distnn info`` reports it.
 """
 from __future__ import annotations
 
-import os
-
+from ..kernels.node import environment_threads, node_cores
 from .comm_base import OPS, Communicator, Handle, LocalComm
 from .mpi_comm import MPIComm, _mpi
 
@@ -77,18 +76,6 @@ def get_comm() -> "Communicator":
     return _default if _default is not None else init()
 
 
-# The user's choice when no --threads is given (OpenMP's own variable, or distnn's).
-THREADS_VARIABLES = ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS")
-
-
-def node_cores() -> int:
-    """Cores this process may run on: its CPU affinity, not ``os.cpu_count()``."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def threads_per_rank(comm: Communicator | None = None, asked: int = 0) -> int:
     """The threads a rank of ``comm`` (default: ``get_comm()``) runs: ``asked`` when > 0
     (``--threads``), else ``DISTNN_NUM_THREADS`` or ``OMP_NUM_THREADS`` when set, else its
@@ -100,10 +87,8 @@ def threads_per_rank(comm: Communicator | None = None, asked: int = 0) -> int:
     """
     if asked and int(asked) > 0:
         return int(asked)
-    for var in THREADS_VARIABLES:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+    if environment_threads():
+        return environment_threads()
     comm = comm if comm is not None else get_comm()
     sharers = max(1, int(getattr(comm, "core_sharers", 0) or comm.local_size or 1))
     return max(1, node_cores() // sharers)

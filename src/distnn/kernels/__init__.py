@@ -12,7 +12,7 @@ from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats
                         bn_forward_train, bn_grad_sums, bn_inference, bn_normalize,
                         bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
                         channel_sum)
-from .node import node_cores, threads_per_rank
+from .node import loop_threads, node_cores
 from .conv import (ConvCache, ConvGeometry, col2im, conv2d_backward, conv2d_forward,
                    conv_geometry, conv_output_size, im2col, same_padding)
 from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
@@ -20,7 +20,7 @@ from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       maxpool2d_forward, pool_output_shape)
 
 __all__ = [
-    "backend", "set_backend", "set_num_threads", "get_num_threads", "node_cores",
+    "backend", "set_backend", "set_num_threads", "get_num_threads", "node_cores", "loop_threads",
     "threads_per_rank",
     "im2col", "col2im", "conv2d_forward", "conv2d_backward", "conv_output_size",
     "same_padding", "conv_geometry", "ConvGeometry", "ConvCache",

@@ -34,8 +34,8 @@ _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", 
 
 def default_threads() -> int:
     """OMP_NUM_THREADS when set; else this process's cores shared among its node's ranks."""
-    from .node import threads_per_rank
-    return threads_per_rank()
+    from .node import loop_threads
+    return loop_threads()
 
 
 def set_num_threads(n: int) -> None:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import direct, plan
+from . import direct, grouped, plan
 from .backend import compiled, get_num_threads
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
@@ -203,8 +203,8 @@ METHODS = {"winograd": plan.ConvPlan("winograd", 2), "winograd4": plan.ConvPlan(
 def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                    stride: Pair = (1, 1), padding: Pads = (0, 0, 0, 0),
                    dilation: Pair = (1, 1), *, ws: dict | None = None,
-                   method: str | None = None, keep_columns: bool | None = None
-                   ) -> tuple[np.ndarray, ConvCache]:
+                   method: str | None = None, keep_columns: bool | None = None,
+                   groups: int = 1) -> tuple[np.ndarray, ConvCache | grouped.GroupedCache]:
     """y = conv2d(x, w) + b for NCHW x (N, C, H, W), w (F, C, KH, KW), b (F,).
 
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
@@ -215,11 +215,14 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
     which is as fast for C == 1 or C >= 16 and keeps only the input alive between the
-    passes (the default there). Returns y (N, F, OH, OW) and the cache for
-    ``conv2d_backward``.
+    passes (the default there). ``groups`` > 1: a grouped convolution, w (F, C/groups, KH,
+    KW), run by ``grouped`` (``method`` "depthwise", "shifted" or None there). Returns y
+    (N, F, OH, OW) and the cache for ``conv2d_backward``.
     """
     f = w.shape[0]
     g = conv_geometry(x.shape, w.shape[2:], stride, padding, dilation)
+    if groups != 1:
+        return grouped.forward(x, w, b, g, groups, method)
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     ckk = g.c * g.kh * g.kw
@@ -297,7 +300,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     return y, ConvCache(g, "flat" if flat else "compact", None, col)
 
 
-def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
+def conv2d_backward(dy: np.ndarray, cache: ConvCache | grouped.GroupedCache,
+                    w: np.ndarray, *,
                     dw_out: np.ndarray | None = None, db_out: np.ndarray | None = None,
                     need_dx: bool = True, need_db: bool = True, ws: dict | None = None
                     ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
@@ -307,6 +311,9 @@ def conv2d_backward(dy: np.ndarray, cache: ConvCache, w: np.ndarray, *,
     accumulated). The cached columns are overwritten when dx is computed, so call this
     once per forward.
     """
+    if isinstance(cache, grouped.GroupedCache):
+        return grouped.backward(dy, cache, w, dw_out=dw_out, db_out=db_out, need_dx=need_dx,
+                                need_db=need_db)
     if cache.winograd and not cache.vector_backward:
         from . import winograd
         if dw_out is None:

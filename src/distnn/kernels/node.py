@@ -19,12 +19,22 @@ def node_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def threads_per_rank(local_size: int = 1) -> int:
-    """The loops' threads before a run sets them: ``DISTNN_NUM_THREADS`` or
-    ``OMP_NUM_THREADS`` when set, else this process's cores divided by ``local_size`` (the
-    processes known to share them; 1 unless the caller says)."""
-    for var in ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS"):
+# The user's choice of threads (OpenMP's own variable, or distnn's), the first one set.
+THREADS_VARIABLES = ("DISTNN_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def environment_threads() -> int | None:
+    """The threads ``DISTNN_NUM_THREADS`` or ``OMP_NUM_THREADS`` ask for, None if neither
+    holds a positive number."""
+    for var in THREADS_VARIABLES:
         value = os.environ.get(var, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    return max(1, node_cores() // max(1, int(local_size)))
+    return None
+
+
+def loop_threads(sharers: int = 1) -> int:
+    """The loops' threads before a run sets them: ``environment_threads()`` when set, else
+    this process's cores divided by ``sharers`` (the processes known to share them; 1
+    unless the caller says). A run's own count is ``distnn.distributed.threads_per_rank``."""
+    return environment_threads() or max(1, node_cores() // max(1, int(sharers)))

@@ -14,8 +14,10 @@ This probe runs a small Python program on each host through the same remote shel
 
 A host fails when its remote shell fails, a connection is refused, has no route or does
 not complete within ``timeout`` seconds; the reason names the step, the peer and the
-error (``from h2: connect to h1 port 40123: No route to host``). A connect needs only a
-listening port, not ICMP, and crosses the same firewalls as MPI's TCP.
+error (``from h2: connect to h1 port 40123: No route to host (the rank-0 host)``). A
+connect needs only a listening port, not ICMP, and crosses the same firewalls as MPI's
+TCP. The ports are the system's choice (port 0), on every interface, each open for the
+probe's few seconds (a listener ends when its stdin closes, or after a minute).
 
 Example:
     probe = DataProbe(lambda host, argv: ["ssh", host, shlex.join(argv)])
@@ -67,6 +69,7 @@ class DataProbe:
         python: the Python on the hosts (default: this one, as the launch uses).
         timeout: seconds a connect may take.
         here: this machine's name as the hosts resolve it (default its hostname).
+        env: the environment of the remote shell (default this process's).
     """
 
     def __init__(self, remote: Callable[[str, list[str]], list[str]], *,
@@ -104,6 +107,7 @@ class DataProbe:
                                                f"port {port}", "the launcher's host")
             finally:
                 stop.set()
+        checks: dict[str, subprocess.Popen] = {}
         try:
             first = next((h for h in hosts if h in ports), None)
             if first is not None:
@@ -115,8 +119,7 @@ class DataProbe:
                         failing[h] = self._why(h, proc, line, f"connect to {first} port "
                                                f"{ports[first]}", "the rank-0 host")
         finally:
-            for proc in listeners.values():
-                _close(proc)
+            _close(*listeners.values(), *checks.values())
         return failing
 
     def _start(self, host: str, argv: list[str]) -> subprocess.Popen:
@@ -160,21 +163,24 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
-def _close(proc: subprocess.Popen) -> None:
-    """End the program: its stdin closed (a remote one ends on that), then killed."""
-    try:
-        proc.stdin.close()
-    except OSError:
-        pass
+def _close(*procs: subprocess.Popen) -> None:
+    """End the programs: their stdin closed (a remote one ends on that), then, after 5 s
+    for all of them together, killed."""
+    for proc in procs:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
     end = time.monotonic() + 5
-    while proc.poll() is None and time.monotonic() < end:
+    while any(p.poll() is None for p in procs) and time.monotonic() < end:
         time.sleep(0.02)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def remote_argv(launcher_args: Sequence[str], env: dict, host: str,
@@ -233,11 +239,12 @@ class Health:
         self.took = time.monotonic() - start
         return [h for h in answering if h not in failing], failing
 
-    def wait_out(self, hosts: Sequence[str], failing: dict[str, str]) -> list[str] | None:
+    def wait_out(self, hosts: Sequence[str], failing: dict[str, str]
+                 ) -> tuple[list[str], dict[str, str]] | None:
         """Probe ``hosts`` again after each backoff until ``min_hosts`` pass (returns
-        those) or ``timeout`` has passed (None, and one line naming each host still
-        failing and its probe). A round that could not end within ``timeout`` (as long
-        as the last check took) is not begun."""
+        ``check``'s answer then) or ``timeout`` has passed (None, and one line naming
+        each host still failing and its probe). A round that could not end within
+        ``timeout`` (as long as the last check took) is not begun."""
         start, rounds = time.monotonic(), 0
         while not self.stopped.is_set():
             spent = time.monotonic() - start
@@ -258,6 +265,6 @@ class Health:
                 self.say(f"{len(alive)} host{'s' * (len(alive) != 1)} pass the probes after "
                          f"{time.monotonic() - start:.0f} s of waiting: "
                          f"{','.join(alive)}")
-                return alive
+                return alive, failing
             rounds += 1
         return None

@@ -162,6 +162,7 @@ class Supervisor:
             heal = float(given) if given else float(stall_timeout or 0) or STALL_TIMEOUT
         except ValueError:  # train refuses it at its start (exit 2)
             heal = float(stall_timeout or STALL_TIMEOUT)
+        heal = heal if heal > 0 else STALL_TIMEOUT  # 0: the job's stall never times out
         self.out = out
         self.proc: subprocess.Popen | None = None
         self._stopping = False
@@ -305,16 +306,7 @@ class Supervisor:
                 # probed all the same, its failing the data probe tells a partition.
                 alive, failing = self.health.check(self.hosts)
                 alive = [h for h in alive if h not in lost]
-                dropped = [h for h in hosts if h not in alive]
-                back = [h for h in alive if h not in hosts]
-                why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
-                       else f"the job failed (exit {rc}), every host still answers")
-                if failing:
-                    why += f" ({describe(failing)})"
-                if back:
-                    why += f"; host{'s' * (len(back) > 1)} {','.join(back)} back"
-                if rc == EXIT_STALL:
-                    why = f"a rank hung (exit {EXIT_STALL}): " + why
+                why = _why(rc, hosts, alive, failing)
                 # a start that a partition broke is not a lost run
                 counted = started or not failing
                 if counted and restarts >= self.max_restarts:
@@ -326,15 +318,17 @@ class Supervisor:
                 if waited:
                     passing = "1 host passes" if len(alive) == 1 else f"{len(alive)} hosts pass"
                     self.say(f"{why}; {passing}, fewer than --min_hosts {self.min_hosts}")
-                    alive = self.health.wait_out(self.hosts, failing)
-                    if alive is None:
+                    answer = self.health.wait_out(self.hosts, failing)
+                    if answer is None:
                         if self._stopping:
                             self.say("interrupted: nothing is left running")
                             return 130
                         self.say("the last good checkpoint: "
                                  f"{describe_checkpoint(self.checkpoint)}")
                         return rc or 1
-                    why += "; the partition healed"
+                    alive, failing = answer
+                    why = _why(rc, hosts, alive, failing) + "; after waiting for the " \
+                        "partition"
                 elif len(alive) < self.min_hosts:
                     self.say(f"{why}; {len(alive)} host{'s' * (len(alive) != 1)} left, "
                              f"fewer than --min_hosts {self.min_hosts}; the last good "
@@ -365,6 +359,20 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _why(rc: int, hosts: list[str], alive: list[str], failing: dict[str, str]) -> str:
+    """Why the restart: the hosts of the last job left out (and the probe each failed),
+    those taken back."""
+    dropped = [h for h in hosts if h not in alive]
+    back = [h for h in alive if h not in hosts]
+    why = (f"lost host{'s' * (len(dropped) > 1)} {','.join(dropped)}" if dropped
+           else f"the job failed (exit {rc}), every host still answers")
+    if failing:
+        why += f" ({describe(failing)})"
+    if back:
+        why += f"; host{'s' * (len(back) > 1)} {','.join(back)} back"
+    return f"a rank hung (exit {EXIT_STALL}): " + why if rc == EXIT_STALL else why
 
 
 def launcher_words(text: str) -> list[str]:

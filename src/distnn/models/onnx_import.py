@@ -8,7 +8,7 @@ that goes straight to the meeting node is the identity). The ops:
 ==========================  ===============================================================
 ONNX                        distnn
 ==========================  ===============================================================
-Conv (group 1)              Conv2D (weights and bias copied; explicit or SAME/VALID pads)
+Conv (any group)            Conv2D (weights and bias copied; explicit or SAME/VALID pads)
 Gemm; MatMul (+ Add bias)   Dense (transB handled, alpha/beta folded in)
 BatchNormalization          BatchNormalization (running statistics, epsilon, momentum)
 Relu LeakyRelu Sigmoid      ReLU LeakyReLU Sigmoid Tanh Softmax (last axis)

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from ..kernels.backend import compiled
+from ..kernels.transformer_ops import gelu_tanh_backward, gelu_tanh_forward
 from .base import Layer, check_features
 
 
@@ -275,9 +276,8 @@ class GELU(Layer):
     def forward(self, x, training=False):
         check_features(self, x)
         self._x = x
-        if self.approximate == "tanh":
-            self._th = np.tanh(x.dtype.type(_TANH_C) * (x + x.dtype.type(0.044715) * x * x * x))
-            return 0.5 * x * (1 + self._th)
+        if self.approximate == "tanh":  # one fused pass with the compiled kernels
+            return gelu_tanh_forward(x)
         self._cdf = normal_cdf(x)
         return x * self._cdf
 
@@ -286,9 +286,7 @@ class GELU(Layer):
             return None
         x = self._x
         if self.approximate == "tanh":
-            th = self._th
-            du = x.dtype.type(_TANH_C) * (1 + x.dtype.type(3 * 0.044715) * x * x)
-            return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * du)
+            return gelu_tanh_backward(x, dy)
         pdf = np.exp(-0.5 * x * x) * x.dtype.type(1 / math.sqrt(2 * math.pi))
         return dy * (self._cdf + x * pdf)
 

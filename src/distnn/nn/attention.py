@@ -343,7 +343,13 @@ def _torch_class():
             if self.causal:
                 n = x.shape[1]
                 mask = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
-            return self.mha(x, x, x, key_padding_mask=key_padding_mask, attn_mask=mask,
+            kv = x
+            if torch.jit.is_tracing():
+                # MHA's fused inference path is taken only when query, key and value are
+                # one tensor and autograd is off, which the trace's check run changes:
+                # a copy keeps one path, and the trace passes its check (save_torch)
+                kv = x.clone()
+            return self.mha(x, kv, kv, key_padding_mask=key_padding_mask, attn_mask=mask,
                             need_weights=False)[0]
 
     _TORCH["cls"] = TorchSelfAttention

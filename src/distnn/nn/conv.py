@@ -1,4 +1,5 @@
-"""Convolution layers: Conv2D (NCHW, im2col + GEMM kernels in ``distnn.kernels.conv``)."""
+"""Convolution layers: Conv2D (NCHW, im2col + GEMM kernels in ``distnn.kernels.conv``;
+grouped and depthwise ones in ``distnn.kernels.grouped``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,18 +30,23 @@ class Conv2D(Layer):
             ceil(in / stride) outputs with any odd extra padding at the bottom/right (TF).
         dilation: int or (dh, dw) spacing between kernel taps.
         use_bias: add a per-filter bias ``b`` (F,).
+        groups: split the C input channels and F filters into this many groups, filter
+            group k reading only channel group k (PyTorch's and ONNX's ``groups``); both C
+            and F must be multiples of it. groups == C is a depthwise convolution.
         weights_initializer / bias_initializer: names from ``distnn.nn.init`` (fan_in is
-            C*kh*kw, fan_out F*kh*kw).
+            C/groups*kh*kw, fan_out F/groups*kh*kw, as PyTorch's).
 
-    Shape: per sample (C, H, W) -> (F, OH, OW); ``w`` is (F, C, kh, kw) (PyTorch layout).
+    Shape: per sample (C, H, W) -> (F, OH, OW); ``w`` is (F, C/groups, kh, kw) (PyTorch
+    layout).
 
     Example:
         Conv2D(32, 3, padding="same", use_bias=False)
+        Conv2D(96, 3, padding="same", groups=96)  # depthwise over 96 channels
     """
 
     def __init__(self, filters: int, kernel_size, strides=1, padding=0, dilation=1,
                  use_bias: bool = True, weights_initializer="he_uniform",
-                 bias_initializer="zeros", name: str | None = None):
+                 bias_initializer="zeros", name: str | None = None, groups: int = 1):
         super().__init__(name)
         if not isinstance(filters, (int, np.integer)) or filters < 1:
             raise ValueError(f"Conv2D: filters must be a positive integer, got {filters!r}")
@@ -56,6 +62,13 @@ class Conv2D(Layer):
             self.padding = padding if padding == "same" else (0, 0)
         else:
             self.padding = as_pair(padding, "padding", "Conv2D", minimum=0)
+        if (not isinstance(groups, (int, np.integer)) or isinstance(groups, bool)
+                or groups < 1):
+            raise ValueError(f"Conv2D: groups must be a positive integer, got {groups!r}")
+        if self.filters % groups:
+            raise ValueError(f"Conv2D: groups={groups} must divide the filters "
+                             f"({self.filters}); use a divisor of it")
+        self.groups = int(groups)
         self.use_bias = bool(use_bias)
         self.weights_initializer = weights_initializer
         self.bias_initializer = bias_initializer
@@ -68,6 +81,10 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D layer {self.name!r} needs per-sample input (C, H, W) but "
                              f"got {input_shape}; reshape the data to NCHW")
         c, h, w = input_shape
+        if c % self.groups:
+            raise ValueError(f"Conv2D layer {self.name!r}: groups={self.groups} must divide "
+                             f"both the input channels ({c}) and the filters "
+                             f"({self.filters}); use a divisor of both")
         (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.strides, self.dilation
         if self.padding == "same":
             self._pads = K.same_padding(h, kh, sh, dh) + K.same_padding(w, kw, sw, dw)
@@ -81,8 +98,9 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D layer {self.name!r}: input {input_shape} is smaller than "
                              f"its {kh}x{kw} kernel (dilation {self.dilation}, padding "
                              f"{self.padding}); use padding='same' or a smaller kernel")
-        fan_in, fan_out = c * kh * kw, self.filters * kh * kw
-        self.add_param("w", (self.filters, c, kh, kw), self.weights_initializer, rng,
+        g = self.groups
+        fan_in, fan_out = c // g * kh * kw, self.filters // g * kh * kw
+        self.add_param("w", (self.filters, c // g, kh, kw), self.weights_initializer, rng,
                        fan_in=fan_in, fan_out=fan_out)
         if self.use_bias:
             self.add_param("b", (self.filters,), self.bias_initializer, rng,
@@ -91,8 +109,14 @@ class Conv2D(Layer):
 
     def forward(self, x, training=False):
         check_input(self, x)
-        y, self._cache = K.conv2d_forward(x, self.params["w"], self.params.get("b"),
-                                          self.strides, self._pads, self.dilation, ws=self._ws)
+        if self.groups == 1:
+            y, self._cache = K.conv2d_forward(x, self.params["w"], self.params.get("b"),
+                                              self.strides, self._pads, self.dilation,
+                                              ws=self._ws)
+        else:
+            y, self._cache = K.conv2d_forward(x, self.params["w"], self.params.get("b"),
+                                              self.strides, self._pads, self.dilation,
+                                              groups=self.groups)
         return y
 
     def backward(self, dy):
@@ -115,6 +139,8 @@ class Conv2D(Layer):
             parts.append(f"padding={fmt_pair(self.padding)}")
         if self.dilation != (1, 1):
             parts.append(f"dilation={fmt_pair(self.dilation)}")
+        if self.groups != 1:
+            parts.append(f"groups={self.groups}")
         if not self.use_bias:
             parts.append("use_bias=False")
         return ", ".join(parts)
@@ -129,17 +155,19 @@ class Conv2D(Layer):
             inputs.append(g.const(self, "b", self.params["b"]))
         return g.node("Conv", inputs, self, kernel_shape=list(self.kernel_size),
                       strides=list(self.strides), dilations=list(self.dilation),
-                      pads=[pt, pl, pb, pr])
+                      pads=[pt, pl, pb, pr],
+                      **({"group": self.groups} if self.groups != 1 else {}))
 
     def torch_module(self):
         from torch import nn
 
         from .torch_export import tensor
-        f, c, kh, kw = self.params["w"].shape
+        f, cg, kh, kw = self.params["w"].shape
         pt, pb, pl, pr = self._pads
         even = pt == pb and pl == pr
-        conv = nn.Conv2d(c, f, (kh, kw), stride=self.strides, dilation=self.dilation,
-                         padding=(pt, pl) if even else 0, bias=self.use_bias)
+        conv = nn.Conv2d(cg * self.groups, f, (kh, kw), stride=self.strides,
+                         dilation=self.dilation, padding=(pt, pl) if even else 0,
+                         bias=self.use_bias, groups=self.groups)
         conv.weight.data = tensor(self.params["w"])
         if self.use_bias:
             conv.bias.data = tensor(self.params["b"])
@@ -151,8 +179,6 @@ class Conv2D(Layer):
         """Also returns ``"pads"`` (top, bottom, left, right) where the file's pads differ
         before and after: the reader checks them against the built layer's "same" pads."""
         w, b = g.const(node, 1), g.const(node, 2)
-        if int(attrs.get("group", 1)) != 1:
-            g.refuse(node, f"group={attrs['group']}; distnn's Conv2D has no groups")
         if w.ndim != 4:
             g.refuse(node, f"a {w.ndim - 2}-D convolution; distnn's is 2-D")
         auto = g.auto_pad(attrs)
@@ -163,7 +189,7 @@ class Conv2D(Layer):
                    else (pads[0], pads[1]) if pads[:2] == pads[2:] else "same")
         layer = cls(w.shape[0], tuple(w.shape[2:]), strides=tuple(attrs.get("strides", (1, 1))),
                     padding=padding, dilation=tuple(attrs.get("dilations", (1, 1))),
-                    use_bias=b is not None)
+                    use_bias=b is not None, groups=int(attrs.get("group", 1)))
         arrays = {"w": w, **({"b": b} if b is not None else {})}
         if padding == "same" and auto == "NOTSET":
             arrays["pads"] = (pads[0], pads[2], pads[1], pads[3])

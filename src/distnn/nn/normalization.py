@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from ..kernels import batchnorm as K
+from ..kernels.transformer_ops import layer_norm_backward, layer_norm_forward
 from .activations import ReLU
 from .base import Layer, check_features, check_input
 
@@ -301,6 +302,12 @@ class LayerNormalization(Layer):
 
     def forward(self, x, training=False):
         check_features(self, x)
+        if self.elementwise_affine and self._has_beta:  # one fused pass (kernels)
+            d = x.shape[-1]
+            y, xhat, invstd = layer_norm_forward(x.reshape(-1, d), self.params["gamma"],
+                                                 self.params["beta"], self.epsilon)
+            self._xhat, self._invstd = xhat, invstd
+            return y.reshape(x.shape)
         xhat, self._invstd = self._normalize(x)
         self._xhat = xhat
         if not self.elementwise_affine:
@@ -312,6 +319,13 @@ class LayerNormalization(Layer):
 
     def backward(self, dy):
         xhat = self._xhat
+        if self.elementwise_affine and self._has_beta:
+            d = dy.shape[-1]
+            dx, dgamma, dbeta = layer_norm_backward(dy.reshape(-1, d), xhat, self._invstd,
+                                                    self.params["gamma"])
+            self.grads["gamma"][...] = dgamma
+            self.grads["beta"][...] = dbeta
+            return dx.reshape(dy.shape) if self.need_dx else None
         if self.elementwise_affine:
             d = dy.shape[-1]
             np.sum((dy * xhat).reshape(-1, d), axis=0, out=self.grads["gamma"])

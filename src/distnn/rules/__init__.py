@@ -8,7 +8,7 @@ nothing of command-line options: ``distnn.run`` maps its options to these argume
 ``RULES`` is found, not listed: every module of this package is imported and each ``Rule``
 subclass with a ``name`` is a rule, except those a run chooses by other options
 (``chosen_by_name = False``): ``Pipeline`` (pipeline stages × data parallelism) is chosen
-by its stage count (``--pipeline_stages``), over the ``data`` rule's exchange.
+by its stage count (the run's option for it), over the ``data`` rule's exchange.
 """
 from __future__ import annotations
 

@@ -53,7 +53,9 @@ class Message:
     - ``"allreduce"``: one all-reduce after the step;
     - ``"master"``: to a master and its reply back, the master's link carrying every
       worker's in turn (the master computes nothing);
-    - ``"push"``: point to point and asynchronous, sent while the rank computes on.
+    - ``"push"``: point to point and asynchronous, sent while the rank computes on;
+    - ``"behind"``: one all-reduce that runs while the next step computes (its wait is
+      what it takes longer than a step).
     """
     what: str
     nbytes: float

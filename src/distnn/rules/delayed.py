@@ -1,4 +1,4 @@
-"""``pipeline``: delayed SGD with a staleness of one step (PyDTNN's ``--parallel-pipeline``).
+"""``pipeline``: delayed SGD with a staleness of one step (PyDTNN's parallel pipeline).
 
 Each step starts the all-reduce of this step's gradient and applies the one of the
 previous step, whose all-reduce had the whole of this step's forward and backward to
@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ._p2p import Traffic
-from .base import Rule
+from .base import Message, Rule
 
 
 class DelayedSGD(Rule):
@@ -33,6 +33,11 @@ class DelayedSGD(Rule):
 
     name = "pipeline"
     lockstep = True
+
+    @classmethod
+    def step_messages(cls, *, size, itemsize, period, probability):
+        # the whole gradient, all-reduced while the next step computes
+        return [Message("gradients, one step stale", size * itemsize, 1.0, "behind")]
 
     def __init__(self) -> None:
         self.traffic = Traffic()

@@ -49,7 +49,8 @@ class FedAvg(Rule):
         encryption: none | ckks (tenseal): each rank's sum of its clients' updates leaves
             it as CKKS ciphertexts (TenSEAL, refused by name when not installed).
         encryption_slots, encryption_scale, encryption_security: CKKS's parameters.
-        seed: the seed of the partition and of the clients' draws.
+
+    The partition, the draws and the clients' shuffles follow the trainer's seed.
 
     Example:
         Trainer(model, SGD(model, lr=0.05), rule=FedAvg(clients=10, client_fraction=0.5,
@@ -63,7 +64,7 @@ class FedAvg(Rule):
                  dirichlet_alpha: float = 0.5, shards_per_client: int = 2,
                  secure_aggregation: bool = False, encryption: str = "none",
                  encryption_slots: int = 4096, encryption_scale: float = 2.0 ** 40,
-                 encryption_security: int = 128, seed: int = 0):
+                 encryption_security: int = 128):
         if isinstance(clients, bool) or int(clients) != clients or clients < 0:
             raise ValueError(f"fedavg: clients must be an integer >= 0, got {clients!r}")
         if not 0 < client_fraction <= 1:
@@ -97,18 +98,36 @@ class FedAvg(Rule):
         self.local_epochs, self.fedprox_mu = int(local_epochs), float(fedprox_mu)
         self.partition, self.dirichlet_alpha = partition, float(dirichlet_alpha)
         self.shards_per_client = int(shards_per_client)
-        self.secure_aggregation, self.seed = bool(secure_aggregation), int(seed)
+        self.secure_aggregation = bool(secure_aggregation)
+        self.seed = 0  # the trainer's seed, set in begin
         self.traffic = Traffic()
         self.rounds = 0
         self.dropped: list[tuple[int, int, str]] = []  # (round, client, error)
         self.participants: list[list[int]] = []
         self._train = None
+        self._parts = None
+        self._seed_cut = 0
         self._secagg = None
         self._ckks = None
 
     # -- the data -----------------------------------------------------------------------
     def attach_data(self, train) -> None:
-        self._train = train
+        if train is self._train:
+            return
+        self._train, self._parts = train, None
+        x, y = train.arrays()
+        self._arrays = (x, y)
+        if self.clients:  # else one client per rank: cut once the ranks are known
+            self._parts = self._cut(self.clients)
+
+    def _cut(self, k: int) -> list[np.ndarray]:
+        y = self._arrays[1]
+        labels = y.argmax(axis=1) if y.ndim > 1 else y
+        try:
+            return client_partition(labels, k, self.partition, alpha=self.dirichlet_alpha,
+                                    shards_per_client=self.shards_per_client, seed=self.seed)
+        except ValueError as exc:
+            raise RuleArgumentError("clients", f"fedavg: {exc}") from None
 
     def data_shard(self, trainer):
         return None, trainer.comm.size
@@ -118,10 +137,9 @@ class FedAvg(Rule):
             raise ValueError("fedavg: the rule needs the training set (Trainer.fit gives it)")
         k = self.clients or comm.size
         self.n_clients = k
-        x, y = self._train.arrays()
-        labels = y.argmax(axis=1) if y.ndim > 1 else y
-        parts = client_partition(labels, k, self.partition, alpha=self.dirichlet_alpha,
-                                 shards_per_client=self.shards_per_client, seed=self.seed)
+        x, y = self._arrays
+        parts = self._parts if self._parts is not None and self._seed_cut == self.seed \
+            else self._cut(k)
         self.owners = [c % comm.size for c in range(k)]
         self.parts = {c: (x[idx], y[idx]) for c, idx in enumerate(parts)
                       if self.owners[c] == comm.rank}
@@ -131,7 +149,12 @@ class FedAvg(Rule):
         if self.encryption == "ckks":
             self._ckks = CKKSAggregator(comm, *self._ckks_args)
 
+    def bind(self, trainer, optimizer):
+        self.seed = self._seed_cut = int(trainer.seed)  # the partition follows it
+        return optimizer
+
     def begin(self, trainer) -> None:
+        self.seed = int(trainer.seed)
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
         self._setup(trainer.comm)
         self._fresh = [{k: np.zeros_like(a) for k, a in state.items()}
@@ -214,7 +237,11 @@ class FedAvg(Rule):
             for u in updates.values():
                 total += u
             comm.allreduce_(total, "sum")
-        self.traffic.sent(np.empty(n, np.uint64 if self._secagg else np.float64))
+        if self._ckks is None:
+            self.traffic.sent(np.empty(n, np.uint64 if self._secagg else np.float64))
+        else:
+            self.traffic.messages += 1
+            self.traffic.bytes = self._ckks.bytes_sent
         if total[-1] > 0:
             w[...] = total[:-1] / total[-1]
         else:

@@ -8,22 +8,29 @@ average (so uneven shards count each sample once). Each epoch ends with an avera
 validation, checkpoints and the final model use the averaged model. With
 ``sync_every=1`` and equal shards it makes exactly the updates of ``data``.
 
-How the replicas are weighted in an average (``weighting``, PyDTNN's ``--model-sync-algo``):
+How the replicas are weighted in an average (``weighting``, PyDTNN's model-sync-algo):
 ``wavg`` (the default) by the samples each trained since the last average, ``avg`` equally,
 ``invwavg`` inversely (PyDTNN's inverse weights: a rank that trained n of the samples gets
 ``min + max - n``, min and max over the ranks taking part, normalized here to sum to 1).
 Which ranks take part (``participation``): ``all``, or ``avail2all``: only the ranks that
 trained on at least one sample since the last average (a rank whose shard ran out is left
 out and takes the average of the others); with fewer than ``min_avail`` of those the round
-is skipped (the epoch-end average is never skipped). ``sync_dtype`` casts each rank's
-weighted replica to float16/float32 before the all-reduce (PyDTNN's
-``--model-sync-quantize``): half the bytes in float16, each rank's contribution rounded.
+is skipped (the epoch-end average is never skipped). ``ready``: a rank late for a round is
+left out of it and not waited for: every rank sends its replica to rank 0, which averages
+as soon as ``min_avail`` replicas (its own among them; at least 1) have arrived, with any
+others already there, and sends the average back; a late rank's replica of that round is
+dropped and it takes the average when it gets there (``left_out`` counts it). Rank 0
+coordinates, so it is never left out; the epoch-end average waits for every rank.
+``sync_dtype`` casts each rank's weighted replica to float16/float32 before the all-reduce (PyDTNN's
+model-sync-quantize): half the bytes in float16, each rank's contribution rounded.
 
 With ``group_size`` K > 1 a replica is a group of K ranks (``rules/groups.py``): they sum
 their gradients every step and take the same local step; the averages run among the
 groups' leaders and each group then takes its leader's weights.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -33,7 +40,8 @@ from .base import Message, Rule
 from .groups import WorkerGroup, check_group_size, layout_of
 
 WEIGHTINGS = ("wavg", "avg", "invwavg")
-PARTICIPATIONS = ("all", "avail2all")
+PARTICIPATIONS = ("all", "avail2all", "ready")
+_UP, _DOWN = 7301, 7302  # the tags of ready rounds' replicas (to rank 0) and averages
 SYNC_DTYPES = {"none": None, "float16": np.float16, "float32": np.float32,
                "float64": np.float64}
 
@@ -107,6 +115,7 @@ class LocalSGD(Rule):
         self.weighting, self.participation = weighting, participation
         self.min_avail, self.sync_dtype = int(min_avail), sync_dtype
         self.skipped = 0
+        self.left_out = 0
         self._stale = False
         self.group_size = check_group_size(self.name, group_size)
         self._group: WorkerGroup | None = None
@@ -116,6 +125,16 @@ class LocalSGD(Rule):
         self._resume = None
 
     def bind(self, trainer, optimizer):
+        self._p2p = None
+        if self.participation == "ready":
+            if self.group_size > 1:
+                raise ValueError("localsgd: participation 'ready' runs with one rank per "
+                                 "replica (group_size 1)")
+            # its own communicator: the point-to-point rounds cannot meet other messages
+            self._p2p = trainer.comm.split(0, trainer.comm.rank) if trainer.comm.size > 1 \
+                else None
+            self._round, self._pending = 0, []
+            self._received = [0] * trainer.comm.size
         n = trainer.model.parameters_flat().size
         self._buf = np.zeros(n + 1, trainer.model.dtype)
         self._steps = 0
@@ -167,7 +186,9 @@ class LocalSGD(Rule):
             comm = group.groups.leaders_comm if group.is_leader else None
         x = trainer.model.parameters_flat()
         averaged = True
-        if comm is not None and comm.size > 1 and not self._plain:
+        if comm is not None and comm.size > 1 and self.participation == "ready" and not final:
+            self._ready_round(x)
+        elif comm is not None and comm.size > 1 and not self._plain:
             averaged = self._weighted_average(comm, x, final)
         elif comm is not None and comm.size > 1:
             buf = self._buf
@@ -204,8 +225,66 @@ class LocalSGD(Rule):
         self.averages += 1
         return True
 
+    # -- ready: rounds that wait for the first min_avail ranks only -------------------------
+    def _ready_round(self, x: np.ndarray) -> None:
+        comm, n = self._p2p, x.size
+        self._round += 1
+        mine = np.empty(n + 2, np.float64)
+        mine[:n], mine[n], mine[n + 1] = x, self._samples, self._round
+        if comm.rank != 0:
+            self._pending.append(comm.isend_(mine, 0, _UP))
+            self.traffic.sent(mine)
+            reply = comm.irecv_(np.empty(n, np.float64), 0, _DOWN)
+            self.traffic.wait([reply])
+            x[...] = reply.wait().astype(x.dtype)
+            self._pending = [h for h in self._pending if not h.test()]
+            self.averages += 1
+            return
+        came = {0: mine}
+        quorum = min(max(self.min_avail, 1), comm.size)
+        while True:
+            found = comm.iprobe(-1, _UP)
+            if found is None:
+                if len(came) >= quorum:
+                    break
+                time.sleep(2e-4)
+                continue
+            buf = comm.recv_(np.empty(n + 2, np.float64), found[0], _UP)
+            self._received[found[0]] += 1
+            if int(buf[n + 1]) == self._round:
+                came[found[0]] = buf
+            # else: a late replica of an earlier round, which was averaged without it
+        samples = np.zeros(comm.size)
+        part = np.zeros(comm.size, bool)
+        for r, buf in came.items():
+            samples[r], part[r] = buf[n], True
+        c = sync_weights(samples, self.weighting, part)
+        avg = sum(c[r] * buf[:n] for r, buf in came.items())
+        self.left_out += comm.size - len(came)
+        for r in range(1, comm.size):
+            out = avg.copy()
+            self._pending.append(comm.isend_(out, r, _DOWN))
+            self.traffic.sent(out)
+        self._pending = [h for h in self._pending if not h.test()]
+        x[...] = avg.astype(x.dtype)
+        self.averages += 1
+
+    def _ready_drain(self, n: int) -> None:
+        """Before the epoch end's collective: rank 0 takes (and drops) the late replicas
+        still on their way, and every rank completes its sends."""
+        comm = self._p2p
+        if comm.rank == 0:
+            for r in range(1, comm.size):
+                while self._received[r] < self._round:
+                    comm.recv_(np.empty(n + 2, np.float64), r, _UP)
+                    self._received[r] += 1
+        self.traffic.wait(self._pending)
+        self._pending = []
+
     def end_epoch(self, trainer, epoch: int) -> None:
-        if self._steps % self.sync_every or self._stale:
+        if self.participation == "ready" and self._p2p is not None:
+            self._ready_drain(trainer.model.parameters_flat().size)
+        if self._steps % self.sync_every or self._stale or self.participation == "ready":
             self._average(trainer, final=True)
         self._steps = 0
         # the replicas are equal now; their optimizers are not
@@ -223,6 +302,8 @@ class LocalSGD(Rule):
         out["averages"] = float(self.averages)
         if self.skipped:
             out["skipped"] = float(self.skipped)
+        if self.participation == "ready":
+            out["left_out"] = float(self.left_out)
         return out
 
     def __repr__(self) -> str:

@@ -358,6 +358,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
                           progress=not cfg.output.quiet, verbose=not cfg.output.quiet,
                           seed=cfg.model.random_seed, profiler=profiler, rule=rule,
                           ignore_nan=t.ignore_nan, stall=inspector)
+        if rule is not None:
+            rule.attach_data(train)  # a rule that cuts the data refuses it here, by name
     except ValueError as exc:  # the rule does not fit the model (same on every rank)
         raise rule_error(cfg.parallel, exc) from None
     trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file

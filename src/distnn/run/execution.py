@@ -51,9 +51,11 @@ class ParallelConfig(Section):
         "localsgd: weights of the replicas in an average: wavg (samples each trained since "
         "the last average), avg (equal), invwavg (inverse: min + max - samples).",
         commands=(TRAIN,), argument="weighting")
-    sync_participation: str = option("all", Str(("all", "avail2all")),
-        "localsgd: ranks taking part in an average: all, or avail2all (those that trained "
-        "on a sample since the last one; the others take the average).",
+    sync_participation: str = option("all", Str(("all", "avail2all", "ready")),
+        "localsgd: ranks taking part in an average: all, avail2all (those that trained "
+        "on a sample since the last one; the others take the average) or ready (rank 0 "
+        "averages the first --sync_min_avail replicas to reach it, a late rank is left out "
+        "and not waited for).",
         commands=(TRAIN,), argument="participation")
     sync_min_avail: int = option(0, Int(0),
         "localsgd: skip an average fewer ranks than this take part in (never the epoch "
@@ -61,7 +63,7 @@ class ParallelConfig(Section):
     sync_dtype: str = option("none", Str(("none", "float16", "float32", "float64")),
         "localsgd: dtype the replicas are all-reduced in (none: the model's).",
         commands=(TRAIN,))
-    # fedavg's rounds (the partition of the data: --partition, a data option)
+    # fedavg's rounds and how its clients' data is cut (data/partition.py)
     clients: int = option(0, Int(0),
         "fedavg: the number of clients, dealt to the ranks round-robin (0: one per rank).",
         commands=(TRAIN,))
@@ -72,6 +74,15 @@ class ParallelConfig(Section):
         "fedavg: epochs each drawn client trains on its part per round.", commands=(TRAIN,))
     fedprox_mu: float = option(0.0, Float(0.0),
         "fedavg: FedProx's proximal term mu (0: plain FedAvg).", commands=(TRAIN,))
+    partition: str = option("iid", Str(("iid", "dirichlet", "shards")),
+        "fedavg: how the training set is cut among the clients: iid, dirichlet (each "
+        "class split in Dirichlet(--dirichlet_alpha) proportions) or shards (sorted by "
+        "label, --shards_per_client shards each).", commands=(TRAIN,))
+    dirichlet_alpha: float = option(0.5, Float(0.0, low_open=True),
+        "--partition dirichlet: the concentration (small: few classes per client).",
+        commands=(TRAIN,))
+    shards_per_client: int = option(2, Int(1),
+        "--partition shards: label shards per client.", commands=(TRAIN,))
     secure_aggregation: bool = option(False, Bool(),
         "fedavg: sum the clients' updates with pairwise masks (Bonawitz et al.): no client's "
         "update leaves its process unmasked; the sum is exact in 64-bit fixed point.",
@@ -163,8 +174,9 @@ class ParallelConfig(Section):
         "layer of each stage after the first, e.g. 2,5.", commands=(TRAIN,),
         argument="balance")
     threads: int = option(0, Int(0, 1 << 12),
-        "Threads per rank, for BLAS and the compiled kernels (0: 1 per rank with several ranks, "
-        "else the libraries' defaults).")
+        "Threads per rank, for BLAS and the compiled kernels (0: DISTNN_NUM_THREADS or "
+        "OMP_NUM_THREADS when set, else the rank's cores shared among the ranks of its node "
+        "that share them: distnn.distributed.threads_per_rank).")
 
     def rule_arguments(self) -> dict[str, Any]:
         """Every field by the name of the training rules' constructor argument it sets

@@ -44,18 +44,14 @@ def build_rule(cfg: RunConfig, comm):
         if getattr(p, option) != default and argument not in accepted:
             raise ConfigError(f"--{option} {getattr(p, option)} sets localsgd's averages, not "
                               f"--parallel {p.parallel}'s: drop it or use --parallel localsgd")
-    d = cfg.data
-    if d.partition != "iid" and "partition" not in accepted:
-        raise ConfigError(f"--partition {d.partition} cuts the data among --parallel fedavg's "
+    if p.partition != "iid" and "partition" not in accepted:
+        raise ConfigError(f"--partition {p.partition} cuts the data among --parallel fedavg's "
                           f"clients; --parallel {p.parallel} shards every global batch: drop "
                           "--partition or use --parallel fedavg")
-    arguments = {**p.rule_arguments(), "partition": d.partition,
-                 "dirichlet_alpha": d.dirichlet_alpha, "shards_per_client": d.shards_per_client,
-                 "seed": cfg.model.random_seed}
     if p.pipeline_stages > 1 or p.micro_batches > 1:
         return _pipeline(cfg, comm, name)
     try:
-        rule = rule_from_options(name, arguments)
+        rule = rule_from_options(name, p.rule_arguments())
     except ValueError as exc:
         raise rule_error(p, exc) from None
     if comm.size < rule.min_ranks:

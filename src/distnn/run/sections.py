@@ -112,15 +112,6 @@ class DataConfig(Section):
         "constant", Str(("constant", "symmetric", "reflect", "edge")),
         "What the crop's padding holds: constant (zeros), symmetric (the border mirrored, "
         "SINGA's augmentation), reflect or edge.", commands=(TRAIN,))
-    partition: str = option("iid", Str(("iid", "dirichlet", "shards")),
-        "fedavg: how the training set is cut among the clients: iid, dirichlet (each "
-        "class split in Dirichlet(--dirichlet_alpha) proportions) or shards (sorted by "
-        "label, --shards_per_client shards each).", commands=(TRAIN,))
-    dirichlet_alpha: float = option(0.5, Float(0.0, low_open=True),
-        "--partition dirichlet: the concentration (small: few classes per client).",
-        commands=(TRAIN,))
-    shards_per_client: int = option(2, Int(1),
-        "--partition shards: label shards per client.", commands=(TRAIN,))
     download: bool = option(True, Bool(),
         "Download the dataset when it is not found (mnist, fashion_mnist, cifar10).")
     normalize: bool = option(True, Bool(),

@@ -35,13 +35,13 @@ or torch.
 """
 from __future__ import annotations
 
-from ..distributed import Communicator, get_comm
+from ..distributed import Communicator, get_comm, local_rank, local_size, rank, size
 from .basics import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
                      barrier, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                      gloo_built, gloo_enabled, global_process_set, init, is_homogeneous,
-                     is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built,
-                     shutdown, size, start_timeline, stop_timeline)
+                     is_initialized, join, mpi_built, mpi_enabled, mpi_threads_supported,
+                     nccl_built, remove_process_set, rocm_built, shutdown, start_timeline,
+                     stop_timeline)
 from .batchnorm import SyncBatchNorm, convert_sync_batchnorm
 from .collectives import (Handle, allreduce, allreduce_, allreduce_async, allreduce_async_,
                           grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,

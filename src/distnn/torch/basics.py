@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from .. import distributed as dist
-from ..distributed import Communicator
+from ..distributed import Communicator, rank, size
 from ..distributed.join import JoinableComm
 from .background import make_worker
 
@@ -66,22 +66,6 @@ def is_initialized() -> bool:
 
 def _c(comm: Communicator | None) -> Communicator:
     return comm if comm is not None else dist.get_comm()
-
-
-def rank(comm: Communicator | None = None) -> int:
-    return _c(comm).rank
-
-
-def size(comm: Communicator | None = None) -> int:
-    return _c(comm).size
-
-
-def local_rank(comm: Communicator | None = None) -> int:
-    return _c(comm).local_rank
-
-
-def local_size(comm: Communicator | None = None) -> int:
-    return _c(comm).local_size
 
 
 def cross_rank(comm: Communicator | None = None) -> int:

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Callable, Sequence, TextIO
 
 import numpy as np
@@ -206,6 +207,43 @@ class Trainer(EpochLoop):
         Returns:
             the ``History``.
         """
+        plan = self._plan_fit(train, epochs, batch_size, global_batch_size, steps_per_epoch,
+                              drop_last, validation is not None)
+        start_epoch = self._resume_fit(resume, resume_lr)
+        self.rule.begin(self)
+        self.stop_training = False
+        self.stop_reason = None
+        ordered = ([cb for cb in self.callbacks if not isinstance(cb, TrainingCheckpoint)]
+                   + [cb for cb in self.callbacks if isinstance(cb, TrainingCheckpoint)])
+        for cb in ordered:
+            cb.on_train_begin(self)
+        if self.profiler is not None:
+            self.profiler.attach(self)
+        t_fit = time.perf_counter()
+        try:
+            for epoch in range(start_epoch, self.num_epochs):
+                self._fit_epoch(epoch, train, plan, ordered, validation, validation_steps,
+                                eval_batch_size or max(plan.local_bs, 256), shuffle,
+                                drop_last, augment, prefetch, history_file)
+                if self.stop_training:
+                    self.history.stop_reason = self.stop_reason
+                    self.print(f"Stopping after epoch {epoch + 1}: {self.stop_reason}")
+                    break
+        finally:
+            if self.profiler is not None:
+                self.profiler.detach()
+        self.rule.end(self)
+        for cb in ordered:
+            cb.on_train_end(self)
+        self._report_fit(time.perf_counter() - t_fit, len(self.history) - start_epoch,
+                         plan.gbs)
+        return self.history
+
+    # The steps of fit, in order.
+    def _plan_fit(self, train, epochs, batch_size, global_batch_size, steps_per_epoch,
+                  drop_last, validating: bool) -> SimpleNamespace:
+        """Check the arguments, ask the rule for this rank's share of each batch, and agree
+        on the step plan with every rank; sets what the epochs and callbacks read."""
         comm = self.comm
         if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0:
             raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
@@ -229,7 +267,6 @@ class Trainer(EpochLoop):
             raise ValueError(f"checkpoint_steps needs a rule whose ranks all train every step "
                              f"together (e.g. data); rule {self.rule.name!r} does not: "
                              "checkpoint by epochs (checkpoint_freq) instead")
-        eval_bs = eval_batch_size or max(local_bs, 256)
         self.num_epochs = int(epochs)
         n_batches = train.num_batches(gbs, drop_last=drop_last)
         if steps_per_epoch:
@@ -246,91 +283,76 @@ class Trainer(EpochLoop):
             raise ValueError(f"the training set has {len(train)} samples: no full batch of "
                              f"global size {gbs} (drop_last={drop_last}); lower batch_size")
         self.steps_per_epoch = n_batches
-        epoch_samples = min(n_batches * gbs, len(train))
         self.log_keys = list(self.metrics.names)
-        if validation is not None:
+        if validating:
             self.log_keys += [f"val_{k}" for k in self.log_keys]
         self.log_keys += ["lr", "time", "samples_per_s"]
+        return SimpleNamespace(shard=(shard, n_shards), local_bs=local_bs, gbs=gbs,
+                               n_batches=n_batches,
+                               epoch_samples=min(n_batches * gbs, len(train)))
 
-        start_epoch = 0
+    def _resume_fit(self, resume, resume_lr) -> int:
+        """Restore the state of the checkpoint ``resume`` (if any); the first epoch to run."""
         self.resumed = None
-        if resume is not None:
-            from .checkpoint import Checkpoint, load_latest
-            state = resume if isinstance(resume, Checkpoint) else load_latest(resume)
-            if state.bad_newest is not None and not isinstance(resume, Checkpoint):
-                self.print(state.fallback_note(resume))
-            state.restore(self, lr=resume_lr)
-            self.resumed = state  # TrainingCheckpoint names it as the last good one
-            start_epoch = state.epochs_done
-            if state.epoch_step:
-                sums = state.arrays["epoch_sums"]
-                self._resume_position = (state.epoch_step,
-                                         sums if comm.rank == 0 else np.zeros_like(sums))
-                self.print(f"resuming from epoch {start_epoch + 1} step {state.epoch_step} of "
-                           f"{state.path}: skipping its {state.epoch_step} done batches, "
-                           f"training to epoch {self.num_epochs}")
-            elif start_epoch >= self.num_epochs:
-                self.print(f"checkpoint {state.path!r} already holds {start_epoch} epochs "
-                           f"(>= epochs={self.num_epochs}); nothing to train")
-            else:
-                self.print(f"resuming from epoch {start_epoch} of {state.path}: training "
-                           f"epochs {start_epoch + 1}..{self.num_epochs}")
-        self.rule.begin(self)
-        self.stop_training = False
-        self.stop_reason = None
-        ordered = ([cb for cb in self.callbacks if not isinstance(cb, TrainingCheckpoint)]
-                   + [cb for cb in self.callbacks if isinstance(cb, TrainingCheckpoint)])
-        for cb in ordered:
-            cb.on_train_begin(self)
-        if self.profiler is not None:
-            self.profiler.attach(self)
+        if resume is None:
+            return 0
+        from .checkpoint import Checkpoint, load_latest
+        state = resume if isinstance(resume, Checkpoint) else load_latest(resume)
+        if state.bad_newest is not None and not isinstance(resume, Checkpoint):
+            self.print(state.fallback_note(resume))
+        state.restore(self, lr=resume_lr)
+        self.resumed = state  # TrainingCheckpoint names it as the last good one
+        start_epoch = state.epochs_done
+        if state.epoch_step:
+            sums = state.arrays["epoch_sums"]
+            self._resume_position = (state.epoch_step,
+                                     sums if self.comm.rank == 0 else np.zeros_like(sums))
+            self.print(f"resuming from epoch {start_epoch + 1} step {state.epoch_step} of "
+                       f"{state.path}: skipping its {state.epoch_step} done batches, "
+                       f"training to epoch {self.num_epochs}")
+        elif start_epoch >= self.num_epochs:
+            self.print(f"checkpoint {state.path!r} already holds {start_epoch} epochs "
+                       f"(>= epochs={self.num_epochs}); nothing to train")
+        else:
+            self.print(f"resuming from epoch {start_epoch} of {state.path}: training "
+                       f"epochs {start_epoch + 1}..{self.num_epochs}")
+        return start_epoch
 
-        t_fit = time.perf_counter()
-        try:
-            for epoch in range(start_epoch, self.num_epochs):
-                self.epoch = epoch
-                for cb in ordered:
-                    cb.on_epoch_begin(self, epoch)
-                if self.profiler is not None:
-                    self.profiler.epoch_begin(epoch)
-                logs = self._train_epoch(train, epoch, gbs, n_batches, epoch_samples, shuffle,
-                                         drop_last, augment, prefetch, ordered,
-                                         (shard, n_shards))
-                # Validation, callbacks and checkpoints see the weights the rule reports
-                # (the master's, the centre, the average), not a worker's local replica.
-                with self.rule.evaluation_weights(self):
-                    if validation is not None:
-                        logs.update(self.evaluate(validation,
-                                                  global_batch_size=eval_bs * comm.size,
-                                                  steps=validation_steps, prefix="val_"))
-                    record = {"epoch": epoch + 1, **logs}
-                    self.history.append(record)
-                    for cb in ordered:
-                        cb.on_epoch_end(self, epoch, record)
-                self.reporter.epoch_line(record, self.num_epochs)
-                if self.profiler is not None:
-                    self.profiler.epoch_end(epoch)
-                self.history.run = dict(self.run_info)
-                if history_file:
-                    self.history.save_on_root(history_file, comm)
-                if self.stop_training:
-                    self.history.stop_reason = self.stop_reason
-                    self.print(f"Stopping after epoch {epoch + 1}: {self.stop_reason}")
-                    break
-        finally:
-            if self.profiler is not None:
-                self.profiler.detach()
-        self.rule.end(self)
+    def _fit_epoch(self, epoch, train, plan, ordered, validation, validation_steps, eval_bs,
+                   shuffle, drop_last, augment, prefetch, history_file) -> None:
+        """One epoch: its steps, then validation, the callbacks and the history."""
+        self.epoch = epoch
         for cb in ordered:
-            cb.on_train_end(self)
-        elapsed = time.perf_counter() - t_fit
-        epochs_run = len(self.history) - start_epoch
+            cb.on_epoch_begin(self, epoch)
+        if self.profiler is not None:
+            self.profiler.epoch_begin(epoch)
+        logs = self._train_epoch(train, epoch, plan.gbs, plan.n_batches, plan.epoch_samples,
+                                 shuffle, drop_last, augment, prefetch, ordered, plan.shard)
+        # Validation, callbacks and checkpoints see the weights the rule reports (the
+        # master's, the centre, the average), not a worker's local replica.
+        with self.rule.evaluation_weights(self):
+            if validation is not None:
+                logs.update(self.evaluate(validation, global_batch_size=eval_bs * self.comm.size,
+                                          steps=validation_steps, prefix="val_"))
+            record = {"epoch": epoch + 1, **logs}
+            self.history.append(record)
+            for cb in ordered:
+                cb.on_epoch_end(self, epoch, record)
+        self.reporter.epoch_line(record, self.num_epochs)
+        if self.profiler is not None:
+            self.profiler.epoch_end(epoch)
+        self.history.run = dict(self.run_info)
+        if history_file:
+            self.history.save_on_root(history_file, self.comm)
+
+    def _report_fit(self, elapsed: float, epochs_run: int, gbs: int) -> None:
         if epochs_run > 0:
             rate = self.train_samples / self.train_time if self.train_time else float("nan")
+            size = self.comm.size
             self.print(f"Training: {epochs_run} epoch{'s' * (epochs_run != 1)} in "
                        f"{elapsed:.2f} s, {rate:,.0f} samples/s "
-                       f"(global batch {gbs}, {comm.size} rank{'s' * (comm.size != 1)})")
-        return self.history
+                       f"(global batch {gbs}, {size} rank{'s' * (size != 1)})")
+
 
 def fit(model, train, *, optimizer=None, lr: float = 0.01, epochs: int = 1,
         batch_size: int = 64, validation=None, loss="categorical_cross_entropy",

@@ -45,7 +45,8 @@ def main() -> None:
                               preprocess=Preprocess(dtype=np.float64, normalize=False))
             rule = Failing(job.get("fail"), **job["options"])
             trainer = Trainer(model, SGD(model, lr=job["lr"], momentum=job["momentum"]),
-                              comm=comm, rule=rule, progress=False, verbose=False)
+                              comm=comm, rule=rule, progress=False, verbose=False,
+                              seed=job["seed"])
             initial = model.parameters_flat().copy()
             trainer.fit(ds, epochs=job["epochs"], batch_size=job["batch"], shuffle=False)
             name = f"{out}/{job['name']}.rank{comm.rank}"

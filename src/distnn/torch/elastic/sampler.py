@@ -17,7 +17,7 @@ from typing import Iterator, Sized
 
 import torch.utils.data
 
-from ..basics import rank, size
+from ...distributed import rank, size
 
 __all__ = ["ElasticSampler"]
 

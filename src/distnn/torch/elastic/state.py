@@ -67,7 +67,7 @@ def _default_bcast(obj: Any) -> Any:
 
 
 def _default_rank() -> int:
-    from ..basics import rank
+    from ...distributed import rank
     return rank()
 
 
