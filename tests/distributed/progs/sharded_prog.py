@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -124,6 +125,7 @@ def main() -> None:
             world.barrier()
     if rank == 0:  # one line (several ranks' long lines would interleave)
         out["files"] = sorted(os.listdir(folder))
+        shutil.rmtree(folder, ignore_errors=True)
         print(json.dumps(out))
         sys.stdout.flush()
 
