@@ -126,10 +126,11 @@ def test_an_op_distnn_lacks_is_refused_in_one_line(tmp_path):
         load_onnx_model(str(path), input_shape=(1, 6, 6))
     text = str(err.value)
     assert "\n" not in text and str(path) in text and "'Pad'" in text
-    with pytest.raises(ModelFileError, match=r"group=2"):
-        sequential_from_onnx(_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2)],
-                                    {"w": np.ones((2, 1, 3, 3))}, (2, 6, 6), (2, 4, 4)),
-                             input_shape=(2, 6, 6))
+    # a grouped Conv is no longer refused: it reads as a depthwise Conv2D
+    model = sequential_from_onnx(_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=2)],
+                                        {"w": np.ones((2, 1, 3, 3))}, (2, 6, 6), (2, 4, 4)),
+                                 input_shape=(2, 6, 6))
+    assert [layer.groups for layer in model.walk() if isinstance(layer, Conv2D)] == [2]
 
 
 def test_a_file_that_is_not_onnx_is_refused_in_one_line(tmp_path):

@@ -37,15 +37,15 @@ def _forward(x, w, b, use_b, sh, sw, pt, pl, dh, dw, y):
         for k in range(oh * ow):
             yf[_U(yb + k)] = b0
         for i in range(kh):
-            for p in range(oh):
-                ih = p * sh + i * dh - pt
-                if ih < 0 or ih >= h_:
-                    continue
-                d = yb + p * ow
-                for j in range(kw):
-                    off = j * dw - pl
-                    q0, q1 = _valid_q(ow, sw, off, w_)
-                    wv = wf[_U((f * kh + i) * kw + j)]
+            for j in range(kw):
+                off = j * dw - pl
+                q0, q1 = _valid_q(ow, sw, off, w_)
+                wv = wf[_U((f * kh + i) * kw + j)]
+                for p in range(oh):
+                    ih = p * sh + i * dh - pt
+                    if ih < 0 or ih >= h_:
+                        continue
+                    d = yb + p * ow
                     s = xb + ih * w_ + off
                     if sw == 1:
                         for q in range(q0, q1):
@@ -74,15 +74,15 @@ def _backward_data(dy, w, sh, sw, pt, pl, dh, dw, dx):
         for f in range(c * m, c * m + m):
             yb = (n * f_ + f) * oh * ow
             for i in range(kh):
-                for p in range(oh):
-                    ih = p * sh + i * dh - pt
-                    if ih < 0 or ih >= h_:
-                        continue
-                    d = yb + p * ow
-                    for j in range(kw):
-                        off = j * dw - pl
-                        q0, q1 = _valid_q(ow, sw, off, w_)
-                        wv = wf[_U((f * kh + i) * kw + j)]
+                for j in range(kw):
+                    off = j * dw - pl
+                    q0, q1 = _valid_q(ow, sw, off, w_)
+                    wv = wf[_U((f * kh + i) * kw + j)]
+                    for p in range(oh):
+                        ih = p * sh + i * dh - pt
+                        if ih < 0 or ih >= h_:
+                            continue
+                        d = yb + p * ow
                         s = xb + ih * w_ + off
                         if sw == 1:
                             for q in range(q0, q1):
@@ -113,23 +113,23 @@ def _backward_weights(dy, x, sh, sw, pt, pl, dh, dw, use_db, dwt, db):
                 for k in range(oh * ow):
                     bacc += gf[_U(yb + k)]
             for i in range(kh):
-                for p in range(oh):
-                    ih = p * sh + i * dh - pt
-                    if ih < 0 or ih >= h_:
-                        continue
-                    d = yb + p * ow
-                    for j in range(kw):
-                        off = j * dw - pl
-                        q0, q1 = _valid_q(ow, sw, off, w_)
+                for j in range(kw):
+                    off = j * dw - pl
+                    q0, q1 = _valid_q(ow, sw, off, w_)
+                    part = 0.0
+                    for p in range(oh):
+                        ih = p * sh + i * dh - pt
+                        if ih < 0 or ih >= h_:
+                            continue
+                        d = yb + p * ow
                         s = xb + ih * w_ + off
-                        part = 0.0
                         if sw == 1:
                             for q in range(q0, q1):
                                 part += gf[_U(d + q)] * xf[_U(s + q)]
                         else:
                             for q in range(q0, q1):
                                 part += gf[_U(d + q)] * xf[_U(s + q * sw)]
-                        acc[i * kw + j] += part
+                    acc[i * kw + j] += part
         for k in range(kh * kw):
             wf[_U(f * kh * kw + k)] = acc[k]
         if use_db:

@@ -1,7 +1,8 @@
 """Model zoo: builders that return an unbuilt or built ``Sequential``.
 
 ``get_model(name, input_shape=..., num_classes=...)`` resolves names like ``"simplecnn"``,
-``"vgg16bn"``, ``"resnet20"``, ``"resnet50"``, ``"alexnet_cifar"``, ``"densenet121"``, and
+``"vgg16bn"``, ``"resnet20"``, ``"resnet50"``, ``"alexnet_cifar"``, ``"densenet121"``,
+``"mobilenet_v2"`` (``_x0_5``, ``_x0_25``: width multipliers), and
 the transformers ``"gpt_mini"`` (a byte/character language model: input (T,) token ids,
 output (T, vocab) logits; ``num_classes`` is the vocabulary), ``"vit_tiny"`` and
 ``"encoder_classifier"`` (byte sequences padded with 0).
@@ -16,8 +17,8 @@ import numpy as np
 
 from ..nn import (Add, AvgPool2D, BatchNormalization, ClassToken, Concat, Conv2D, Dense, Dropout,
                   Embedding, Flatten, GlobalAvgPool2D, LayerNormalization, MaxPool2D,
-                  PaddingMask, Patchify, PositionalEmbedding, ReLU, Sequential, SequencePool,
-                  TiedDense, TransformerDecoderBlock, TransformerEncoderBlock)
+                  PaddingMask, Patchify, PositionalEmbedding, ReLU, ReLU6, Sequential,
+                  SequencePool, TiedDense, TransformerDecoderBlock, TransformerEncoderBlock)
 
 
 def simplemlp(num_classes=10):
@@ -170,6 +171,47 @@ def resnet9(num_classes=10):
             + [Flatten(), Dense(128), ReLU(), Dense(num_classes)])
 
 
+# MobileNetV2's stages (expansion t, channels c, blocks n, first stride s) for CIFAR-sized
+# input: the ImageNet net's table with strides 1 in the stem and the 24-channel stage
+# (32x32 in, 4x4 at the end), as the usual CIFAR ports do.
+_MOBILENET_V2 = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                 (6, 160, 3, 2), (6, 320, 1, 1))
+
+
+def _divisible(c: float, by: int = 8) -> int:
+    """c rounded to a multiple of ``by`` and not below 90% of c (torchvision's rule)."""
+    out = max(by, int(c + by / 2) // by * by)
+    return out + by if out < 0.9 * c else out
+
+
+def _inverted_residual(c_in, c_out, t, stride):
+    hidden = c_in * t
+    expand = [] if t == 1 else [Conv2D(hidden, 1, use_bias=False), BatchNormalization(),
+                                ReLU6()]
+    branch = expand + [Conv2D(hidden, 3, strides=stride, padding=1, groups=hidden,
+                              use_bias=False), BatchNormalization(), ReLU6(),
+                       Conv2D(c_out, 1, use_bias=False), BatchNormalization()]
+    return [Add(branch, [])] if stride == 1 and c_in == c_out else branch
+
+
+def mobilenet_v2(num_classes=10, width=1.0):
+    """MobileNetV2 for CIFAR-sized input: inverted residual blocks (1x1 expansion, depthwise
+    3x3, linear 1x1 projection, each with batch norm; ReLU6 after the first two; a residual
+    Add where stride 1 keeps the channels), a 1x1 to 1280 (x width when wider) channels,
+    global average pooling and Dense. ``width`` multiplies every layer's channels
+    (multiples of 8)."""
+    c_in = _divisible(32 * width)
+    layers = [Conv2D(c_in, 3, padding=1, use_bias=False), BatchNormalization(), ReLU6()]
+    for t, c, n, s in _MOBILENET_V2:
+        c_out = _divisible(c * width)
+        for i in range(n):
+            layers += _inverted_residual(c_in, c_out, t, s if i == 0 else 1)
+            c_in = c_out
+    last = _divisible(1280 * max(1.0, width))
+    return layers + [Conv2D(last, 1, use_bias=False), BatchNormalization(), ReLU6(),
+                     GlobalAvgPool2D(), Dense(num_classes)]
+
+
 def densenet(blocks=(6, 12, 24, 16), growth=32, num_classes=1000, imagenet=True):
     """DenseNet-BC with concatenation blocks; densenet121 is blocks (6, 12, 24, 16)."""
     ch = 2 * growth
@@ -246,6 +288,9 @@ MODELS: dict[str, tuple] = {
     "alexnet_imagenet": _spec(alexnet_imagenet, "imagenet", 1000),
     "resnet9": _spec(resnet9, "cifar"),
     "densenet121": _spec(densenet, "imagenet", 1000, blocks=(6, 12, 24, 16)),
+    "mobilenet_v2": _spec(mobilenet_v2, "cifar"),
+    "mobilenet_v2_x0_5": _spec(mobilenet_v2, "cifar", width=0.5),
+    "mobilenet_v2_x0_25": _spec(mobilenet_v2, "cifar", width=0.25),
     "gpt_mini": _spec(gpt_mini, "text", 256),
     "vit_tiny": _spec(vit_tiny, "mnist"),
     "encoder_classifier": _spec(encoder_classifier, "text", 2),

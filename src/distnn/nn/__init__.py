@@ -1,5 +1,6 @@
 """distnn's NumPy layer engine."""
-from .activations import ACTIVATIONS, GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .activations import (ACTIVATIONS, GELU, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax,
+                          Tanh)
 from .allocator import reuse_freed_memory
 from .attention import MultiHeadAttention
 from .base import Layer
@@ -19,7 +20,7 @@ reuse_freed_memory()
 __all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential", "Add",
            "Concat", "Dense", "Flatten",
            "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
-           "BatchNormalization", "LayerNormalization", "RMSNorm", "ReLU",
+           "BatchNormalization", "LayerNormalization", "RMSNorm", "ReLU", "ReLU6",
            "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU", "ACTIVATIONS",
            "Embedding", "PositionalEmbedding", "SinusoidalPositionalEmbedding", "TiedDense",
            "MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock",

@@ -1,4 +1,4 @@
-"""Activation layers: ReLU, LeakyReLU, Sigmoid, Tanh, Softmax, GELU, SiLU."""
+"""Activation layers: ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, Softmax, GELU, SiLU."""
 from __future__ import annotations
 
 import math
@@ -96,6 +96,49 @@ class ReLU(_OneOp):
 
 
     onnx_ops = ("Relu",)
+
+
+class ReLU6(Layer):
+    """min(max(x, 0), 6): MobileNet's bounded ReLU (PyTorch's ``nn.ReLU6``; ONNX ``Clip``
+    to [0, 6]). The gradient is 0 at and outside the kinks, as PyTorch's.
+
+    Shape: any; y has x's shape and dtype.
+
+    Example:
+        [Conv2D(32, 1, use_bias=False), BatchNormalization(), ReLU6()]
+    """
+
+    def forward(self, x, training=False):
+        check_features(self, x)
+        self._pass = (x > 0) & (x < 6)
+        return np.clip(x, 0, 6).astype(x.dtype, copy=False)
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return dy * self._pass
+
+    onnx_ops = ("Clip",)
+
+    def onnx_node(self, g, x):
+        lo = g.const(self, "min", np.zeros((), np.float32))
+        hi = g.const(self, "max", np.full((), 6, np.float32))
+        return g.node("Clip", [x, lo, hi], self)
+
+    def torch_module(self):
+        from torch import nn
+        return nn.ReLU6()
+
+    @classmethod
+    def from_onnx(cls, g, node, attrs):
+        lo = g.const(node, 1) if len(node.input) > 1 else attrs.get("min")
+        hi = g.const(node, 2) if len(node.input) > 2 else attrs.get("max")
+        lo, hi = (None if v is None else np.asarray(v, np.float64).reshape(-1) for v in (lo, hi))
+        if lo is None or hi is None or lo.size != 1 or hi.size != 1 or lo[0] != 0 \
+                or hi[0] != 6:
+            g.refuse(node, f"Clip to [{lo}, {hi}]; distnn reads only Clip to [0, 6] "
+                           "(ReLU6)")
+        return cls(), {}
 
 
 class LeakyReLU(Layer):
@@ -335,5 +378,5 @@ class SiLU(Layer):
         return torch.nn.SiLU()
 
 
-ACTIVATIONS = {"relu": ReLU, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid, "tanh": Tanh,
-               "softmax": Softmax, "gelu": GELU, "silu": SiLU}
+ACTIVATIONS = {"relu": ReLU, "relu6": ReLU6, "leaky_relu": LeakyReLU, "sigmoid": Sigmoid,
+               "tanh": Tanh, "softmax": Softmax, "gelu": GELU, "silu": SiLU}
