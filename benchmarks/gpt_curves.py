@@ -48,14 +48,17 @@ def run_distnn(args, seed: int) -> dict:
            "--warmup_steps", str(r["warmup_steps"]), "--min_lr_ratio", str(r["min_lr_ratio"]),
            "--clip_grad_norm", str(r["clip_grad_norm"]), "--steps_per_epoch", str(args.steps),
            "--num_epochs", "1", "--validate_every", str(args.validate_every),
-           "--random_seed", str(seed), "--evaluate", "false", "--threads", "1", "--quiet",
-           "false"]
+           "--random_seed", str(seed), "--evaluate", "false", "--threads", "1"]
+    if args.save_weights and seed == 0:
+        cmd += ["--save_weights", args.save_weights, "--overwrite", "true"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
     if p.returncode:
         raise RuntimeError(f"distnn train failed:\n{p.stderr[-3000:]}")
-    curve = [(int(s), float(v)) for s, v in _VAL.findall(p.stdout)]
+    curve = [(int(s), float(v)) for s, v in _VAL.findall(p.stdout + p.stderr)]
+    if not curve:
+        raise RuntimeError(f"distnn train printed no validation:\n{p.stdout[-2000:]}")
     return {"system": "distnn", "seed": seed, "seconds": time.perf_counter() - t0,
             "curve": curve}
 
@@ -109,6 +112,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup_steps", type=int, default=30)
     p.add_argument("--png", default=str(ROOT / "docs" / "gpt_mini_curves.png"))
     p.add_argument("--json", default=None, help="also write every run here")
+    p.add_argument("--save_weights", default=None,
+                   help="distnn's seed-0 weights (.npz), e.g. for distnn generate")
     args = p.parse_args(argv)
     runs = {"distnn": [], "torch": []}
     for seed in range(args.seeds):  # the systems alternate within each seed
