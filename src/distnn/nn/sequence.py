@@ -219,6 +219,11 @@ class PaddingMask(_Chain):
     def describe(self):
         return f"padding_idx={self.padding_idx}"
 
+    # A chain's ONNX and torch forms would drop the mask: none is declared, so the
+    # exporters refuse this container by name (nn/base.py).
+    onnx_node = Layer.onnx_node
+    torch_module = Layer.torch_module
+
 
 _TORCH: dict[str, type] = {}
 
