@@ -61,7 +61,7 @@ class Pipeline(Rule):
     """
 
     name = "pipeline_stages"
-    chosen_by_name = False  # --pipeline_stages picks it (run/rule.py)
+    chosen_by_name = False  # the run picks it by its stage count (run/rule.py)
     lockstep = True
 
     def __init__(self, *, stages: int = 2, micro_batches: int = 1, schedule: str = "gpipe",
