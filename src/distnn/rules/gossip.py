@@ -147,11 +147,7 @@ class Gossip(GroupedReplicas, Rule):
             self._receive(trainer, msg[0])
 
     def step(self, trainer) -> None:
-        samples = trainer.batch_samples
-        if self._group is not None:
-            samples = self._group.reduce_gradients(trainer)
-        if samples:
-            trainer.optimizer.step()
+        self._local_step(trainer)
         if self._group is not None:
             if self._group.is_leader:
                 self._gossip(trainer)

@@ -108,3 +108,13 @@ class GroupedReplicas:
         if self.group_size > 1:
             self._group = WorkerGroup(layout_of(self.name, trainer.comm, self.group_size, 0),
                                       trainer.model)
+
+    def _local_step(self, trainer) -> int:
+        """This replica's optimizer step on its batch (the group's gradients summed first);
+        none when the replica had no samples. Returns its sample count."""
+        samples = trainer.batch_samples
+        if self._group is not None:
+            samples = self._group.reduce_gradients(trainer)
+        if samples:
+            trainer.optimizer.step()
+        return samples

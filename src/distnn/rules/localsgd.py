@@ -150,12 +150,7 @@ class LocalSGD(GroupedReplicas, Rule):
         self._samples = 0
 
     def step(self, trainer) -> None:
-        samples = trainer.batch_samples
-        if self._group is not None:
-            samples = self._group.reduce_gradients(trainer)
-        if samples:
-            trainer.optimizer.step()
-            self._samples += samples
+        self._samples += self._local_step(trainer)
         self._steps += 1  # every rank counts every global batch: the all-reduces stay in step
         if self._steps % self.sync_every == 0:
             self._average(trainer)
