@@ -4,18 +4,24 @@ from __future__ import annotations
 import numpy as np
 
 
+def central_difference(f, x: np.ndarray, index, eps: float = 1e-6) -> float:
+    """The central difference of scalar f() along ``x[index]`` (perturbed in place, then
+    restored)."""
+    old = x[index]
+    x[index] = old + eps
+    fp = f()
+    x[index] = old - eps
+    fm = f()
+    x[index] = old
+    return (fp - fm) / (2 * eps)
+
+
 def numerical_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """Central differences of scalar f() with respect to x (perturbed in place)."""
     grad = np.zeros_like(x)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
     for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        fp = f()
-        flat[i] = old - eps
-        fm = f()
-        flat[i] = old
-        gflat[i] = (fp - fm) / (2 * eps)
+        gflat[i] = central_difference(f, flat, i, eps)
     return grad
 
 

@@ -6,6 +6,7 @@ The skip reasons are part of the suite's report: keep them as they are.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -80,6 +81,45 @@ def run_distnn(*args, cwd, ranks: int = 1, timeout: float = 300, **env: str):
     import subprocess
     return subprocess.run([*launcher(ranks), *COMMAND, *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env=child_env(**env))
+
+
+@contextlib.contextmanager
+def reaped(proc):
+    """``proc`` (a ``subprocess.Popen``), killed and drained on the way out if it still
+    runs: a failed assertion must not leave a job behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def finish(proc, timeout: float = 240):
+    """``proc.communicate(timeout)``: its (stdout, stderr), the process reaped either way."""
+    with reaped(proc):
+        return proc.communicate(timeout=timeout)
+
+
+def pids_of_rank(rank: int, mark: str = "", pids=None) -> list[int]:
+    """The pids of MPI rank ``rank``'s processes (hydra's PMI_RANK), not their watchers
+    (launch/rankwatch.py), whose environment holds ``mark``; among ``pids`` (default:
+    every process)."""
+    if pids is None:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                watcher = b"rankwatch" in f.read()
+        except OSError:
+            continue
+        if (f"PMI_RANK={rank}".encode() in env and (not mark or mark.encode() in env)
+                and not watcher):
+            found.append(pid)
+    return found
 
 
 # Skip markers (the reasons are the ones the suite has always reported).

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from cluster_util import DISTNN, MPIEXEC, NET, PREFIX, ROOT, needs_cluster
+from helpers import reaped
 
 from distnn.cluster import EmulatedCluster
 
@@ -51,17 +52,13 @@ def test_a_killed_host_restarts_from_the_last_commit_and_comes_back(tmp_path):
              sys.executable, str(PROG), "job", "--out", str(tmp_path), "--samples", "240",
              "--sleep", "0.3"], cwd=tmp_path, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(proc):
             _wait(proc, lambda: any(e.get("commit", 0) >= 4 for e in _records(events)))
             listed.write_text(f"{h1}\n{h3}\n")
             assert cluster.kill(h2)
             _wait(proc, lambda: (tmp_path / "r0.w1.jsonl").exists())
             listed.write_text(f"{h1}\n{h2}\n{h3}\n")
             out, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert f"restart 1/3: lost host {h2}" in err, err[-3000:]
     assert f"hosts changed (added {h2})" in err, err[-3000:]

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from cluster_util import DISTNN, MPIEXEC, NET, PREFIX, ROOT, needs_cluster, run
+from helpers import reaped
 
 from distnn.cluster import EmulatedCluster
 from distnn.training.checkpoint import load_checkpoint
@@ -51,14 +52,10 @@ def test_a_killed_host_is_dropped_and_the_run_resumes_bit_identical(cluster, tmp
     proc = launch(tmp_path, "--max_restarts", "3", "--min_hosts", "2", "--", "train", *TRAIN,
                   "--checkpoint", "ck.npz", "--checkpoint_steps", "5", "--save_weights",
                   "final.npz")
-    try:
+    with reaped(proc):
         kill_at_step(cluster, proc, ck, f"{PREFIX}2", 5)
         shutil.copy(ck, tmp_path / "at_kill.npz")
         out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     restart = [line for line in err.splitlines() if "restart 1/3" in line]
     assert len(restart) == 1, err[-3000:]
@@ -88,13 +85,9 @@ def test_a_spent_budget_names_the_last_checkpoint_and_exits_2_3_are_not_restarte
     ck = tmp_path / "ck.npz"
     proc = launch(tmp_path, "--max_restarts", "0", "--", "train", *TRAIN, "--num_epochs",
                   "50", "--checkpoint", "ck.npz", "--checkpoint_steps", "5")
-    try:
+    with reaped(proc):
         kill_at_step(cluster, proc, ck, f"{PREFIX}3", 5)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode != 0
     assert f"lost host {PREFIX}3; the restart budget (--max_restarts 0) is spent; the last " \
            f"good checkpoint: ck.npz (epoch" in err, err[-2000:]
@@ -120,17 +113,13 @@ def test_ctrl_c_stops_everything(cluster, tmp_path):
     ck = tmp_path / "ck.npz"
     proc = launch(tmp_path, "--", "train", *TRAIN, "--num_epochs", "50", "--checkpoint",
                   "ck.npz", "--checkpoint_steps", "5")
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert ck.exists()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err
     for host in cluster.hosts:
@@ -153,7 +142,7 @@ def test_a_hung_rank_ends_the_job_at_the_stall_timeout_and_its_host_is_dropped(c
     proc = launch(tmp_path, "--min_hosts", "2", "--", "train", *TRAIN, "--checkpoint",
                   "ck.npz", "--checkpoint_steps", "5", "--stall_warning", "1",
                   "--stall_timeout", "4")
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if ck.exists() and load_checkpoint(ck).meta["global_step"] >= 5:
@@ -166,10 +155,6 @@ def test_a_hung_rank_ends_the_job_at_the_stall_timeout_and_its_host_is_dropped(c
         for pid in ranks:
             os.kill(pid, signal.SIGSTOP)
         out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert "stall timeout: rank 1 did not arrive within 4 s" in err, err[-3000:]
     line = next(x for x in err.splitlines() if "restart 1/3" in x)

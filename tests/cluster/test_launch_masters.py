@@ -11,6 +11,7 @@ import time
 
 import pytest
 from cluster_util import DISTNN, MPIEXEC, NET, PREFIX, needs_cluster
+from helpers import pids_of_rank, reaped
 
 from distnn.cluster import EmulatedCluster
 
@@ -19,24 +20,6 @@ pytestmark = [needs_cluster, pytest.mark.slow]
 MODEL = ("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
          "def get_model():\n"
          "    return Sequential([Flatten(), Dense(16), ReLU(), Dense(3)])\n")
-
-
-def rank_pids(cluster, rank: int) -> list[int]:
-    """The pids of the ``distnn train`` processes of MPI rank ``rank`` (hydra's PMI_RANK) on
-    the cluster, not their watchers (launch/rankwatch.py)."""
-    found = []
-    for host in cluster.hosts:
-        for pid in cluster.pids(host.name):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    watcher = b"rankwatch.py" in f.read()
-            except OSError:
-                continue
-            if f"PMI_RANK={rank}".encode() in env and not watcher:
-                found.append(pid)
-    return found
 
 
 @pytest.mark.long  # naming the role: test_launch_roles.py; restarts: test_launch.py
@@ -54,20 +37,16 @@ def test_a_killed_sub_master_is_restarted_from_the_last_checkpoint(tmp_path):
                                  "--ranks_per_host", "3", "--max_restarts", "2", "--", *train],
                                 cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(proc):
             deadline = time.monotonic() + 240
             while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.1)
             assert ck.exists(), "no checkpoint was written"
-            pids = rank_pids(c, 1)
+            pids = pids_of_rank(1, pids=[p for h in c.hosts for p in c.pids(h.name)])
             assert pids, "sub-master rank 1 not found"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             out, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     text = out + err
     assert proc.returncode == 0, text[-3000:]
     assert "distnn launch: lost rank 1 (host " in text and ("), sub-master of workers 3,4 "

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from helpers import MPIEXEC, child_env, needs_mpi
+from helpers import MPIEXEC, child_env, needs_mpi, pids_of_rank, reaped
 
 
 pytestmark = needs_mpi
@@ -24,26 +24,6 @@ MODEL = ("from distnn.nn import Dense, Flatten, Sequential\n\n\n"
 # hydra runs this as it would run ssh ([options] host command...); a probe too
 LAUNCHER = ('#!/bin/sh\nwhile [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; '
             'done\nshift\nexec sh -c "$*"\n')
-
-
-def pids_of_rank(rank: int, mark: str) -> list[int]:
-    """Pids of the ``distnn train`` processes of MPI rank ``rank`` (not their watchers)
-    whose environment holds ``mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                watcher = b"rankwatch.py" in f.read()
-        except OSError:
-            continue
-        if f"PMI_RANK={rank}".encode() in env and mark.encode() in env and not watcher:
-            found.append(int(pid))
-    return found
 
 
 @pytest.mark.mpi
@@ -68,7 +48,7 @@ def test_a_killed_sub_master_is_named_with_its_role(tmp_path):
          "--launcher_args", f"-launcher ssh -launcher-exec {tmp_path / 'ssh'}", "--", "train",
          *train], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 180
         while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
@@ -80,10 +60,6 @@ def test_a_killed_sub_master_is_named_with_its_role(tmp_path):
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     text = out + err
     assert proc.returncode == 9, text[-3000:]
     assert f"distnn: rank 2 (pid {pids[0]}, host {socket.gethostname()}), sub-master" in err

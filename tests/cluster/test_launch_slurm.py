@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 from cluster_util import DISTNN, MPIEXEC, run
+from helpers import finish
 from test_slurm import needs_slurm
 
 from distnn.cluster import EmulatedCluster
@@ -41,15 +42,6 @@ def salloc_launch(slurm_, tmp_path, *words):
            "--min_hosts", "2", "--", "train", *TRAIN, *words]
     return subprocess.Popen(cmd, cwd=tmp_path, env=slurm_.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc, timeout=240):
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 @needs_slurm

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from cluster_util import DISTNN, PREFIX, ROOT, local_run, make_cluster, needs_cluster, run
+from helpers import reaped
 
 from distnn.cluster import total_sent
 
@@ -85,7 +86,7 @@ def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
     with make_cluster(3, rate="1gbit") as c:
         proc = subprocess.Popen(c.mpiexec(argv, hosts=[h1, h2]), env=c.env(), cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
+        with reaped(proc):
             deadline = time.monotonic() + 120
             while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.2)
@@ -97,10 +98,6 @@ def test_a_lost_host_ends_the_job_within_seconds_and_is_named(tmp_path):
             out, _ = proc.communicate(timeout=30)
             ended = time.monotonic() - t
             survivors_gone = c.wait_gone(h1, timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
         assert proc.returncode != 0
         assert ended < 10, ended
         assert survivors_gone, "rank 0's host still runs after the job ended"

@@ -18,7 +18,7 @@ from cluster_util import DISTNN, MPIEXEC, PREFIX, make_cluster, needs_cluster
 from distnn.launch.netprobe import DataProbe, Health
 from distnn.launch.supervisor import Supervisor
 from distnn.training.checkpoint import load_checkpoint
-from helpers import have_fashion_mnist
+from helpers import finish, have_fashion_mnist
 
 H1, H2, H3 = (f"{PREFIX}{i}" for i in (1, 2, 3))
 TRAIN = ["--dataset", "fashion_mnist", "--model", "simplemlp", "--global_batch_size", "48",
@@ -63,15 +63,6 @@ def at_step(proc, ck, step, seconds=120):
             pass  # being written
         time.sleep(0.05)
     raise AssertionError("the run never reached the step")
-
-
-def finish(proc, timeout=240):
-    try:
-        return proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 @needs_cluster

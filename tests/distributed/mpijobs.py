@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import MPIEXEC, child_env
+import pytest
+from helpers import MPIEXEC, child_env, have_mpi4py
 
 PROGS = Path(__file__).parent / "progs"
 
@@ -17,3 +18,12 @@ def mpirun(n: int, prog: str, *args: str, timeout: float = 60) -> subprocess.Com
     launcher = [MPIEXEC, "-n", str(n)] if n else []
     return subprocess.run(launcher + [sys.executable, str(PROGS / prog), *args],
                           capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def run_prog(n: int, prog: str, out, timeout: float = 300) -> None:
+    """``progs/<prog> OUT`` on n ranks, which must succeed; the test is skipped without
+    mpiexec and mpi4py."""
+    if MPIEXEC is None or not have_mpi4py():
+        pytest.skip("needs mpiexec and mpi4py")
+    proc = mpirun(n, prog, str(out), timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

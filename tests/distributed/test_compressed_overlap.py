@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from compressed_overlap_prog import CASES
-from helpers import MPIEXEC, have_mpi4py
-from mpijobs import mpirun
+from mpijobs import run_prog
 
 from distnn.distributed import LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.compressed_buckets import BucketedCompression
@@ -23,11 +22,8 @@ from distnn.distributed.reducer import Reducer
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def ranks(request, tmp_path_factory):
     """Every rank's results of progs/compressed_overlap_prog.py."""
-    if MPIEXEC is None or not have_mpi4py():
-        pytest.skip("needs mpiexec and mpi4py")
     out = tmp_path_factory.mktemp(f"overlap_np{request.param}")
-    proc = mpirun(request.param, "compressed_overlap_prog.py", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_prog(request.param, "compressed_overlap_prog.py", out)
     results = []
     for r in range(request.param):
         with open(out / f"rank{r}.pkl", "rb") as f:

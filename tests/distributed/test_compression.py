@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from compression_prog import sparse_pairs
-from mpijobs import mpirun
-from helpers import MPIEXEC, have_mpi4py
+from mpijobs import run_prog
 
 from distnn.distributed import Compression, LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.compression import CompressedReduction, parse_compression
@@ -19,11 +18,8 @@ from distnn.distributed.sparse import (decode, encode, payload_bytes, sparse_all
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def results(request, tmp_path_factory):
-    if MPIEXEC is None or not have_mpi4py():
-        pytest.skip("needs mpiexec and mpi4py")
     out = tmp_path_factory.mktemp(f"compression_np{request.param}")
-    proc = mpirun(request.param, "compression_prog.py", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_prog(request.param, "compression_prog.py", out)
     with open(out / "results.pkl", "rb") as f:
         return pickle.load(f)
 
@@ -153,10 +149,7 @@ def test_adasum_with_compression_is_refused():
 
 
 def test_vgg11bn_bytes_per_step_at_most_a_fiftieth_of_dense(tmp_path):
-    if MPIEXEC is None or not have_mpi4py():
-        pytest.skip("needs mpiexec and mpi4py")
-    proc = mpirun(2, "compression_bytes_prog.py", str(tmp_path), timeout=400)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_prog(2, "compression_bytes_prog.py", tmp_path, timeout=400)
     with open(tmp_path / "bytes.pkl", "rb") as f:
         out = pickle.load(f)
     for spec, (sent, dense, n_params) in out.items():

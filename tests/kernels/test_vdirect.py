@@ -130,6 +130,22 @@ def test_threads_give_the_same_results(anywhere, threads, n, c, f, h):
         np.testing.assert_array_equal(g, a)
 
 
+def _check_dw_in_the_lanes(monkeypatch, x, w, b, stride, pads, dil, dy):
+    """The float32 run's dx, dw and db against the float64 loops', and its dw and db against
+    the other dw kernel's (``lanes_apply`` off) to float32 rounding."""
+    from distnn.kernels import _vdirect
+    refs = ref_conv(x, w, b, stride, pads, dil, dy)[1:]
+    args = [a.astype(np.float32) for a in (x, w, b)] + [stride, pads, dil,
+                                                        dy.astype(np.float32)]
+    got = run(*args)
+    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
+        assert _rel(g, r) < 2e-6, name
+    monkeypatch.setattr(_vdirect, "lanes_apply", lambda f, kw: False)
+    other = run(*args)
+    for g, o in zip(got[2:], other[2:]):
+        assert _rel(g, o) < 1e-6
+
+
 @pytest.mark.parametrize("f", [16, 32, 48, 64])
 @pytest.mark.parametrize("k,stride,dil", [((3, 3), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1)),
                                           ((1, 3), (1, 1), (1, 2)), ((3, 3), (1, 1), (2, 1))])
@@ -145,16 +161,7 @@ def test_dw_with_filters_in_the_lanes(anywhere, monkeypatch, f, k, stride, dil):
     pads = (1, 0, 2, 1)
     y_ref = ref_conv(x, w, b, stride, pads, dil)
     dy = rng.standard_normal(y_ref.shape)
-    refs = ref_conv(x, w, b, stride, pads, dil, dy)[1:]
-    args = [a.astype(np.float32) for a in (x, w, b)] + [stride, pads, dil,
-                                                        dy.astype(np.float32)]
-    got = run(*args)
-    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
-        assert _rel(g, r) < 2e-6, name
-    monkeypatch.setattr(_vdirect, "lanes_apply", lambda f, kw: False)
-    other = run(*args)
-    for g, o in zip(got[2:], other[2:]):
-        assert _rel(g, o) < 1e-6
+    _check_dw_in_the_lanes(monkeypatch, x, w, b, stride, pads, dil, dy)
 
 
 @settings(max_examples=25, deadline=None)
@@ -185,23 +192,13 @@ def test_dw_in_the_lanes_on_rows_of_16_and_more(anywhere, monkeypatch, f, width)
     """Output rows of 16 positions and more go through ``_transpose16`` (with a remainder
     when not a multiple of 16): the same dw and db as the float64 reference and as the
     other dw kernel."""
-    from distnn.kernels import _vdirect
     rng = np.random.default_rng(width)
     x = rng.standard_normal((2, 8, 5, width))
     w = rng.standard_normal((f, 8, 3, 3)) / np.sqrt(72)
     b = rng.standard_normal(f)
     pads = (1, 1, 1, 1)
     dy = rng.standard_normal(ref_conv(x, w, b, (1, 1), pads, (1, 1)).shape)
-    refs = ref_conv(x, w, b, (1, 1), pads, (1, 1), dy)[1:]
-    args = [a.astype(np.float32) for a in (x, w, b)] + [(1, 1), pads, (1, 1),
-                                                        dy.astype(np.float32)]
-    got = run(*args)
-    for name, g, r in zip(("dx", "dw", "db"), got[1:], refs):
-        assert _rel(g, r) < 2e-6, name
-    monkeypatch.setattr(_vdirect, "lanes_apply", lambda f, kw: False)
-    other = run(*args)
-    for g, o in zip(got[2:], other[2:]):
-        assert _rel(g, o) < 1e-6
+    _check_dw_in_the_lanes(monkeypatch, x, w, b, (1, 1), pads, (1, 1), dy)
 
 
 @settings(max_examples=40, deadline=None)

@@ -3,6 +3,7 @@ count, a float64 central-difference check of sampled gradients, and the same out
 gradients as the architecture written in torch as Needle's hw4 writes it."""
 import numpy as np
 import pytest
+from gradcheck import central_difference
 
 from distnn.models import get_model
 from distnn.nn import Add, BatchNormalization, Conv2D, Dense
@@ -45,24 +46,11 @@ def test_resnet9_sampled_gradients_match_central_differences():
     # a few entries of every layer's parameters, and of the input
     picks = [int(i) for _, lo, hi in model.layer_ranges() if hi > lo
              for i in gen.integers(lo, hi, 2)]
-    eps = 1e-6
     for i in picks:
-        old = params[i]
-        params[i] = old + eps
-        fp = loss()
-        params[i] = old - eps
-        fm = loss()
-        params[i] = old
-        num = (fp - fm) / (2 * eps)
+        num = central_difference(loss, params, i)
         assert abs(num - grads[i]) <= 1e-5 * max(1.0, abs(num)), (i, num, grads[i])
     for idx in zip(*(gen.integers(0, s, 4) for s in x.shape)):
-        old = x[idx]
-        x[idx] = old + eps
-        fp = loss()
-        x[idx] = old - eps
-        fm = loss()
-        x[idx] = old
-        num = (fp - fm) / (2 * eps)
+        num = central_difference(loss, x, idx)
         assert abs(num - dx[idx]) <= 1e-5 * max(1.0, abs(num)), (idx, num, dx[idx])
 
 

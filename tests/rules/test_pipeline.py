@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rulejobs import PROG, run_cli
-from helpers import MPIEXEC, child_env, needs_mpi
+from helpers import MPIEXEC, child_env, needs_mpi, pids_of_rank, reaped
 from distnn.rules.pipeline_stages import SCHEDULES, live_micro_batches, partition
 
 PIPE_PROG = PROG.parent / "pipeline_prog.py"
@@ -177,24 +177,6 @@ def test_command_trains_a_pipeline_and_refuses_bad_micro_batches(tmp_path):
     assert "divide a replica's batch of 16" in lines[0], bad.stderr
 
 
-def _pids_of_rank(rank: int, mark: str) -> list[int]:
-    """Pids of the MPI rank ``rank``'s ``distnn train`` (not its watcher) whose environment
-    holds ``mark``."""
-    import os
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                watcher = b"rankwatch" in f.read()
-        except OSError:
-            continue
-        if f"PMI_RANK={rank}".encode() in env and mark.encode() in env and not watcher:
-            found.append(int(pid))
-    return found
-
-
 @needs_mpi
 def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
     import os
@@ -215,21 +197,17 @@ def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
          "--history_file", str(history), "--quiet"], cwd=tmp_path,
         env=child_env(DISTNN_KERNELS="numpy", **dict([mark.split("=", 1)])),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while not history.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert history.exists(), "no epoch ended: " + "".join(proc.communicate(timeout=30))
-        pids = _pids_of_rank(1, mark)
+        pids = pids_of_rank(1, mark)
         assert pids, "rank 1 not found"
         killed = time.monotonic()
         os.kill(pids[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
         ended = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 9, (out + err)[-3000:]
     assert ended < 10, ended  # stage 0 waited on rank 1's messages: it did not hang
     lines = [ln for ln in err.splitlines() if "ended by" in ln]

@@ -106,16 +106,21 @@ def test_downpour_one_worker_is_sgd_on_the_master(np2):
     assert ranks[0]["stats"]["updates"] == job["epochs"] * job["n"] // job["batch"]
 
 
-def test_localsgd_every_step_is_data_parallel(np3):
-    n, job, ranks = _job(np3, "localsgd1")
-    _, _, data_ranks = _job(np3, "data")
-    w = ranks[0]["initial"]
+def _data_parallel(job, w, gbs):
+    """The weights of SGD-momentum from ``w`` in one process over the job's epochs, in
+    global batches of ``gbs`` samples: what a data-parallel rule ends with."""
     opt = SGDRef(job["lr"], job["momentum"])
-    gbs = job["batch"] * n
     x, y = data(job["n"])
     for _ in range(job["epochs"]):
         for lo in range(0, job["n"], gbs):
             w = opt.step(w, grad(w, x[lo:lo + gbs], y[lo:lo + gbs]))
+    return w
+
+
+def test_localsgd_every_step_is_data_parallel(np3):
+    n, job, ranks = _job(np3, "localsgd1")
+    _, _, data_ranks = _job(np3, "data")
+    w = _data_parallel(job, ranks[0]["initial"], job["batch"] * n)
     for r in range(n):
         np.testing.assert_allclose(ranks[r]["final"], w, rtol=0, atol=TOL)
         np.testing.assert_allclose(data_ranks[r]["final"], w, rtol=0, atol=TOL)
@@ -169,13 +174,8 @@ def test_easgd_force_zero_asynchronous_is_independent_workers(np3):
 
 def test_synchronous_downpour_is_data_parallel_on_the_workers(np3):
     n, job, ranks = _job(np3, "downpour_sync")
-    w = ranks[0]["initial"]
-    opt = SGDRef(job["lr"], job["momentum"])
     gbs = job["batch"] * (n - 1)
-    x, y = data(job["n"])
-    for _ in range(job["epochs"]):
-        for lo in range(0, job["n"], gbs):
-            w = opt.step(w, grad(w, x[lo:lo + gbs], y[lo:lo + gbs]))
+    w = _data_parallel(job, ranks[0]["initial"], gbs)
     for r in range(n):
         np.testing.assert_allclose(ranks[r]["final"], w, rtol=0, atol=TOL)
     steps = job["epochs"] * job["n"] // gbs

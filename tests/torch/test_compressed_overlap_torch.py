@@ -2,22 +2,17 @@
 the blocking ones bit for bit (weights, residuals, Q) on 2 and 3 ranks."""
 from __future__ import annotations
 
-import pickle
-import sys
 
 import numpy as np
 import pytest
 
-from torchjobs import PROGS, mpirun, needs_mpi
+from torchjobs import needs_mpi, prog_ranks
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"overlap_torch{request.param}")
-    proc = mpirun(request.param, sys.executable, PROGS / "compressed_overlap_torch_prog.py",
-                  out, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [pickle.load(open(out / f"rank{r}.pkl", "rb")) for r in range(request.param)]
+    return prog_ranks("compressed_overlap_torch_prog.py", request.param, out, timeout=300)
 
 
 @needs_mpi

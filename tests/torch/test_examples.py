@@ -6,20 +6,12 @@ import re
 
 import pytest
 
+from helpers import needs_fashion_mnist
 from torchjobs import EXAMPLES, distnn, needs_mpi
 
 
-def _have_fashion_mnist() -> bool:
-    try:
-        from distnn.data import load_dataset
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
-
-
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")]
+              needs_fashion_mnist]
 
 
 @needs_mpi

@@ -3,8 +3,6 @@ process on the same global batches (2 and 3 ranks, uneven and empty shards, SGD 
 momentum and Adam, float64), and broadcast_optimizer_state never steps."""
 from __future__ import annotations
 
-import pickle
-import sys
 
 import numpy as np
 import pytest
@@ -13,16 +11,14 @@ import torch
 import distnn.torch as hvd
 from distnn.distributed import LocalComm
 
-from torchjobs import PROGS, mpirun, needs_mpi
+from torchjobs import needs_mpi, prog_ranks
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def parity(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"parity{n}")
-    proc = mpirun(n, sys.executable, PROGS / "parity_prog.py", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return n, [pickle.load(open(out / f"rank{r}.pkl", "rb")) for r in range(n)]
+    return n, prog_ranks("parity_prog.py", n, out)
 
 
 @needs_mpi

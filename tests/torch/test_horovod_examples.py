@@ -6,14 +6,13 @@ Adasum == the reference combination of every rank's local delta,
 the collectives, process sets and join() with ranks given 3, 4 (and 5) batches."""
 from __future__ import annotations
 
-import pickle
 import re
 import sys
 
 import numpy as np
 import pytest
 
-from torchjobs import EXAMPLES, PROGS, mpirun, needs_mpi
+from torchjobs import EXAMPLES, mpirun, needs_mpi, prog_ranks
 
 EXACT = ["average", "sum", "passes2", "predivide", "clip_scaler", "adasum"]
 
@@ -22,9 +21,7 @@ EXACT = ["average", "sum", "passes2", "predivide", "clip_scaler", "adasum"]
 def hvd_run(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"horovod{n}")
-    proc = mpirun(n, sys.executable, PROGS / "horovod_prog.py", out, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return n, [pickle.load(open(out / f"rank{r}.pkl", "rb")) for r in range(n)]
+    return n, prog_ranks("horovod_prog.py", n, out, timeout=180)
 
 
 @needs_mpi

@@ -5,24 +5,20 @@ bits), ``*_async`` collectives are in flight while a peer is late and ``poll`` t
 truth, names of operations in flight are refused, and Horovod's signatures."""
 from __future__ import annotations
 
-import pickle
-import sys
 
 import pytest
 import torch
 
 import distnn.torch as hvd
 
-from torchjobs import PROGS, mpirun, needs_mpi
+from torchjobs import needs_mpi, prog_ranks
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def job(request, tmp_path_factory):
     n = request.param
     out = tmp_path_factory.mktemp(f"semantics{n}")
-    proc = mpirun(n, sys.executable, PROGS / "semantics_prog.py", out, timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return n, [pickle.load(open(out / f"rank{r}.pkl", "rb")) for r in range(n)]
+    return n, prog_ranks("semantics_prog.py", n, out, timeout=240)
 
 
 @needs_mpi

@@ -10,24 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers import needs_fashion_mnist
 from torchjobs import EXAMPLES, distnn, mpirun, needs_mpi
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 from datafiles import write_cifar_python  # noqa: E402
 
 
-def _have_fashion_mnist() -> bool:
-    try:
-        from distnn.data import load_dataset
-        load_dataset("fashion_mnist", download=False)
-    except Exception:
-        return False
-    return True
-
-
 @needs_mpi
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_fashion_mnist(), reason="Fashion-MNIST not found")
+@needs_fashion_mnist
 @pytest.mark.compiled  # a CNN on Fashion-MNIST, evaluated on its 10,000 test images
 @pytest.mark.parametrize("ranks,option", [pytest.param(2, "plain", marks=pytest.mark.long),
                                           (3, "half")])

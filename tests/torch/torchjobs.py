@@ -1,7 +1,9 @@
 """Launching real MPI jobs and the distnn command from the tests of distnn.torch."""
 from __future__ import annotations
 
+import pickle
 import subprocess
+import sys
 from pathlib import Path
 
 from helpers import COMMAND, MPIEXEC, child_env, needs_mpi  # noqa: F401 (re-exported)
@@ -21,3 +23,15 @@ def mpirun(n: int, *argv: str, cwd=None, timeout: float = 120) -> subprocess.Com
 def distnn(n: int, *args, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real ``distnn`` command on n ranks (0: one process without mpiexec)."""
     return mpirun(n, *COMMAND, *args, cwd=cwd, timeout=timeout)
+
+
+def prog_ranks(prog: str, n: int, out: Path, timeout: float = 120) -> list:
+    """Run ``progs/<prog> OUT`` on n ranks; what each rank pickled to OUT/rank<r>.pkl, in
+    rank order."""
+    proc = mpirun(n, sys.executable, PROGS / prog, out, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = []
+    for r in range(n):
+        with open(out / f"rank{r}.pkl", "rb") as f:
+            results.append(pickle.load(f))
+    return results

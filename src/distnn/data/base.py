@@ -131,6 +131,18 @@ def global_batch_sizes(n: int, batch_size: int, drop_last: bool) -> list[int]:
     return [batch_size] * full + ([rest] if rest and not drop_last else [])
 
 
+def epoch_ids(n: int, batch_size: int, shuffle: bool, seed, rank: int, size: int,
+              drop_last: bool) -> Iterator[tuple[np.ndarray, int]]:
+    """Each global batch of an epoch over ``n`` samples (in order, or permuted by ``seed``):
+    the dataset positions of this rank's share and the batch's global size."""
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    start = 0
+    for global_size in global_batch_sizes(n, batch_size, drop_last):
+        lo, hi = local_range(global_size, rank, size)
+        yield order[start + lo:start + hi], global_size
+        start += global_size
+
+
 def _check_int(name: str, value, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -269,13 +281,8 @@ class ArrayDataset(Dataset):
         return len(self.x)
 
     def _raw_batches(self, batch_size, shuffle, seed, rank, size, drop_last):
-        n = len(self)
-        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-        start = 0
-        for global_size in global_batch_sizes(n, batch_size, drop_last):
-            lo, hi = local_range(global_size, rank, size)
-            ids = order[start + lo:start + hi]
-            start += global_size
+        for ids, global_size in epoch_ids(len(self), batch_size, shuffle, seed, rank, size,
+                                          drop_last):
             yield ids, self.x[ids], self.y[ids], global_size
 
     def split_tail(self, count):

@@ -30,8 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from . import fetch
-from .base import (Dataset, DatasetError, Preprocess, Splits, _check_int, global_batch_sizes,
-                   local_range)
+from .base import Dataset, DatasetError, Preprocess, Splits, _check_int, epoch_ids
 
 DEFAULT_CORPUS = Path("/usr/share/games/fortunes")
 SPLIT = (0.90, 0.05, 0.05)
@@ -310,13 +309,8 @@ class TextDataset(Dataset):
         return w[:, :-1], w[:, 1:].astype(np.int64)
 
     def _raw_batches(self, batch_size, shuffle, seed, rank, size, drop_last):
-        n = len(self)
-        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-        start = 0
-        for global_size in global_batch_sizes(n, batch_size, drop_last):
-            lo, hi = local_range(global_size, rank, size)
-            ids = order[start + lo:start + hi]
-            start += global_size
+        for ids, global_size in epoch_ids(len(self), batch_size, shuffle, seed, rank, size,
+                                          drop_last):
             x, y = self._windows(ids)
             yield ids, x, y, global_size
 

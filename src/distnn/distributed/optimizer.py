@@ -8,7 +8,8 @@ import numpy as np
 
 from .comm import Communicator, get_comm
 from .compressors import Compression
-from .reducer import REDUCE_OPS, Reducer, make_buckets, wire_dtype  # noqa: F401
+from .reducer import (REDUCE_OPS, Reducer, ReducerCounters, make_buckets,  # noqa: F401
+                      wire_dtype)
 
 
 def model_layout(model) -> tuple:
@@ -54,7 +55,7 @@ def check_same_layout(model, comm: Communicator, who: str) -> None:
                        "build the same architecture, input shape and dtype on every rank")
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(ReducerCounters):
     """Wrap an optimizer so that ``step()`` uses gradients combined over all ranks.
 
     A thin adapter: the gradients are reduced by ``Reducer`` (``reducer.py``), the one
@@ -174,12 +175,7 @@ class DistributedOptimizer:
         if self._active and self.non_blocking and op != "adasum":
             model.grad_hooks.append(self._hook)
 
-    # -- counters and state live in the reducer -----------------------------------------
-    allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
-    bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
-    bytes_dense = property(lambda self: self._reducer.bytes_dense)
-    compressor = property(lambda self: self._reducer.compressor)
-    comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
+    # -- counters (ReducerCounters) and state live in the reducer -----------------------
     _next = property(lambda self: self._reducer.next)
 
     def layout(self, bucket_size_mb: float) -> list:

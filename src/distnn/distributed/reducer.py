@@ -342,3 +342,14 @@ class Reducer:
                 self._start(b, buf, blocking=True)
             self.comm_wait_time += time.perf_counter() - t0
         return buf
+
+
+class ReducerCounters:
+    """An optimizer's counters, read through to the ``Reducer`` it holds as ``_reducer``
+    (the numpy and the torch ``DistributedOptimizer``)."""
+
+    allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
+    bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
+    bytes_dense = property(lambda self: self._reducer.bytes_dense)
+    compressor = property(lambda self: self._reducer.compressor)
+    comm_wait_time = property(lambda self: self._reducer.comm_wait_time)

@@ -115,6 +115,20 @@ def _xhat_out(xhat_out: np.ndarray | None, x: np.ndarray, keep: bool):
     return _by_channel(xhat), xhat
 
 
+def _compiled_forward_train(kernel, x, gamma, beta, eps, out, xhat_out, keep_xhat):
+    """A compiled training forward (``bn_forward_train``'s or its fused ReLU's kernel) into
+    y, xhat and float64 statistics; (y, xhat, mean, var, invstd) in x's dtype."""
+    c = x.shape[1]
+    y = _out(out, x)
+    hx, xhat = _xhat_out(xhat_out, x, keep_xhat)
+    mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
+    kernel(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
+           np.ascontiguousarray(beta, x.dtype), float(eps), _by_channel(y), hx, mean, var,
+           invstd)
+    dt = x.dtype
+    return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
+
+
 def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float,
                      out: np.ndarray | None = None, xhat_out: np.ndarray | None = None,
                      keep_xhat: bool = True
@@ -129,15 +143,8 @@ def bn_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: fl
     """
     fast = _compiled_for(x)
     if fast is not None:
-        c = x.shape[1]
-        y = _out(out, x)
-        hx, xhat = _xhat_out(xhat_out, x, keep_xhat)
-        mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
-        fast.bn_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
-                              np.ascontiguousarray(beta, x.dtype), float(eps),
-                              _by_channel(y), hx, mean, var, invstd)
-        dt = x.dtype
-        return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
+        return _compiled_forward_train(fast.bn_forward_train, x, gamma, beta, eps, out,
+                                       xhat_out, keep_xhat)
     n = max(channel_count(x), 1)
     mean = channel_sum(x) / x.dtype.type(n)
     xhat = np.subtract(x, _bshape(x, mean))
@@ -251,15 +258,8 @@ def bn_relu_forward_train(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, ep
         y, xhat, mean, var, invstd = bn_forward_train(x, gamma, beta, eps)
         np.maximum(y, 0, out=y)
         return y, xhat, mean, var, invstd
-    c = x.shape[1]
-    y = _out(out, x)
-    hx, xhat = _xhat_out(xhat_out, x, keep_xhat)
-    mean, var, invstd = (np.empty(c, np.float64) for _ in range(3))
-    fast.bn_relu_forward_train(_by_channel(x), np.ascontiguousarray(gamma, x.dtype),
-                               np.ascontiguousarray(beta, x.dtype), float(eps),
-                               _by_channel(y), hx, mean, var, invstd)
-    dt = x.dtype
-    return y, xhat, mean.astype(dt), var.astype(dt), invstd.astype(dt)
+    return _compiled_forward_train(fast.bn_relu_forward_train, x, gamma, beta, eps, out,
+                                   xhat_out, keep_xhat)
 
 
 def bn_add_relu_forward_train(x: np.ndarray, r: np.ndarray, gamma: np.ndarray,

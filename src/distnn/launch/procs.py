@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from distnn import fileio
+
 
 def _processes() -> dict[int, tuple[int, str, str, int | None]]:
     """{pid: (ppid, comm, command line, network namespace inode)} of every process."""
@@ -38,12 +40,8 @@ def _netns_inode(name: str) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not fileio._alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

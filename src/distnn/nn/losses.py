@@ -293,7 +293,21 @@ class BinaryCrossEntropy(Loss):
         return float(total) / features, grad.astype(y.dtype, copy=False)
 
 
-class MeanSquaredError(Loss):
+class _DifferenceLoss(Loss):
+    """A loss of ``y_pred - y_true`` element by element, meaned over the features:
+    subclasses turn the difference into the summed loss and, in place, its gradient."""
+
+    def _sum_and_grad(self, y, y_true):
+        t = same_shape(type(self).__name__, y, y_true)
+        features = y.size // y.shape[0] if y.shape[0] else 1
+        diff = np.subtract(y, t)
+        return self._total_and_grad(diff, features) / features, diff
+
+    def _total_and_grad(self, diff: np.ndarray, features: int) -> float:
+        raise NotImplementedError
+
+
+class MeanSquaredError(_DifferenceLoss):
     """Squared error; the per-sample loss is the mean over the features.
 
     Shape:
@@ -305,16 +319,13 @@ class MeanSquaredError(Loss):
 
     name = "mean_squared_error"
 
-    def _sum_and_grad(self, y, y_true):
-        t = same_shape(type(self).__name__, y, y_true)
-        features = y.size // y.shape[0] if y.shape[0] else 1
-        diff = np.subtract(y, t)
+    def _total_and_grad(self, diff, features):
         total = float(np.sum(np.square(diff), dtype=np.float64))
         np.multiply(diff, 2.0 / features, out=diff)
-        return total / features, diff
+        return total
 
 
-class MeanAbsoluteError(Loss):
+class MeanAbsoluteError(_DifferenceLoss):
     """Absolute error; the per-sample loss is the mean over the features (gradient
     sign(y_pred - y_true), 0 where they are equal, as torch).
 
@@ -327,14 +338,11 @@ class MeanAbsoluteError(Loss):
 
     name = "mean_absolute_error"
 
-    def _sum_and_grad(self, y, y_true):
-        t = same_shape(type(self).__name__, y, y_true)
-        features = y.size // y.shape[0] if y.shape[0] else 1
-        diff = np.subtract(y, t)
+    def _total_and_grad(self, diff, features):
         total = float(np.sum(np.abs(diff), dtype=np.float64))
         np.sign(diff, out=diff)
         np.multiply(diff, 1.0 / features, out=diff)
-        return total / features, diff
+        return total
 
 
 LOSSES: dict[str, type[Loss]] = {

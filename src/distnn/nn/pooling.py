@@ -42,6 +42,19 @@ class _Pool2D(Layer):
             parts.append(f"padding={fmt_pair(self.padding)}")
         return ", ".join(parts)
 
+    _kernels = ""  # kernels/pooling.py's <name>_forward and <name>_backward
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        y, self._cache = getattr(K, f"{self._kernels}_forward")(x, self.pool_size,
+                                                                self.strides, self.padding)
+        return y
+
+    def backward(self, dy):
+        if not self.need_dx:
+            return None
+        return getattr(K, f"{self._kernels}_backward")(dy, self._cache)
+
     # -- declarations (nn/base.py), shared by the two pools ------------------------------
     _onnx_extra: dict = {}
 
@@ -83,16 +96,7 @@ class MaxPool2D(_Pool2D):
         MaxPool2D(3, strides=2, padding=1)
     """
 
-    def forward(self, x, training=False):
-        check_input(self, x)
-        y, self._cache = K.maxpool2d_forward(x, self.pool_size, self.strides, self.padding)
-        return y
-
-    def backward(self, dy):
-        if not self.need_dx:
-            return None
-        return K.maxpool2d_backward(dy, self._cache)
-
+    _kernels = "maxpool2d"
     onnx_ops = ("MaxPool",)
 
     def torch_module(self):
@@ -114,16 +118,7 @@ class AvgPool2D(_Pool2D):
         AvgPool2D(2)
     """
 
-    def forward(self, x, training=False):
-        check_input(self, x)
-        y, self._cache = K.avgpool2d_forward(x, self.pool_size, self.strides, self.padding)
-        return y
-
-    def backward(self, dy):
-        if not self.need_dx:
-            return None
-        return K.avgpool2d_backward(dy, self._cache)
-
+    _kernels = "avgpool2d"
     onnx_ops = ("AveragePool",)
     _onnx_extra = {"count_include_pad": 1}
 

@@ -31,10 +31,10 @@ from ..distributed.coordination import Backoff
 from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
                    restore_local_state)
 from .base import Message, Rule, RuleArgumentError
-from .groups import WorkerGroup, check_group_size, layout_of
+from .groups import GroupedReplicas, check_group_size
 
 
-class Gossip(Rule):
+class Gossip(GroupedReplicas, Rule):
     """Gossip averaging of replicas between random pairs of ranks.
 
     Args:
@@ -70,7 +70,7 @@ class Gossip(Rule):
         self.alpha0 = None if alpha is None else float(alpha)
         self.synchronous = bool(synchronous)
         self.group_size = check_group_size(self.name, group_size)
-        self._group: WorkerGroup | None = None
+        self._group = None
         self.traffic = Traffic()
         self.pushes = 0
         self.merges = 0
@@ -81,16 +81,8 @@ class Gossip(Rule):
         """The communicator of the replicas that gossip: every rank, or the leaders."""
         return trainer.comm if self._group is None else self._group.groups.leaders_comm
 
-    def shard_of(self, comm):
-        if self.group_size == 1:
-            return comm.rank, comm.size
-        order = layout_of(self.name, comm, self.group_size, 0).order
-        return order.index(comm.rank), len(order)
-
     def bind(self, trainer, optimizer):
-        if self.group_size > 1:
-            self._group = WorkerGroup(layout_of(self.name, trainer.comm, self.group_size, 0),
-                                      trainer.model)
+        self._bind_group(trainer)
         comm = self._peers(trainer)
         n = trainer.model.parameters_flat().size
         self._n = n
@@ -102,11 +94,6 @@ class Gossip(Rule):
         self._received = 0
         self._rng = np.random.default_rng([trainer.seed, 0x6055, trainer.comm.rank])
         return optimizer
-
-    def loss_denominator(self, batch) -> int:
-        if self._group is not None:
-            return self._group.loss_denominator(batch)
-        return len(batch.x)
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
@@ -160,11 +147,7 @@ class Gossip(Rule):
             self._receive(trainer, msg[0])
 
     def step(self, trainer) -> None:
-        samples = trainer.batch_samples
-        if self._group is not None:
-            samples = self._group.reduce_gradients(trainer)
-        if samples:
-            trainer.optimizer.step()
+        self._local_step(trainer)
         if self._group is not None:
             if self._group.is_leader:
                 self._gossip(trainer)

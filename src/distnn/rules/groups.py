@@ -81,3 +81,40 @@ class WorkerGroup:
 
     def share_array(self, arr: np.ndarray) -> None:
         self.comm.bcast_(arr, 0)
+
+
+class GroupedReplicas:
+    """What a rule whose replicas may each be ``group_size`` ranks training synchronously
+    (localsgd, gossip) shares: each replica's data shard, its loss denominator (its own
+    samples) and, bound, this rank's ``WorkerGroup`` (None with one rank a replica). Mix
+    it in before ``Rule``."""
+
+    name: str
+    group_size: int
+    _group: WorkerGroup | None
+
+    def shard_of(self, comm):
+        if self.group_size == 1:
+            return comm.rank, comm.size
+        order = layout_of(self.name, comm, self.group_size, 0).order
+        return order.index(comm.rank), len(order)
+
+    def loss_denominator(self, batch) -> int:
+        if self._group is not None:
+            return self._group.loss_denominator(batch)
+        return len(batch.x)
+
+    def _bind_group(self, trainer) -> None:
+        if self.group_size > 1:
+            self._group = WorkerGroup(layout_of(self.name, trainer.comm, self.group_size, 0),
+                                      trainer.model)
+
+    def _local_step(self, trainer) -> int:
+        """This replica's optimizer step on its batch (the group's gradients summed first);
+        none when the replica had no samples. Returns its sample count."""
+        samples = trainer.batch_samples
+        if self._group is not None:
+            samples = self._group.reduce_gradients(trainer)
+        if samples:
+            trainer.optimizer.step()
+        return samples

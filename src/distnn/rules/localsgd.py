@@ -37,7 +37,7 @@ import numpy as np
 from .. import distributed as dist
 from ._p2p import Traffic, gather_states, local_state, pick_state, restore_local_state
 from .base import Message, Rule
-from .groups import WorkerGroup, check_group_size, layout_of
+from .groups import GroupedReplicas, check_group_size
 
 WEIGHTINGS = ("wavg", "avg", "invwavg")
 PARTICIPATIONS = ("all", "avail2all", "ready")
@@ -68,7 +68,7 @@ def sync_weights(samples: np.ndarray, weighting: str, taking_part: np.ndarray) -
     return w / total
 
 
-class LocalSGD(Rule):
+class LocalSGD(GroupedReplicas, Rule):
     """Local steps, then an all-reduce average of the weights every ``sync_every`` batches.
 
     Args:
@@ -118,7 +118,7 @@ class LocalSGD(Rule):
         self.left_out = 0
         self._stale = False
         self.group_size = check_group_size(self.name, group_size)
-        self._group: WorkerGroup | None = None
+        self._group = None
         self.traffic = Traffic()
         self.averages = 0
         self._states: list = []
@@ -139,21 +139,8 @@ class LocalSGD(Rule):
         self._buf = np.zeros(n + 1, trainer.model.dtype)
         self._steps = 0
         self._samples = 0
-        if self.group_size > 1:
-            self._group = WorkerGroup(layout_of(self.name, trainer.comm, self.group_size, 0),
-                                      trainer.model)
+        self._bind_group(trainer)
         return optimizer
-
-    def shard_of(self, comm):
-        if self.group_size == 1:
-            return comm.rank, comm.size
-        order = layout_of(self.name, comm, self.group_size, 0).order
-        return order.index(comm.rank), len(order)
-
-    def loss_denominator(self, batch) -> int:
-        if self._group is not None:
-            return self._group.loss_denominator(batch)
-        return len(batch.x)
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)
@@ -163,12 +150,7 @@ class LocalSGD(Rule):
         self._samples = 0
 
     def step(self, trainer) -> None:
-        samples = trainer.batch_samples
-        if self._group is not None:
-            samples = self._group.reduce_gradients(trainer)
-        if samples:
-            trainer.optimizer.step()
-            self._samples += samples
+        self._samples += self._local_step(trainer)
         self._steps += 1  # every rank counts every global batch: the all-reduces stay in step
         if self._steps % self.sync_every == 0:
             self._average(trainer)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..distributed import Communicator, LocalComm
-from ..distributed.reducer import Reducer
+from ..distributed.reducer import Reducer, ReducerCounters
 from .basics import Adasum, Average, channel, global_process_set
 from .compression import Compression
 
@@ -152,7 +152,7 @@ class DistributedOptimizer:
         return obj
 
 
-class _Mixin:
+class _Mixin(ReducerCounters):
     """The distributed behaviour mixed into the wrapped optimizer's class."""
 
     def _distnn_setup(self, optimizer, named_parameters, op, bucket_size_mb, non_blocking,
@@ -223,12 +223,7 @@ class _Mixin:
         """Horovod's map of parameter -> name (``param.<i>`` without named_parameters)."""
         return {p: n for n, p in zip(self._names, self._params)}
 
-    # -- counters live in the reducer ---------------------------------------------------
-    allreduce_calls = property(lambda self: self._reducer.allreduce_calls)
-    bytes_reduced = property(lambda self: self._reducer.bytes_reduced)
-    bytes_dense = property(lambda self: self._reducer.bytes_dense)
-    compressor = property(lambda self: self._reducer.compressor)
-    comm_wait_time = property(lambda self: self._reducer.comm_wait_time)
+    # -- counters live in the reducer (the common ones: ReducerCounters) ----------------
     backward_passes_per_step = property(lambda self: self._reducer.passes)
     gradient_predivide_factor = property(lambda self: self._reducer.predivide)
 

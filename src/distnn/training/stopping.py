@@ -341,6 +341,15 @@ def _split_spec(spec: str, option: str, example: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
+def _spec_value(convert, value: str, spec: str, must: str):
+    """``convert(value)`` (the value field of ``spec``), else a ValueError that says
+    ``must`` and what it got."""
+    try:
+        return convert(value)
+    except ValueError:
+        raise ValueError(f"{must}, got {value!r} in {spec!r}") from None
+
+
 def parse_early_stopping(spec: str, **kwargs) -> EarlyStopping:
     """NNLO's ``--early-stopping "metric,op,patience"``.
 
@@ -358,11 +367,7 @@ def parse_early_stopping(spec: str, **kwargs) -> EarlyStopping:
     if direction not in modes:
         raise ValueError(f"--early_stopping operator must be '<', '>', '~<' or '~>', got {op!r} "
                          f"in {spec!r}")
-    try:
-        patience = int(value)
-    except ValueError:
-        raise ValueError(f"--early_stopping patience must be an integer, got {value!r} in "
-                         f"{spec!r}") from None
+    patience = _spec_value(int, value, spec, "--early_stopping patience must be an integer")
     return EarlyStopping(metric, patience=patience, mode=modes[direction], smoothed=smoothed,
                          **kwargs)
 
@@ -373,9 +378,5 @@ def parse_target_metric(spec: str) -> TargetMetric:
     if op not in TargetMetric.OPS:
         raise ValueError(f"--target_metric operator must be one of {sorted(TargetMetric.OPS)}, "
                          f"got {op!r} in {spec!r}")
-    try:
-        threshold = float(value)
-    except ValueError:
-        raise ValueError(f"--target_metric value must be a number, got {value!r} in "
-                         f"{spec!r}") from None
+    threshold = _spec_value(float, value, spec, "--target_metric value must be a number")
     return TargetMetric(metric, op, threshold)

@@ -13,22 +13,23 @@ world = dist.init()
 comm = world.split(0, world.rank)  # the "block": its failure leaves world sound
 rank, size = comm.rank, comm.size
 out = {}
-plain = {"allreduce_": comm.allreduce_(np.arange(5.0) * (rank + 1)).tolist(),
-         "bcast_": comm.bcast_(np.full(3, float(rank)), root=size - 1).tolist(),
-         "allgather": comm.allgather(np.array([rank, 2 * rank])).tolist(),
-         "bcast_obj": comm.bcast_obj({"r": rank, "s": "x" * (rank * 1000)}, root=1),
-         "allgather_obj": comm.allgather_obj(("rank", rank, [rank] * rank)),
-         "sum": comm.allreduce_obj(rank + 1, "sum"), "max": comm.allreduce_obj(rank, "max"),
-         "min": comm.allreduce_obj(rank - 7, "min")}
+
+
+def collectives() -> dict:
+    """One call of each collective of ``comm`` and what it returned here."""
+    return {"allreduce_": comm.allreduce_(np.arange(5.0) * (rank + 1)).tolist(),
+            "bcast_": comm.bcast_(np.full(3, float(rank)), root=size - 1).tolist(),
+            "allgather": comm.allgather(np.array([rank, 2 * rank])).tolist(),
+            "bcast_obj": comm.bcast_obj({"r": rank, "s": "x" * (rank * 1000)}, root=1),
+            "allgather_obj": comm.allgather_obj(("rank", rank, [rank] * rank)),
+            "sum": comm.allreduce_obj(rank + 1, "sum"), "max": comm.allreduce_obj(rank, "max"),
+            "min": comm.allreduce_obj(rank - 7, "min")}
+
+
+plain = collectives()
 inspector = watch_stalls(comm, warning=30)
 inspector.interruptible = True
-polled = {"allreduce_": comm.allreduce_(np.arange(5.0) * (rank + 1)).tolist(),
-          "bcast_": comm.bcast_(np.full(3, float(rank)), root=size - 1).tolist(),
-          "allgather": comm.allgather(np.array([rank, 2 * rank])).tolist(),
-          "bcast_obj": comm.bcast_obj({"r": rank, "s": "x" * (rank * 1000)}, root=1),
-          "allgather_obj": comm.allgather_obj(("rank", rank, [rank] * rank)),
-          "sum": comm.allreduce_obj(rank + 1, "sum"), "max": comm.allreduce_obj(rank, "max"),
-          "min": comm.allreduce_obj(rank - 7, "min")}
+polled = collectives()
 comm.barrier()
 # the inspector reaches MPI through its communicator: the comm watches for it, and every
 # rank's published slots are read through the communicator's window

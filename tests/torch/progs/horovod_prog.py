@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils.data.distributed
+from progkit import small_net
 
 import distnn.torch as hvd
 from distnn.distributed.adasum import reference as adasum_reference
@@ -24,13 +25,6 @@ torch.set_default_dtype(torch.float64)
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 out = {}
-
-
-def net(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                               torch.nn.Linear(3 * 4 * 4, 6), torch.nn.Tanh(),
-                               torch.nn.Linear(6, 4))
 
 
 gen = np.random.default_rng(5)
@@ -51,7 +45,7 @@ def flat(model):
 # synchronize/skip_synchronize (mixed precision, clipping) pattern, metric_average ---------
 def mnist_flow(op=hvd.Average, compression=hvd.Compression.none, passes=1, predivide=1.0,
                clip=0.0, scale=1.0, steps=4, bs=4):
-    model = net(0)
+    model = small_net(0)
     ref = copy.deepcopy(model)
     with torch.no_grad():  # different on every rank until broadcast
         for p in model.parameters():
@@ -146,7 +140,7 @@ out["mnist"] = {
 # -- pytorch_synthetic_benchmark.py's calls: wrap first, then broadcast the wrapped optimizer,
 # timeit over benchmark_step, logging on rank 0 ---------------------------------------------
 def synthetic_benchmark(use_adasum):
-    model = net(10 + rank)
+    model = small_net(10 + rank)
     lr_scaler = hvd.size() if not use_adasum else 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler)
     compression = hvd.Compression.fp16 if use_adasum else hvd.Compression.none
@@ -194,7 +188,7 @@ class Metric:
 resume_from_epoch = 2 if rank == 0 else 0
 resume_from_epoch = hvd.broadcast(torch.tensor(resume_from_epoch), root_rank=0,
                                   name="resume_from_epoch").item()
-model = net(0)
+model = small_net(0)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size * 2, momentum=0.9)
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                      compression=hvd.Compression.none,
@@ -216,7 +210,7 @@ for batch_idx in range(3):
     optimizer.step()
 checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 checkpoint = hvd.broadcast_object(checkpoint if rank == 0 else None, root_rank=0)
-fresh = net(50 + rank)
+fresh = small_net(50 + rank)
 fresh_opt = hvd.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.5, momentum=0.9),
                                      named_parameters=fresh.named_parameters(),
                                      backward_passes_per_step=2)
@@ -325,7 +319,7 @@ try:
     p["outsider_error"] = None
 except ValueError as e:
     p["outsider_error"] = str(e)
-model = net(70 + rank)
+model = small_net(70 + rank)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters(), process_set=ends)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -337,7 +331,7 @@ p["removed"] = hvd.remove_process_set(odd)
 out["process_sets"] = p
 
 # -- join: rank r has 3 + r batches; every rank trains on its own, joins when out of data --
-model, ref = net(0), net(0)
+model, ref = small_net(0), small_net(0)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
                                named_parameters=model.named_parameters())
 ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+from progkit import small_net
 
 from distnn import distributed as dist
 from distnn.torch import ddp, opt
@@ -18,13 +19,6 @@ from distnn.torch import ddp, opt
 torch.set_num_threads(1)
 torch.set_default_dtype(torch.float64)
 out = {}
-
-
-def net(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                               torch.nn.Linear(3 * 4 * 4, 6), torch.nn.Tanh(),
-                               torch.nn.Linear(6, 4))
 
 
 def max_diff(a, b):
@@ -45,7 +39,7 @@ out["ids"] = (rank, str(device), sgd.world_size, sgd.global_rank, sgd.rank_in_gl
 # -- SINGA: DistOpt(SGD(...)); backward_and_update(loss) on this rank's part of each
 # global batch == SGD on the whole global batch in one process --------------------------
 B = 4  # per rank, as SINGA's examples (batch_size per process)
-model, ref = net(0), net(0)
+model, ref = small_net(0), small_net(0)
 ref_sgd = opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3)
 diffs = []
 for step in range(5):
@@ -59,7 +53,7 @@ out["singa_diffs"] = diffs
 out["singa_buckets"] = len(sgd.optimizer.buckets)
 
 # backward_and_update_half: fp16 on the wire, optional clipping (SINGA's clip_Value)
-model_h, ref_h = net(1), net(1)
+model_h, ref_h = small_net(1), small_net(1)
 sgd_h = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
 ref_h_sgd = opt.SGD(lr=0.05, momentum=0.9)
 half = []
@@ -101,12 +95,12 @@ out["all_reduce"] = (t.tolist(), a.tolist())
 dataset = torch.utils.data.TensorDataset(X, Y)
 loader, bsz = ddp.partition_dataset(dataset, 12, device=device, dtype="float64")
 out["needle_bsz"] = (bsz, len(loader))
-model_n = net(2)
+model_n = small_net(2)
 with torch.no_grad():  # different on every rank until broadcast
     for p in model_n.parameters():
         p.add_(0.1 * rank)
 ddp.broadcast_parameters(model_n)
-ref_n = net(2)
+ref_n = small_net(2)
 adam = ddp.DistributedOptimizer(torch.optim.Adam(model_n.parameters(), lr=0.01,
                                                  weight_decay=0.001))
 ref_adam = torch.optim.Adam(ref_n.parameters(), lr=0.01, weight_decay=0.001)
@@ -176,7 +170,7 @@ for corr in (True, False):
 out["sparse"] = sparse
 
 # -- SINGA: backward_and_partial_update(loss, threshold) ---------------------------------
-model_p, ref_p = net(5), net(5)
+model_p, ref_p = small_net(5), small_net(5)
 sgd_p = opt.DistOpt(opt.SGD(lr=0.05))  # no momentum: averaging all every step == dense
 ref_p_sgd = opt.SGD(lr=0.05)
 whole = []
@@ -189,9 +183,9 @@ out["partial_whole_diffs"] = whole
 # chunks of <= 30 elements: [conv w 27 + b 3], [fc1 w 288], [fc1 b 6 + fc2 w 24], [fc2 b 4];
 # every rank steps locally (momentum), one chunk averaged per call; the reference runs
 # every rank's replica in this process
-model_q = net(6)
+model_q = small_net(6)
 sgd_q = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9))
-replicas = [net(6) for _ in range(size)]
+replicas = [small_net(6) for _ in range(size)]
 ref_opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in replicas]
 chunks = [[0, 1], [2], [3, 4], [5]]
 partial, equal = [], []

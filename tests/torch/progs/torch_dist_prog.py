@@ -10,11 +10,12 @@ with SGD-momentum, float64. Rank 0 writes <OUT>/<how>.pt: the full parameters of
 models and what each rank saw of the environment.
 """
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as tdist
+from progkit import fork_ranks
+
 
 STEPS, MICRO = 6, 4
 
@@ -96,14 +97,7 @@ def body(how: str, folder: str) -> None:
 
 
 def torchrun_style(size: int, folder: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rank = 0
-    for r in range(1, size):
-        if os.fork() == 0:
-            rank = r
-            break
+    rank, port = fork_ranks(size)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size))
     tdist.init_process_group("gloo")

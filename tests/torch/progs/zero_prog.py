@@ -11,10 +11,11 @@ consolidated state into a fresh optimizer and checks that it steps as the origin
 """
 import copy
 import os
-import socket
 import sys
 
 import torch
+from progkit import fork_ranks
+
 
 STEPS, MORE = 8, 3
 
@@ -142,14 +143,7 @@ def run_torch(size: int, folder: str) -> None:
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rank = 0
-    for r in range(1, size):
-        if os.fork() == 0:
-            rank = r
-            break
+    rank, port = fork_ranks(size)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size)
