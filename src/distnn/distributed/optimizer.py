@@ -55,6 +55,14 @@ def check_same_layout(model, comm: Communicator, who: str) -> None:
                        "build the same architecture, input shape and dtype on every rank")
 
 
+def wrapped(name: str) -> property:
+    """A property that reads and sets the wrapped ``self.optimizer``'s attribute ``name``
+    (the learning rate and step count belong to the optimizer: docs/design.md §Learning
+    rate)."""
+    return property(lambda self: getattr(self.optimizer, name),
+                    lambda self, value: setattr(self.optimizer, name, value))
+
+
 class DistributedOptimizer(ReducerCounters):
     """Wrap an optimizer so that ``step()`` uses gradients combined over all ranks.
 
@@ -234,37 +242,10 @@ class DistributedOptimizer(ReducerCounters):
             self.model.grad_hooks.remove(self._hook)
 
     # -- pass-through to the wrapped optimizer ------------------------------------------
-    @property
-    def lr(self):
-        return self.optimizer.lr
-
-    @lr.setter
-    def lr(self, value):
-        self.optimizer.lr = value
-
-    @property
-    def scheduled_lr(self):
-        return self.optimizer.scheduled_lr
-
-    @scheduled_lr.setter
-    def scheduled_lr(self, value):
-        self.optimizer.scheduled_lr = value
-
-    @property
-    def lr_scale(self):
-        return self.optimizer.lr_scale
-
-    @lr_scale.setter
-    def lr_scale(self, value):
-        self.optimizer.lr_scale = value
-
-    @property
-    def iterations(self):
-        return self.optimizer.iterations
-
-    @iterations.setter
-    def iterations(self, value):
-        self.optimizer.iterations = value
+    lr = wrapped("lr")
+    scheduled_lr = wrapped("scheduled_lr")
+    lr_scale = wrapped("lr_scale")
+    iterations = wrapped("iterations")
 
     def state_dict(self):
         return self.optimizer.state_dict()

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .comm import Communicator, get_comm
-from .optimizer import DistributedOptimizer, check_same_layout
+from .optimizer import DistributedOptimizer, check_same_layout, wrapped
 from .compressors import Compression
 from .sharded_units import UnitExchange, shard_bounds
 
@@ -395,37 +395,10 @@ class ShardedOptimizer:
     def compressor(self):
         return self._dist.compressor if self._dist is not None else None
 
-    @property
-    def lr(self):
-        return self.optimizer.lr
-
-    @lr.setter
-    def lr(self, value):
-        self.optimizer.lr = value
-
-    @property
-    def scheduled_lr(self):
-        return self.optimizer.scheduled_lr
-
-    @scheduled_lr.setter
-    def scheduled_lr(self, value):
-        self.optimizer.scheduled_lr = value
-
-    @property
-    def lr_scale(self):
-        return self.optimizer.lr_scale
-
-    @lr_scale.setter
-    def lr_scale(self, value):
-        self.optimizer.lr_scale = value
-
-    @property
-    def iterations(self):
-        return self.optimizer.iterations
-
-    @iterations.setter
-    def iterations(self, value):
-        self.optimizer.iterations = value
+    lr = wrapped("lr")
+    scheduled_lr = wrapped("scheduled_lr")
+    lr_scale = wrapped("lr_scale")
+    iterations = wrapped("iterations")
 
     def state_arrays(self):
         return self.optimizer.state_arrays()
