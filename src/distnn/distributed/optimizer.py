@@ -56,9 +56,9 @@ def check_same_layout(model, comm: Communicator, who: str) -> None:
 
 
 def wrapped(name: str) -> property:
-    """A property that reads and sets the wrapped ``self.optimizer``'s attribute ``name``
-    (the learning rate and step count belong to the optimizer: docs/design.md §Learning
-    rate)."""
+    """A property that reads and sets the wrapped ``self.optimizer``'s attribute ``name``:
+    the learning rate and the step count belong to the optimizer
+    (docs/design.md §Learning rate)."""
     return property(lambda self: getattr(self.optimizer, name),
                     lambda self, value: setattr(self.optimizer, name, value))
 
