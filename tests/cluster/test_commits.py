@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.fuzz import fuzz_settings
-from distnn.cluster import commits
+from distnn.launch import commits
 from distnn.launch.commits import (ENV_MAX_COMMIT, HEADER_MAX, CommitStore, FrameError,
                                     StoreClient)
 

@@ -52,8 +52,8 @@ def test_two_masters_learn_fashion_mnist_and_the_top_one_gets_fewer_messages(tmp
     (["--mode", "gem", "--n-masters", "2"],
      "--masters 2 is built for --parallel downpour, easgd, not --parallel gem"),
     (["--mode", "partial", "--n-processes", "2"],
-     "--group_size 2 is built for --parallel localsgd, downpour, easgd, gossip, gem, not "
-     "--parallel partial"),
+     "--group_size 2 is built for --parallel downpour, easgd, gem, gossip, localsgd, not "
+     "--parallel partial"),  # the rules in RULES' (alphabetical) order
     (["--mode", "downpour", "--n-masters", "2", "--synchronous"],
      "several masters serve asynchronous workers"),
 ])

@@ -101,8 +101,10 @@ def model_sync(values: dict[str, Any], explicit: set[str]) -> list[str]:
                          f"(--parallel localsgd); drop --parallel {rule} or --model-sync-freq")
     if freq > 0:
         values["parallel"], values["sync_every"] = "localsgd", freq
+    # PyDTNN's defaults (avg, ...) only where PyDTNN's model sync is asked for: a distnn
+    # localsgd run keeps distnn's own (wavg)
     for name, (option, default) in _MODEL_SYNC.items():
-        if name in explicit or option not in explicit:
+        if name in explicit or (freq > 0 and option not in explicit):
             values[option] = values.get(name, default)
     if values.get("model_sync_quantize"):
         values["sync_dtype"] = values.get("model_sync_dtype") or "float16"
