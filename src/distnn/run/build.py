@@ -84,9 +84,17 @@ def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
             raise ConfigError(f"--model_args {given}: arguments for a model file's "
                               f"callable; --model {m.model} is a zoo model (give --model "
                               "FILE.py)")
-        model = get_model(m.model, input_shape=dataset.input_shape,
-                          num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
-                          rng=m.random_seed)
+        try:
+            model = get_model(m.model, input_shape=dataset.input_shape,
+                              num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
+                              rng=m.random_seed)
+        except ValueError as exc:
+            if cfg.data.input_shape is None:
+                raise
+            # the shape the user gave does not fit the model: say which option set it
+            shape = ",".join(map(str, cfg.data.input_shape))
+            raise ConfigError(f"--input_shape {shape} does not fit --model {m.model}: "
+                              f"{exc}") from None
     if m.weights_and_bias_filename:
         model.load_weights(m.weights_and_bias_filename)
     if m.engine == "torch" and hasattr(model, "to_torch"):  # distnn's layers on PyTorch
