@@ -18,7 +18,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from distnn import kernels
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 from distnn.nn.conv import Conv2D
 
 # (label, filters, kernel, padding, per-sample input shape, needs dx[, strides])

@@ -38,7 +38,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from distnn import kernels
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 from distnn.nn.activations import ReLU
 from distnn.nn.conv import Conv2D
 from distnn.nn.normalization import BatchNormalization

@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from distnn import kernels
 from distnn.kernels import conv as K
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 
 SHAPES = [(16, 16, 32), (32, 32, 16), (64, 64, 8), (64, 128, 16), (128, 256, 8),
           (256, 256, 8), (512, 512, 4), (8, 8, 28), (16, 16, 14), (32, 32, 7), (16, 32, 32),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/kernels/test_vgemm.py", "tests/kernels/test_winograd_blocks.py"]
-PROBE = ("from distnn.kernels import plan, _vgemm; "
+PROBE = ("from distnn.kernels import planner as plan, _vgemm; "
          "print(plan.TARGET.kind, _vgemm.WIDTH, plan.tile_products())")
 # set by the controller for its workers: the file the started run writes its result to
 RESULT_VAR = "DISTNN_TEST_AVX2_RESULT"

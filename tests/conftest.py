@@ -195,7 +195,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _start_avx2_run(config: pytest.Config) -> None:
     import avx2_on_host
-    from distnn.kernels import plan
+    from distnn.kernels import planner as plan
 
     if importlib.util.find_spec("numba") is None or \
             plan.target_cpu(None, None) != plan.CPU("avx512") or \

@@ -35,7 +35,7 @@ def test_a_run_imports_numba_only_on_the_compiled_backend(backend, tmp_path, mon
 
 
 TARGET = """
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 read = plan.TARGET
 from numba.core import config
 print(read == plan.target_cpu(config.CPU_NAME, config.CPU_FEATURES), read.kind)

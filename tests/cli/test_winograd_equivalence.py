@@ -13,7 +13,7 @@ pytestmark = pytest.mark.compiled  # the ranks must run the planner's Winograd k
 def test_resnet20_at_32x32_takes_winograd4():
     pytest.importorskip("numba")
     from distnn.kernels import conv as K
-    from distnn.kernels import plan
+    from distnn.kernels import planner as plan
     g = K.conv_geometry((16, 16, 32, 32), (3, 3), padding=(1, 1, 1, 1))
     assert plan.winograd_tile(g, 16) == 4
     g = K.conv_geometry((16, 64, 8, 8), (3, 3), padding=(1, 1, 1, 1))

@@ -15,7 +15,7 @@ from mpijobs import run_prog
 
 from distnn.distributed import LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.compressed_buckets import BucketedCompression
-from distnn.distributed.compression import CompressedReduction
+from distnn.distributed.lossy import CompressedReduction
 from distnn.distributed.reducer import Reducer
 
 

@@ -11,7 +11,7 @@ from compression_prog import sparse_pairs
 from mpijobs import run_prog
 
 from distnn.distributed import Compression, LocalComm, PowerSGD, Threshold, TopK
-from distnn.distributed.compression import CompressedReduction, parse_compression
+from distnn.distributed.lossy import CompressedReduction, parse_compression
 from distnn.distributed.sparse import (decode, encode, payload_bytes, sparse_allreduce_,
                                        sparse_is_cheaper)
 

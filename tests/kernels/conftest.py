@@ -28,7 +28,7 @@ def limits(monkeypatch):
     """``limits(**changes)``: replace some of the planner's ``LIMITS`` for this test."""
     from dataclasses import replace
 
-    from distnn.kernels import plan
+    from distnn.kernels import planner as plan
 
     def change(**changes):
         monkeypatch.setattr(plan, "LIMITS", replace(plan.LIMITS, **changes))

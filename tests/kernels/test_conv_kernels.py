@@ -239,7 +239,7 @@ def test_direct_conv_float32_model_shapes(c, f, k, pad):
     """The model-zoo shapes the compiled path sends to the direct kernels, in float32 (what
     training uses) against the float64 loop reference; dw sums 2*14*14 products."""
     pytest.importorskip("numba")
-    from distnn.kernels.plan import use_direct
+    from distnn.kernels.planner import use_direct
     from distnn.kernels.im2col import conv_geometry
     rng = np.random.default_rng(c * 100 + f)
     x = rng.standard_normal((2, c, 14, 14)).astype(np.float32)

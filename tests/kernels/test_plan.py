@@ -1,4 +1,4 @@
-"""The planner (kernels/plan.py) as data: its decisions for each CPU kind, passed in rather
+"""The planner (kernels/planner.py) as data: its decisions for each CPU kind, passed in rather
 than read from the host, and the CPU kind numba compiles for; and the code of the other
 kind run for real where the host can (the AVX2 code on an AVX-512 host, compiled for an
 older CPU through numba's NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
@@ -12,7 +12,7 @@ import pytest
 
 import avx2_on_host
 
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 from distnn.kernels.im2col import conv_geometry
 
 AVX512, AVX2, GENERIC = plan.CPU("avx512"), plan.CPU("avx2"), plan.CPU("generic")

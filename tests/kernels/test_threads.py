@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 from distnn import kernels
-from distnn.kernels import _threads, plan
+from distnn.kernels import _threads, planner as plan
 from distnn.kernels.conv import conv2d_backward, conv2d_forward
 
 

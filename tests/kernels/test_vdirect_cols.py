@@ -13,7 +13,7 @@ from test_conv_kernels import ref_conv
 pytest.importorskip("numba")
 from distnn.kernels import _vdirect_cols as vc  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
-from distnn.kernels import plan  # noqa: E402
+from distnn.kernels import planner as plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     plan.TARGET.kind != "avx512",

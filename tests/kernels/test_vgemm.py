@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distnn.kernels import _vgemm, plan
+from distnn.kernels import _vgemm, planner as plan
 
 pytestmark = pytest.mark.skipif(not plan.TARGET.tiles, reason="needs an AVX-512 or AVX2 CPU "
                                 "(the tiles are built for those kinds only)")
@@ -89,7 +89,7 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, drivers, kernel_ba
     takes the layer, else in the Python loop over blocks, on the tiles where
     ``plan.tile_products`` says (AVX-512), on BLAS otherwise. F(4x4)'s own error is 2-5e-6
     relative (winograd.py), so two summation orders may differ by twice that."""
-    from distnn.kernels import _winograd_blocks, plan
+    from distnn.kernels import _winograd_blocks, planner as plan
     from distnn.kernels import conv as K
     if kernel_backend != "numba":
         pytest.skip("the NumPy reference path does not use the tiles")
@@ -147,7 +147,7 @@ def test_environment_switch_turns_the_tiles_off():
     import os
     import subprocess
     import sys
-    code = ("from distnn.kernels import conv, plan; import numpy as np; "
+    code = ("from distnn.kernels import conv, planner as plan; import numpy as np; "
             "g = conv.conv_geometry((64, 16, 32, 32), (3, 3), padding=(1, 1, 1, 1)); "
             "print(plan.LIMITS.register_tiles, plan.use_vector(g, 16, np.float32))")
     for value, want in (("0", "False False"), ("1", f"True {_vgemm.AVX512}")):

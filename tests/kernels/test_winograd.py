@@ -11,7 +11,7 @@ from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
 from distnn.kernels import conv as K  # noqa: E402
-from distnn.kernels import plan  # noqa: E402
+from distnn.kernels import planner as plan  # noqa: E402
 from distnn.kernels import winograd as W  # noqa: E402
 from distnn.nn.conv import Conv2D  # noqa: E402
 

@@ -13,7 +13,7 @@ from test_conv_kernels import ref_conv
 
 pytest.importorskip("numba")
 from distnn import kernels  # noqa: E402
-from distnn.kernels import _threads, plan  # noqa: E402
+from distnn.kernels import _threads, planner as plan  # noqa: E402
 from distnn.kernels import _winograd_blocks as B  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
 from distnn.kernels import winograd as W  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 from distnn import kernels
 from distnn.kernels import batchnorm as K
-from distnn.kernels import plan
+from distnn.kernels import planner as plan
 from distnn.kernels.backend import compiled
 from distnn.models import get_model
 from distnn.nn import (Add, BatchNormalization, Conv2D, Dense, Flatten, GlobalAvgPool2D, ReLU,

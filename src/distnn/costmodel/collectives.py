@@ -153,7 +153,7 @@ def allgather_sends(part_bytes: float, hosts: int) -> tuple[int, float]:
 
 def direct_time(part_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
     """Seconds of an exchange whose P-1 messages of ``part_bytes`` a rank posts at once
-    (``distributed/direct.py``: the fp16 exchange's phases, the overlapped top-k pairs):
+    (``distributed/oneround.py``: the fp16 exchange's phases, the overlapped top-k pairs):
     the latency once, ``alpha + (P-1) c/beta``."""
     if hosts <= 1 or part_bytes <= 0:
         return 0.0, "none"

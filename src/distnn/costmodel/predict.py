@@ -145,7 +145,7 @@ class HalfBucket:
     ``whole``: the other ranks' float16 copies are at most ``GATHER_BYTES``: one all-gather
     of the whole bucket, summed on every rank; else an all-to-all of chunks of ceil(n/P)
     elements (phase 1) and an all-gather of the summed chunks (phase 2); each its P-1
-    messages posted at once (distributed/direct.py: one latency). ``counted``: what
+    messages posted at once (distributed/oneround.py: one latency). ``counted``: what
     ``Reducer.bytes_reduced`` adds for it (its float16 bytes, once); ``sends``, ``sent``:
     the messages and bytes this rank puts on its link; ``seconds``, ``algorithm``."""
     elements: int

@@ -23,7 +23,7 @@ from .sharded import ShardedOptimizer
 from .adasum import adasum_
 from .autotune import BucketTuner
 from .join import JoinableComm
-from .compression import PowerSGD, Threshold, TopK
+from .lossy import PowerSGD, Threshold, TopK
 from .reducer import Compression, Reducer
 from .replicas import (broadcast_optimizer_state, broadcast_parameters, metrics_allreduce,
                        scale_lr, sync_batchnorm)

@@ -1,4 +1,4 @@
-"""The compressed exchanges of ``compression.py`` bucket by bucket, overlapped with
+"""The compressed exchanges of ``lossy.py`` bucket by bucket, overlapped with
 backward: the network behind compute, as the dense buckets of ``reducer.py`` are.
 
 When a bucket's gradients are complete (``Reducer.ready``, buckets strictly in order on
@@ -9,7 +9,7 @@ they were posted and completes the step:
 - top-k / threshold: error feedback (accumulate, select, ``sent``, ``residual``) per
   tensor; the bucket's dense tensors in one ``iallreduce_``; its compressed tensors as an
   all-gather of (index, value) pairs over the bucket's span (over an ``MPIComm``: messages
-  posted at once, ``direct.py``; else ``iallgatherv``), or, past the crossover of
+  posted at once, ``oneround.py``; else ``iallgatherv``), or, past the crossover of
   ``sparse.py`` (decided per bucket), in the dense ``iallreduce_``. Threshold's pair
   counts differ by rank: the bucket posts an ``iallgatherv`` of its count, and its pairs
   go out when the next bucket starts (or in ``finish``), after that count has arrived.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import direct, sparse
+from . import oneround, sparse
 from .compressors import TopK
 from .powersgd import LowRankStep, matrix_view
 
@@ -139,8 +139,8 @@ class BucketedCompression:
             # a JoinableComm: its joined ranks serve all-reduces (with zeros), not the
             # all-gathers of pairs; as the blocking path, refuse those (collective, once)
             self.comm.check_none_joined(f"compression {cr.config.spec}")
-        if self._gathers and direct.mpi_comm_of(self.comm) is not None:
-            direct.exchange_comm(direct.mpi_comm_of(self.comm))  # collective, the first time
+        if self._gathers and oneround.mpi_comm_of(self.comm) is not None:
+            oneround.exchange_comm(oneround.mpi_comm_of(self.comm))  # collective, the first time
         if cr.lowrank is not None and not cr.config.warm_start:
             for q, fresh in zip(cr.qs, cr._initial_qs(cr.lowrank.dims)):
                 q[...] = fresh
@@ -226,13 +226,13 @@ class BucketedCompression:
 
     def _gather(self, payload: np.ndarray, sizes) -> object:
         """The all-gather of the pairs: over an ``MPIComm``, messages posted at once
-        (``direct.py``: one round, where MPICH's ``Iallgatherv`` takes several)."""
-        mpi = direct.mpi_comm_of(self.comm)
+        (``oneround.py``: one round, where MPICH's ``Iallgatherv`` takes several)."""
+        mpi = oneround.mpi_comm_of(self.comm)
         if mpi is None:
             return self.comm.iallgatherv(payload, sizes)
         out = np.empty(sum(sizes), np.uint8)
-        request = direct.post_allgatherv(mpi.MPI, direct.exchange_comm(mpi), payload, out,
-                                         sizes, direct.TAG_PAIRS)
+        request = oneround.post_allgatherv(mpi.MPI, oneround.exchange_comm(mpi), payload, out,
+                                         sizes, oneround.TAG_PAIRS)
         return mpi._collective(request, out)
 
     def _post_pending(self) -> None:

@@ -12,7 +12,7 @@ what a checkpoint stores. Every object says
 
 * ``wire_dtype``: the dtype buckets travel in (None: the buffer's own; fp16: float16);
 * ``compressing``: whether it sends less than the gradients (top-k, threshold, PowerSGD:
-  a ``CompressedReduction`` of ``compression.py`` does the exchange, keeping residuals);
+  a ``CompressedReduction`` of ``lossy.py`` does the exchange, keeping residuals);
 * ``compress``/``decompress``: Horovod's per-tensor pair (for NumPy arrays and torch
   tensors alike), which the stateful ones refuse.
 """

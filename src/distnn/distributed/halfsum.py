@@ -13,7 +13,7 @@ rank k owns chunk k (elements k*m to (k+1)*m). One exchange:
 3. phase 2 (an all-gather of 16-bit words): every rank receives every chunk's float16
    sum.
 
-Both phases are point-to-point messages posted at once (``direct.py``: one round each,
+Both phases are point-to-point messages posted at once (``oneround.py``: one round each,
 where MPICH's ``Ialltoall`` and ``Iallgather`` take several dependent rounds; 8 emulated
 hosts on 2 cores: 46 against 52-59 ms a step), on a duplicate of the communicator.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from ..kernels.half import sum_halves
 from .comm_base import _DoneHandle
-from .direct import TAG_CHUNKS, TAG_SUMS, post_allgather, post_alltoall
+from .oneround import TAG_CHUNKS, TAG_SUMS, post_allgather, post_alltoall
 from .mpi_comm import MPIComm
 from .mpi_requests import _MPIHandle
 

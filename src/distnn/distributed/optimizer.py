@@ -96,7 +96,7 @@ class DistributedOptimizer(ReducerCounters):
         compression: None, "fp16", "topk:RATIO", "threshold:VALUE", "powersgd:RANK" or a
             Compression object (``Compression.fp16``, ``Compression.topk(0.01)``, ...).
             topk/threshold/powersgd send less than the gradients, with error feedback
-            (``distnn.distributed.compression``); with ``non_blocking`` each bucket is
+            (``distnn.distributed.lossy``); with ``non_blocking`` each bucket is
             compressed and its exchange started during backward (PowerSGD's second
             all-reduce in ``step()``), else all of them in ``step()`` after backward; they
             keep state (``compressor``: residuals, PowerSGD's Q). With fp16

@@ -16,7 +16,7 @@ become, in the one documented place (docs/design.md §Gradient averaging):
 With ``backward_passes_per_step`` k a bucket starts after k backward passes (the
 framework accumulates the gradients in between); ``compression`` decides the wire dtype
 ("none", "fp16") or, for "topk:R", "threshold:V" and "powersgd:R", hands the buffer to a
-``CompressedReduction`` (compression.py): with ``non_blocking`` bucket by bucket as their
+``CompressedReduction`` (lossy.py): with ``non_blocking`` bucket by bucket as their
 gradients are ready, overlapped with backward (``BucketedCompression``,
 compressed_buckets.py; the same result bit for bit), else, and in the warm-up steps, the
 whole buffer at once in ``synchronize`` (blocking, after backward).
@@ -41,7 +41,7 @@ from ..kernels.half import from_half, to_half
 from .adasum import adasum_
 from .comm import Communicator
 from .compressed_buckets import BucketedCompression
-from .compression import CompressedReduction
+from .lossy import CompressedReduction
 from .compressors import Compression
 from .halfsum import half_exchange_for
 
@@ -117,7 +117,7 @@ class Reducer:
         tensors: [(name, start, stop, shape)] of every parameter, for the compressions
             that look at shapes (default: each segment as one 1-D tensor).
         error_feedback, compression_warmup_steps: of a compressing ``compression``
-            (compression.py).
+            (lossy.py).
         stall: a ``stall.StallInspector`` told which bucket this rank waits for (None: none).
         compressor: the ``CompressedReduction`` of a reducer this one replaces (its
             residuals, Q matrices and step count go on; ``DistributedOptimizer.rebucket``).

@@ -11,7 +11,7 @@ dtype). That is 2 + itemsize bytes a pair plus 4 bytes per 65536 elements, inste
 
 Exchange: an all-gather of every rank's pair count (skipped when every rank sends the
 same known count, as top-k does), then one ``Allgatherv`` of the payloads (the overlapped
-exchange posts them at once instead: compressed_buckets.py, direct.py); every rank adds
+exchange posts them at once instead: compressed_buckets.py, oneround.py); every rank adds
 the pairs of rank 0, 1, ... in that order into a zeroed buffer, so all ranks get the same
 sum, bit for bit (``distnn.kernels.topk.add_block_pairs_``: compiled with numba).
 Selection: ``topk_indices`` of ``distnn.kernels.topk`` (ties at the k-th largest

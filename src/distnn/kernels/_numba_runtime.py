@@ -20,7 +20,7 @@ os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp workqueue tbb")
 import numba as nb  # noqa: E402
 import numpy as np  # noqa: E402
 
-from . import _numba_cache, plan  # noqa: E402
+from . import _numba_cache, planner  # noqa: E402
 
 _numba_cache.install()  # before any kernel compiles: processes compiling at once share it
 
@@ -99,7 +99,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
                 return serial_kernel(*args, 0, n)
             if call.team is not None and call.team(args):
                 return None
-            if small_serial and args[0].size < plan.LIMITS.parallel_min:
+            if small_serial and args[0].size < planner.LIMITS.parallel_min:
                 return serial_kernel(*args, 0, n)
             pieces(n, lambda lo, hi: serial_kernel(*args, lo, hi), min_items=2)
             return None
@@ -111,7 +111,7 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     def call(*args):
         if _threads[0] == 1 and not (parallel_at_one and nb.get_num_threads() == 1):
             return serial_kernel(*args)
-        if small_serial and args[0].size < plan.LIMITS.parallel_min:
+        if small_serial and args[0].size < planner.LIMITS.parallel_min:
             if not parallel_at_one:
                 return serial_kernel(*args)
             with _launch:  # on a team of one, as at 1 thread

@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 from . import _numba, _numba_bnrelu
 from ._numba_runtime import get_num_threads
-from . import plan
+from . import planner
 from ._atomics import _store_release, fetch_add
 from ._threads import PYTHON, _watch, run_jobs, use_jobs
 from ._winograd_blocks import backward_blocks, forward_blocks
@@ -211,13 +211,14 @@ def elementwise_job(op: int, args) -> bool:
     least the planner's elementwise_min elements with the team free."""
     a = args[0]
     n = a.size
-    if a.dtype != np.float32 or n < plan.LIMITS.elementwise_min:
+    if a.dtype != np.float32 or n < planner.LIMITS.elementwise_min:
         return False
     flat = [x.reshape(-1) for x in args]
     a, b = flat[0], flat[1]
     c = flat[2] if len(flat) > 2 else a
     threads = get_num_threads()
-    step = max(plan.LIMITS.elementwise_piece, -(-n // (threads * plan.LIMITS.pieces_per_thread)))
+    limits = planner.LIMITS
+    step = max(limits.elementwise_piece, -(-n // (threads * limits.pieces_per_thread)))
     counter = np.zeros(1, np.int64)
 
     def job(row, i, team):
@@ -235,7 +236,7 @@ def split_job(kind: int, args) -> bool:
         return False
     threads = get_num_threads()
     c = x.shape[1]
-    step = -(-c // min(c, threads * plan.LIMITS.pieces_per_thread))
+    step = -(-c // min(c, threads * planner.LIMITS.pieces_per_thread))
     counter = np.zeros(1, np.int64)
     if kind == BN_BACKWARD:
         def job(row, i, team):

@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numba as nb
 import numpy as np
 
-from . import plan
+from . import planner
 from ._atomics import (  # noqa: F401  (fetch_add, _spin_while: kernels' and tests' names)
     _exchange, _load_acquire, _load_seq_cst, _post_add, _sched_yield, _spin_while,
     _store_release, _wait_done, fetch_add)
 from ._numba_runtime import get_num_threads
-from .plan import balanced_block, split_blocks  # noqa: F401  (the blocks' planning)
+from .planner import balanced_block, split_blocks  # noqa: F401  (the blocks' planning)
 
 _pool: list = []  # the ThreadPoolExecutor, made on first use
 _blas: list = []  # the threadpoolctl controller, made on first use
@@ -210,7 +210,7 @@ class _Team:
         seq = 0
         while True:
             serve, run_job = _SERVE
-            seq, python = serve(self.flags, i, self.n, seq, plan.LIMITS.spin_yields, self.board)
+            seq, python = serve(self.flags, i, self.n, seq, planner.LIMITS.spin_yields, self.board)
             if not python:  # nothing for spin_yields looks: sleep until a hand-off
                 self.go[i].acquire()
                 continue
@@ -245,7 +245,7 @@ class _Team:
             outs = []
             try:
                 for i in range(len(parts) - 1):
-                    yields = plan.LIMITS.spin_yields
+                    yields = planner.LIMITS.spin_yields
                     if yields:
                         _spin_while(self.flags, self.n + i, self.flags[i] - 1, yields)
                     self.done[i].acquire()
@@ -306,7 +306,7 @@ def run(nblocks: int, workers: int, body, dynamic: bool = False) -> list:
     (a second Python thread's, or one nested in a body), to a ThreadPoolExecutor."""
     if workers == 1:
         return [body(range(nblocks), False)]
-    if dynamic and plan.LIMITS.dynamic:
+    if dynamic and planner.LIMITS.dynamic:
         # range_iterator's next() runs under the GIL: each block is taken exactly once
         parts = [iter(range(nblocks))] * workers
     else:
@@ -369,7 +369,7 @@ def matmul(a, b, out=None):
     than it saves."""
     import numpy as np
     if (get_num_threads() > 1 and a.ndim == 2 and b.ndim == 2
-            and a.shape[0] * a.shape[1] * b.shape[1] <= plan.LIMITS.small_gemm):
+            and a.shape[0] * a.shape[1] * b.shape[1] <= planner.LIMITS.small_gemm):
         with one_blas_thread():
             return np.matmul(a, b, out=out)
     return np.matmul(a, b, out=out)
@@ -386,7 +386,7 @@ def pieces(n: int, fn, min_items: int = 1 << 20) -> None:
     if threads <= 1 or n < min_items:
         fn(0, n)
         return
-    step = -(-n // min(n, threads * plan.LIMITS.pieces_per_thread))
+    step = -(-n // min(n, threads * planner.LIMITS.pieces_per_thread))
 
     def body(indices, serial):
         for i in indices:

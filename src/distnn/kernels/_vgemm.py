@@ -5,7 +5,7 @@ only.
 The Winograd GEMMs of few-channel layers are skinny, (F, C) @ (C, T) with F, C = 16..64 at
 each of 16 or 36 transformed positions: BLAS spends them packing and, where OpenBLAS runs
 its AVX2 kernels on an AVX-512 CPU, at half the vector width. Here a tile of the product
-(``plan.TILES``: 8 rows x 32 columns on AVX-512, 4 x 24 on AVX2) stays in registers
+(``planner.TILES``: 8 rows x 32 columns on AVX-512, 4 x 24 on AVX2) stays in registers
 across the whole sum, the right-hand rows are read as vectors and the left-hand entries
 broadcast: no packing, nothing but the two operands read.
 
@@ -13,12 +13,12 @@ broadcast: no packing, nothing but the two operands read.
 (+)= a[p] @ b[p]^T (a sum over the long axis, NT_ROWS x NT_COLS tiles of vector partial
 sums). Both take views whose last axis is contiguous (the driver's work arrays), any row
 strides. ``usable`` says when they apply (float32, row counts multiples of the tile's, a
-CPU kind with tiles, ``plan.tiles_on``); otherwise the caller keeps ``np.matmul``.
+CPU kind with tiles, ``planner.tiles_on``); otherwise the caller keeps ``np.matmul``.
 ``product`` and ``product_nt`` (the Python loops' GEMMs) take them where
-``plan.tile_products`` says; compiled callers (``_winograd_blocks``) call ``matmul_flat``
+``planner.tile_products`` says; compiled callers (``_winograd_blocks``) call ``matmul_flat``
 and ``matmul_nt_flat`` directly. Sums run in a different order than BLAS's, so results
 agree to float32 rounding, not bit for bit. The tiles are built for the CPU numba compiles
-for (``plan.TARGET``).
+for (``planner.TARGET``).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import plan
+from . import planner
 from ._numba_runtime import _U
 
 _jit = nb.njit(cache=True, nogil=True)
@@ -42,10 +42,10 @@ def _vector(width: int) -> ir.VectorType:
     return ir.VectorType(ir.FloatType(), width)
 
 
-# The tiles of the CPU numba compiles for (``plan.TILES``): AVX-512 8 rows x 2 vectors of
+# The tiles of the CPU numba compiles for (``planner.TILES``): AVX-512 8 rows x 2 vectors of
 # 16 floats, 4 x 4 sums for a b^T; AVX2 4 x 3 vectors of 8, 4 x 2 sums.
-AVX512 = plan.TARGET.kind == "avx512"
-_TILE = plan.TILES.get(plan.TARGET.kind, plan.TILES["avx2"])
+AVX512 = planner.TARGET.kind == "avx512"
+_TILE = planner.TILES.get(planner.TARGET.kind, planner.TILES["avx2"])
 WIDTH, ROWS, NV, NT_ROWS, NT_COLS = (_TILE.width, _TILE.rows, _TILE.vectors, _TILE.nt_rows,
                                      _TILE.nt_cols)
 COLS = _TILE.cols  # columns of a product tile
@@ -255,12 +255,12 @@ def usable(a: np.ndarray, b: np.ndarray, out: np.ndarray, nt: bool = False) -> b
     """Whether ``matmul`` (or ``matmul_nt``) takes these operands: float32, last axes
     contiguous, out's rows (and for nt b's rows) a multiple of the tile, an AVX-512 or
     AVX2 (with FMA) CPU."""
-    if not (plan.tiles_on() and _rows_ok(b) and _rows_ok(out)):
+    if not (planner.tiles_on() and _rows_ok(b) and _rows_ok(out)):
         return False
     if nt:
         return (_rows_ok(a) and a.shape[1] % NT_ROWS == 0 and b.shape[1] % NT_COLS == 0
                 and a.shape[2] >= _TILE.nt_min_cols)
-    return (out.shape[2] >= plan.LIMITS.tile_min_cols and a.dtype == np.float32 and a.ndim == 3
+    return (out.shape[2] >= planner.LIMITS.tile_min_cols and a.dtype == np.float32 and a.ndim == 3
             and min(a.strides) > 0 and all(st % 4 == 0 for st in a.strides)
             and out.shape[1] % ROWS == 0)
 
@@ -293,8 +293,8 @@ def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool = False) 
 
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[p] = a[p] @ b[p] (3-D): on the tiles where ``usable`` on an AVX-512 CPU
-    (``plan.tile_products``), else BLAS."""
-    if plan.tile_products() and usable(a, b, out):
+    (``planner.tile_products``), else BLAS."""
+    if planner.tile_products() and usable(a, b, out):
         return matmul(a, b, out)
     return np.matmul(a, b, out=out)
 
@@ -302,9 +302,9 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 def product_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray, add: bool,
                part: np.ndarray | None) -> np.ndarray:
     """out[p] (+)= a[p] @ b[p]^T (3-D): on the tiles where ``usable`` on an AVX-512 CPU
-    (``plan.tile_products``) and the result is at most the tile's nt_max values a
+    (``planner.tile_products``) and the result is at most the tile's nt_max values a
     position, else BLAS (``part``: its scratch for the sum when adding)."""
-    if (plan.tile_products() and out.shape[1] * out.shape[2] <= _TILE.nt_max
+    if (planner.tile_products() and out.shape[1] * out.shape[2] <= _TILE.nt_max
             and usable(a, b, out, nt=True)):
         return matmul_nt(a, b, out, add)
     if add:

@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import direct, grouped, plan
+from . import direct, grouped
+from . import planner
 from .backend import compiled, get_num_threads
 from .im2col import (ConvGeometry, Pads, Pair, _buffer, _col2im_compact, _col2im_flat,
                      _flat_input, _im2col_args, _im2col_compact, _im2col_flat, _shifts,
@@ -67,7 +68,7 @@ class ConvCache(NamedTuple):
     reference's "flat" (``x`` the padded channel-major input, ``col`` the kept columns or
     None) and "compact" (``col`` the column matrix). ``vector_backward``: a Winograd layer
     the planner chose whose backward runs on the register-tiled kernels
-    (``plan.vector_backward``).
+    (``planner.vector_backward``).
     """
     geometry: ConvGeometry
     method: str
@@ -103,7 +104,7 @@ def _chunks(n: int, per_sample: int, keep: bool):
     kept for backward (up to keep_columns_bytes: resnet20 would otherwise keep ~270 MB of
     columns alive); with 2+ threads each thread takes whole blocks (``_threads``)."""
     from ._threads import block_workers, split_blocks
-    k, workers = block_workers(n, n if keep else plan.LIMITS.chunk_bytes // max(per_sample, 1))
+    k, workers = block_workers(n, n if keep else planner.LIMITS.chunk_bytes // max(per_sample, 1))
     blocks = split_blocks(n, k, workers)  # the first block is the largest
     return (blocks[0][1] - blocks[0][0] if blocks else k), blocks, workers
 
@@ -115,7 +116,7 @@ def _forward_compiled(fast, x, w, b, g: ConvGeometry, ws):
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
     x = np.ascontiguousarray(x)
     w2 = w.reshape(f, ckk)
-    keep = ckk * g.n * p * x.itemsize <= plan.LIMITS.keep_columns_bytes
+    keep = ckk * g.n * p * x.itemsize <= planner.LIMITS.keep_columns_bytes
     k, chunks, workers = _chunks(g.n, ckk * p * x.itemsize, keep)
     # kept columns: block (n0, n1) is colbuf[ckk*n0*p : ckk*n1*p] as (ckk, (n1-n0)*p)
     colbuf = _buffer(ws, "col", (ckk * g.n * p,), x.dtype) if keep else None
@@ -194,10 +195,11 @@ def _backward_compiled(fast, dy, cache: ConvCache, w, dw_out, db_out, need_dx, n
     return dx, dw_out, db
 
 
-# The methods a caller may name (``method=``); None: the planner's choice (``plan.plan_conv``)
+# The methods a caller may name (``method=``); None: the planner's choice (``planner.plan_conv``)
 # on the compiled backend, the NumPy reference's layout choice otherwise.
-METHODS = {"winograd": plan.ConvPlan("winograd", 2), "winograd4": plan.ConvPlan("winograd", 4),
-           "direct": plan.ConvPlan("direct"), "pointwise": plan.ConvPlan("pointwise")}
+METHODS = {"winograd": planner.ConvPlan("winograd", 2),
+           "winograd4": planner.ConvPlan("winograd", 4),
+           "direct": planner.ConvPlan("direct"), "pointwise": planner.ConvPlan("pointwise")}
 
 
 def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
@@ -210,7 +212,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     ``padding`` is (top, bottom, left, right). ``method`` picks the column layout:
     "flat" (stride 1 only) or "compact"; or "direct" (stride 1, compiled: no columns,
     ``distnn.kernels.direct``), "pointwise" (1x1, no padding: strided slice + GEMMs),
-    "winograd" or "winograd4" (Winograd F(2x2, 3x3) or F(4x4, 3x3); ``plan.plan_conv``
+    "winograd" or "winograd4" (Winograd F(2x2, 3x3) or F(4x4, 3x3); ``planner.plan_conv``
     is the default choice); by default it is chosen from measured costs.
     ``keep_columns`` (flat layout only) keeps the column matrix (C*KH*KW times the input)
     for backward; otherwise backward computes dw from shifted views of the padded input,
@@ -229,9 +231,9 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     fast = compiled() if method in (None, "winograd", "winograd4", "direct") else None
     chosen = METHODS.get(method or "")
     if chosen is None and fast is not None:
-        chosen = plan.plan_conv(g, f, x.dtype, threads=get_num_threads())
+        chosen = planner.plan_conv(g, f, x.dtype, threads=get_num_threads())
     if chosen is not None and chosen.method == "winograd":
-        if not plan.winograd_applies(g):
+        if not planner.winograd_applies(g):
             raise ValueError(f"method={method!r} needs a 3x3 kernel, stride 1 and dilation 1, "
                              f"got {g.kh}x{g.kw}, stride {(g.sh, g.sw)}, dilation "
                              f"{(g.dh, g.dw)}; use method='compact' or leave method unset")
@@ -239,17 +241,17 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         x = np.ascontiguousarray(x)
         y = winograd.forward(x, w, b, g.pt, g.pb, g.pl, g.pr, tile=chosen.tile)
         return y, ConvCache(g, "winograd", x, tile=chosen.tile, vector_backward=method is None
-                            and plan.vector_backward(g, f, x.dtype))
-    if method == "direct" and fast is not None and plan.use_vector(g, f, x.dtype):
-        chosen = plan.ConvPlan("vector")  # the register-tiled kernels where they apply
+                            and planner.vector_backward(g, f, x.dtype))
+    if method == "direct" and fast is not None and planner.use_vector(g, f, x.dtype):
+        chosen = planner.ConvPlan("vector")  # the register-tiled kernels where they apply
     if chosen is not None and chosen.method in ("direct", "vector"):
         vector = chosen.method == "vector"
-        if not (vector or plan.direct_applies(g)):
+        if not (vector or planner.direct_applies(g)):
             raise ValueError(f"method='direct' needs stride 1, got stride {(g.sh, g.sw)}")
         y, xp = direct.forward(x, w, b, g, ws, vector)
         return y, ConvCache(g, chosen.method, xp)
     if chosen is not None and chosen.method == "pointwise":
-        if not plan.pointwise_applies(g):
+        if not planner.pointwise_applies(g):
             raise ValueError(f"method='pointwise' needs a 1x1 kernel and no padding, got "
                              f"{g.kh}x{g.kw}, padding {(g.pt, g.pb, g.pl, g.pr)}")
         y, xs = direct.pointwise_forward(x, w, b, g, ws)

@@ -4,7 +4,7 @@ channels, and 1x1 kernels as a strided slice + GEMMs.
 im2col + GEMM writes and reads C*KH*KW copies of the input and hands BLAS a skinny GEMM
 (F of 4 to 16 rows) that runs far below its peak. For small C*KH*KW the direct loops in
 ``_direct`` (one long vectorized multiply-add per filter, channel and kernel offset over
-a sample's padded plane) do the same multiplies with the data in L1. ``plan.use_direct``
+a sample's padded plane) do the same multiplies with the data in L1. ``planner.use_direct``
 says where that was measured faster; ``conv.conv2d_forward`` calls ``forward`` there (or
 always with ``method="direct"``).
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import plan
+from . import planner
 from .im2col import ConvGeometry, _buffer
-from .plan import (direct_applies, pointwise_applies, use_direct,  # noqa: F401
+from .planner import (direct_applies, pointwise_applies, use_direct,  # noqa: F401
                    use_pointwise, use_vector, vector_applies)
 
 
@@ -39,7 +39,7 @@ def _padded(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
 def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
             ws: dict | None, vector: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(y, what backward needs) for a stride-1 convolution of NCHW x: the padded input;
-    or, on the register-tiled kernels (``vector``, where ``plan.use_vector`` says so; stride 2
+    or, on the register-tiled kernels (``vector``, where ``planner.use_vector`` says so; stride 2
     too), x itself."""
     from ._numba import scratch
     from ._threads import block_workers, run
@@ -123,12 +123,12 @@ class _Layout:
     """Where a block of samples' padded input lies in the flat work array of the
     register-tiled kernels: stride 1 as Hp x Wp planes, stride 2 as the 4 phases of each
     plane (``_vdirect.pad_phases``), so that every tap reads contiguous runs; narrow
-    planes as KW column-shifted copies of each plane (``plan.vector_cols``)."""
+    planes as KW column-shifted copies of each plane (``planner.vector_cols``)."""
 
     def __init__(self, g: ConvGeometry):
         from . import _vdirect as v
         from . import _vdirect_cols as vc
-        self.g, self.cols = g, plan.vector_cols(g)
+        self.g, self.cols = g, planner.vector_cols(g)
         if self.cols:
             self.rows, self.cs, self.offs = vc.layout(g)
         elif (g.sh, g.sw) == (1, 1):
@@ -190,7 +190,7 @@ def _vector_forward(x, w, b, g: ConvGeometry):
     y = np.empty((g.n, f, g.oh, g.ow), x.dtype)
     bias = np.zeros(f, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
     blocks, workers, k = _vector_blocks(g, lay.cs)
-    rows = plan.vector_rows(g.oh, g.ow) or lay.cols
+    rows = planner.vector_rows(g.oh, g.ow) or lay.cols
 
     def body(indices, serial):
         acc = None if rows else scratch("vdirect_acc", (f * lp,), x.dtype)
@@ -267,7 +267,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
     if lanes:  # tap (i, j) at offs[i*kw + j] = offs[i*kw] + offs[j]
         roffs = v.row_offsets(g.c, lay.cs, lay.offs[::g.kw])
         cols = np.ascontiguousarray(lay.offs[:g.kw])
-        shift = plan.dw_shift(g) and not lay.cols
+        shift = planner.dw_shift(g) and not lay.cols
 
     def body(indices, serial):
         if lanes:  # dy with margins of cols[2] positions (``weight_grad_t``'s shift)
@@ -300,7 +300,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
             elif need_dx:
                 _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
-                    if step == 1 and plan.vector_rows(ph, pw):  # whole dx planes
+                    if step == 1 and planner.vector_rows(ph, pw):  # whole dx planes
                         vr.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, dx)
                     else:
                         v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw,

@@ -7,7 +7,7 @@ positions is one GEMM, so a block of tiles costs one batched ``np.matmul`` (P, F
 (P, C, T) in BLAS: F(2x2) does 16 multiplies per 4 outputs instead of 36 (2.25x fewer),
 F(4x4) 36 per 16 (4x fewer), and its V and M hold 2.25 values per output instead of 4.
 Tiles are processed in blocks of samples sized so that V and M = U V stay in cache between
-the transform and the GEMM. ``plan.winograd_tile`` picks the tile per layer shape from
+the transform and the GEMM. ``planner.winograd_tile`` picks the tile per layer shape from
 measurements: F(4x4) from 32x32 channel pairs (C*F >= 1024) or 16x16 outputs, F(2x2) for
 small planes with few channels (a tie there, and F(2x2) rounds less). F(4x4)'s
 transforms run vectorized over tiles on big planes (``_winograd4w``), tile by tile on
@@ -38,7 +38,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ._numba import get_num_threads, scratch
-from . import _vgemm, _winograd, _winograd4, plan
+from . import _vgemm, _winograd, _winograd4
+from . import planner
 from . import _team_jobs as _jobs
 from . import _winograd_blocks as _blocks
 from ._threads import blas_for, kernel, pieces, run, run_jobs
@@ -93,7 +94,7 @@ def weights_transform(w: np.ndarray, tiling: Tiling = F2, workers: int = 1) -> n
     p = tiling.p
     u = scratch("wino_u", (p, f, c), w.dtype)
     kg, w2, u2 = tiling.kg.astype(w.dtype), w.reshape(f * c, 9), u.reshape(p, f * c)
-    if workers <= 1 or f * c < plan.LIMITS.split_weights:
+    if workers <= 1 or f * c < planner.LIMITS.split_weights:
         np.matmul(kg, w2.T, out=u2)
         return u
     step = -(-f * c // workers)
@@ -118,7 +119,7 @@ def weights_transform_adjoint(du: np.ndarray, out: np.ndarray, tiling: Tiling = 
     split 8.1; 256x256 1.7 against 1.1 split)."""
     p, f, c = du.shape
     kg = tiling.kg.astype(du.dtype)
-    if (split and out.flags.c_contiguous and f * c >= plan.LIMITS.split_weights
+    if (split and out.flags.c_contiguous and f * c >= planner.LIMITS.split_weights
             and get_num_threads() > 1):
         du2, dw2 = du.reshape(p, f * c), out.reshape(f * c, 9)
         pieces(f * c, lambda a, b: np.matmul(du2[:, a:b].T, kg, out=dw2[a:b]), 2)
@@ -172,17 +173,17 @@ def _product_nt(a, b, out, add: bool, part, serial: bool) -> None:
 
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16,
           dtype=None):
-    """(k, blocks, workers) of this layer at the threads set (``plan.winograd_blocks``);
-    ``dtype`` for a forward pass (its blocks by ``plan.forward_cols``)."""
+    """(k, blocks, workers) of this layer at the threads set (``planner.winograd_blocks``);
+    ``dtype`` for a forward pass (its blocks by ``planner.forward_cols``)."""
     threads = get_num_threads()
-    cols = 0 if dtype is None else plan.forward_cols(dtype, c, f, threads)
-    return plan.winograd_blocks(n, c, f, th, tw, itemsize, p, threads, cols=cols)
+    cols = 0 if dtype is None else planner.forward_cols(dtype, c, f, threads)
+    return planner.winograd_blocks(n, c, f, th, tw, itemsize, p, threads, cols=cols)
 
 
 def _compiled(dtype, c: int, f: int, workers: int) -> bool:
     """Whether the blocks run in ``_winograd_blocks``' compiled drivers
-    (``plan.winograd_drivers``)."""
-    return plan.winograd_drivers(dtype, c, f, workers, get_num_threads())
+    (``planner.winograd_drivers``)."""
+    return planner.winograd_drivers(dtype, c, f, workers, get_num_threads())
 
 
 def _team_work(team, i: int, name: str, rows: int, t: int, dtype, p: int) -> np.ndarray:
@@ -203,7 +204,7 @@ def _taking(blocks, workers: int, free: bool):
     """(blocks as an (n, 2) int64 array, the shared counter, step) for the drivers: step 0
     (each thread takes the counter's next block) when ``free`` and the planner's ``dynamic``,
     else every ``workers``-th block from the thread's first (``run``'s round-robin)."""
-    step = 0 if free and workers > 1 and plan.LIMITS.dynamic else workers
+    step = 0 if free and workers > 1 and planner.LIMITS.dynamic else workers
     return np.asarray(blocks, np.int64).reshape(-1, 2), np.zeros(1, np.int64), step
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..kernels import plan
+from ..kernels import planner as plan
 from ..kernels.backend import compiled
 from .activations import ReLU
 from .base import Layer, check_input
@@ -116,7 +116,7 @@ class Add(_Block):
 
     Attributes:
         fused_relu: the ``ReLU`` right after this block in a chain (linked when built),
-            else None. Where ``kernels.plan.fuse_add_relu`` allows (compiled backend, two
+            else None. Where ``kernels.planner.fuse_add_relu`` allows (compiled backend, two
             branches, contiguous outputs) the pair runs fused: forward max(sum, 0) in one
             pass (in training, where branch 0 ends in a batch norm, that batch norm's pass,
             after branch 1), the ReLU passing it on; backward this block masks dy (the

@@ -23,7 +23,7 @@ class DataParallel(Rule):
         bucket_size_mb: gradient bucket size of the all-reduce (MiB).
         non_blocking: start each bucket's all-reduce during backward (``Iallreduce``).
         compression: None (or "none"), "fp16", "topk:RATIO", "threshold:VALUE",
-            "powersgd:RANK" or a compression object (``distnn.distributed.compression``).
+            "powersgd:RANK" or a compression object (``distnn.distributed.lossy``).
         error_feedback: keep what topk/threshold/powersgd did not send for the next step.
         compression_warmup_steps: dense steps before the compression starts.
         autotune: try bucket sizes during the first steps and keep the fastest

@@ -10,7 +10,7 @@ training rule, callbacks and trainer, and plans a resume (``build``)::
 from .build import Run, build_model, build_run, given_options
 from .callbacks import build_callbacks, build_optimizer
 from .config import ConfigError, RunConfig, build_config, load_toml, option_values
-from .data import load_data
+from .datasets import load_data
 from .errors import RunError, TrainingDiverged, agreed
 from .options import OPTION_BY_NAME, OPTIONS, Option, canonical
 from .rule import build_rule

@@ -22,7 +22,7 @@ import numpy as np
 from . import preflight
 from .callbacks import build_callbacks, build_optimizer
 from .config import EVAL, PRED, TRAIN, ConfigError, RunConfig, build_config, rule_error
-from .data import READER_OPTIONS, build_augment, load_data, load_splits
+from .datasets import READER_OPTIONS, build_augment, load_data, load_splits
 from .errors import RunError, TrainingDiverged, agreed, rank_path
 from .rule import build_rule
 from .threads import apply_threads

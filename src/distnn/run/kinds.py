@@ -295,7 +295,7 @@ class CompressionSpec(Str):
     metavar = "none|fp16|topk:R|threshold:V|powersgd:R"
 
     def check(self, value):
-        from ..distributed.compression import parse_compression
+        from ..distributed.lossy import parse_compression
         if not isinstance(value, str):
             raise ValueError(f"must be a string such as topk:0.01, got {value!r}")
         spec = parse_compression(value)

@@ -47,7 +47,7 @@ from .collectives import (Handle, allreduce, allreduce_, allreduce_async, allred
                           grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                           grouped_allreduce_async_, poll, sparse_allreduce_async, synchronize)
 from .compression import Compression
-from .data import DistributedSampler, Shard, partition_dataset, shard_indices
+from .sampler import DistributedSampler, Shard, partition_dataset, shard_indices
 from .exchange import (allgather, allgather_async, alltoall, alltoall_async, broadcast,
                        broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
                        grouped_allgather_async, grouped_reducescatter,
@@ -56,7 +56,7 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters, metric_average)
 from .launch import run
 from .model import TorchModel, TorchUnit
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 from .process_group import init_process_group
 from .zero import ZeroRedundancyOptimizer
 from . import ddp, elastic, opt

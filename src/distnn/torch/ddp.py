@@ -32,9 +32,9 @@ import torch
 
 from ..distributed import Communicator
 from .basics import init as _hvd_init
-from .data import Loader, needle_partition
+from .sampler import Loader, needle_partition
 from .functions import broadcast_parameters as _broadcast_parameters
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 
 def init(comm: Communicator | None = None) -> tuple[int, torch.device]:
     """Start distnn's MPI communicator; returns ``(rank, device)`` as Needle's ``ddp.init``
@@ -47,7 +47,7 @@ def partition_dataset(dataset: Any, batch_size: int, device=None, dtype=None, *,
                       shuffle: bool = True, seed: int = 0,
                       comm: Communicator | None = None) -> tuple[Loader, int]:
     """Needle's ``ddp.partition_dataset``: ``(loader, batch_size // size)``; see
-    ``distnn.torch.data.needle_partition`` for the arguments."""
+    ``distnn.torch.sampler.needle_partition`` for the arguments."""
     return needle_partition(dataset, batch_size, device, dtype, shuffle=shuffle, seed=seed,
                             comm=comm)
 

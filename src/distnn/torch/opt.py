@@ -34,7 +34,7 @@ import torch
 from ..distributed import Communicator
 from .basics import channel
 from .compression import Compression
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 
 SINGA_THRESHOLD = 2097152  # SINGA's default fusion threshold, in elements
 
@@ -280,7 +280,7 @@ class DistOpt:
         it to the next step's gradient (SINGA's local accumulation = error feedback).
         Tensors under 1024 elements and 1-D ones travel dense; the exchange falls back to a
         dense all-reduce where the pairs would not be smaller
-        (``distnn.distributed.compression``)."""
+        (``distnn.distributed.lossy``)."""
         if isinstance(spars, bool) or not isinstance(spars, numbers.Real) or spars <= 0 \
                 or (topK and spars > 1):
             raise ValueError(f"spars must be a number in (0, 1] with topK=True (the fraction "

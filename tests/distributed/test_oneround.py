@@ -1,4 +1,4 @@
-"""The all-at-once point-to-point exchanges (direct.py: the float16 exchange's and the
+"""The all-at-once point-to-point exchanges (oneround.py: the float16 exchange's and the
 top-k pairs' all-to-all and all-gathers) on 2 and 3 real mpiexec ranks: every rank gets
 what MPI's collectives would deliver, with several exchanges of one tag posted before any
 wait (matched in the order posted), empty pieces, and ranks sending different sizes."""
@@ -18,7 +18,7 @@ def ranks(request, tmp_path_factory):
     if MPIEXEC is None or not have_mpi4py():
         pytest.skip("needs mpiexec and mpi4py")
     out = tmp_path_factory.mktemp(f"direct_np{n}")
-    proc = mpirun(n, "direct_prog.py", str(out), timeout=120)
+    proc = mpirun(n, "oneround_prog.py", str(out), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out / "results.pkl", "rb") as f:
         everyone = pickle.load(f)

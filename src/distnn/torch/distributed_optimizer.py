@@ -89,7 +89,7 @@ class DistributedOptimizer:
         compression: ``hvd.Compression.none`` or ``hvd.Compression.fp16`` (buckets travel
             as float16), or what sends less, with error feedback: "topk:RATIO",
             "threshold:VALUE", "powersgd:RANK" or ``hvd.Compression.topk(0.01)``,
-            ``.threshold(1e-3)``, ``.powersgd(2)`` (``distnn.distributed.compression``;
+            ``.threshold(1e-3)``, ``.powersgd(2)`` (``distnn.distributed.lossy``;
             with ``non_blocking`` each bucket's exchange starts during backward, else all
             of them in ``synchronize()``, after backward; the same result).
         error_feedback: with topk/threshold/powersgd, add what a rank did not send to its

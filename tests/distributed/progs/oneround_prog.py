@@ -1,7 +1,7 @@
-"""The all-at-once exchanges of direct.py against what MPI's collectives deliver, on
+"""The all-at-once exchanges of oneround.py against what MPI's collectives deliver, on
 every rank: each rank draws its data from a generator seeded by its rank, so every rank
 rebuilds every other rank's data. Rank 0 pickles the checks.
-Usage: direct_prog.py OUT_DIR"""
+Usage: oneround_prog.py OUT_DIR"""
 from __future__ import annotations
 
 import pickle
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from distnn import distributed as dist
-from distnn.distributed import direct
+from distnn.distributed import oneround
 from distnn.distributed.join import JoinableComm
 
 
@@ -33,19 +33,19 @@ def main() -> None:
 def checks(comm) -> None:
     MPI, rank, p = comm.MPI, comm.rank, comm.size
     out = {"size": p}
-    dup = direct.exchange_comm(comm)
-    out["one_dup"] = direct.exchange_comm(comm) is dup and dup != comm.comm
-    out["comm_of"] = (direct.mpi_comm_of(comm) is comm
-                      and direct.mpi_comm_of(JoinableComm(comm)) is comm
-                      and direct.mpi_comm_of(dist.LocalComm()) is None)
+    dup = oneround.exchange_comm(comm)
+    out["one_dup"] = oneround.exchange_comm(comm) is dup and dup != comm.comm
+    out["comm_of"] = (oneround.mpi_comm_of(comm) is comm
+                      and oneround.mpi_comm_of(JoinableComm(comm)) is comm
+                      and oneround.mpi_comm_of(dist.LocalComm()) is None)
     # two of each posted before any wait, same tags: matched in the order posted
     for m in (0, 1, 5, 4099):
         sends = [rows(rank, p, m, rep) for rep in range(2)]
         recvs = [np.empty((p, m), np.uint16) for _ in range(2)]
-        reqs = [direct.post_alltoall(MPI, dup, s, r, direct.TAG_CHUNKS)
+        reqs = [oneround.post_alltoall(MPI, dup, s, r, oneround.TAG_CHUNKS)
                 for s, r in zip(sends, recvs)]
         gathers = [rows(rank, p, m, rep + 5) for rep in range(2)]
-        greqs = [direct.post_allgather(MPI, dup, g, direct.TAG_SUMS) for g in gathers]
+        greqs = [oneround.post_allgather(MPI, dup, g, oneround.TAG_SUMS) for g in gathers]
         for r in reversed(reqs + greqs):
             while not r.Test():
                 pass
@@ -59,7 +59,7 @@ def checks(comm) -> None:
     mine = [payload(rank, rep) for rep in range(3)]
     sizes = [[payload(r, rep).size for r in range(p)] for rep in range(3)]
     outs = [np.empty(sum(s), np.uint8) for s in sizes]
-    reqs = [direct.post_allgatherv(MPI, dup, m, o, s, direct.TAG_PAIRS)
+    reqs = [oneround.post_allgatherv(MPI, dup, m, o, s, oneround.TAG_PAIRS)
             for m, o, s in zip(mine, outs, sizes)]
     for r in reqs:
         r.Wait()
