@@ -56,8 +56,8 @@ def distnn_worker(cfg: dict) -> dict:
     gbs = cfg["batch"]
     x, y = data(gbs * cfg["steps"])
     ds = ArrayDataset(x, y, CLASSES, preprocess=Preprocess(dtype=np.float32, normalize=False))
-    if cfg["mode"] == "data":
-        rule = DataParallel()
+    if cfg["mode"] == "data" or cfg["mode"].startswith("shard"):
+        rule = DataParallel(shard=int(cfg["mode"][-1]) if cfg["mode"] != "data" else 0)
     else:
         rule = Pipeline(stages=comm.size, micro_batches=cfg["micro"], schedule=cfg["mode"],
                         balance=cfg.get("balance", "params"))
@@ -86,48 +86,81 @@ def distnn_worker(cfg: dict) -> dict:
 
 
 def torch_worker(cfg: dict) -> dict:
+    """PyTorch's peers on gloo: a pipeline (``torch-gpipe``, ``torch-1f1b``: the network cut
+    at distnn's first stage's end) or data parallelism over the ranks (``torch-ddp``,
+    ``torch-fsdp2``: ``fully_shard`` on each Linear and the root, ``torch-zero``: DDP and
+    ``ZeroRedundancyOptimizer``), each rank its share of the global batch."""
     import torch
     import torch.distributed as tdist
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     torch.set_num_threads(1)
-    tdist.init_process_group("gloo", rank=rank, world_size=size,
-                             init_method=f"tcp://127.0.0.1:{cfg['port']}")
+    mode = cfg["mode"]
+    if "port" in cfg:
+        rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+        tdist.init_process_group("gloo", rank=rank, world_size=size,
+                                 init_method=f"tcp://127.0.0.1:{cfg['port']}")
+    else:  # the rendezvous from MPI: rank 0's address on the hosts' network
+        import distnn.torch as dt
+        dt.init_process_group("gloo")
+        rank, size = tdist.get_rank(), tdist.get_world_size()
     torch.manual_seed(0)
     mods, width = [], INPUT
     for w in WIDTHS:
         mods += [torch.nn.Linear(width, w), torch.nn.ReLU()]
         width = w
     mods.append(torch.nn.Linear(width, CLASSES))
-    cut = cfg["cut"]  # where distnn's balance started stage 1 (the same layer list)
-    part = torch.nn.Sequential(*(mods[:cut] if rank == 0 else mods[cut:]))
-    stage = PipelineStage(part, rank, size, torch.device("cpu"))
-    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
+    gbs, piped = cfg["batch"], mode in ("torch", "torch-gpipe", "torch-1f1b")
+    if piped:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        cut = cfg["cut"]  # where distnn's balance started stage 1 (the same layer list)
+        net = part = torch.nn.Sequential(*(mods[:cut] if rank == 0 else mods[cut:]))
+        stage = PipelineStage(part, rank, size, torch.device("cpu"))
+        loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
 
-    def loss(out, target):  # the sum over a micro-batch over the global batch, as distnn's
-        return loss_fn(out, target) / cfg["batch"]
+        def loss(out, target):  # the sum over a micro-batch over the global batch
+            return loss_fn(out, target) / gbs
 
-    schedule = ScheduleGPipe(stage, n_microbatches=cfg["micro"], loss_fn=loss)
-    opt = torch.optim.SGD(part.parameters(), lr=0.01, momentum=0.9)
-    x, y = data(cfg["batch"] * cfg["steps"])
+        kind = Schedule1F1B if mode == "torch-1f1b" else ScheduleGPipe
+        schedule = kind(stage, n_microbatches=cfg["micro"], loss_fn=loss)
+    else:
+        net = part = torch.nn.Sequential(*mods)
+        if mode == "torch-fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            for layer in part:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            fully_shard(part)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+            net = DistributedDataParallel(part)
+        lossf = torch.nn.CrossEntropyLoss()
+    if mode == "torch-zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(part.parameters(), optimizer_class=torch.optim.SGD,
+                                      lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(part.parameters(), lr=0.01, momentum=0.9)
+    x, y = data(gbs * cfg["steps"])
     x, y = torch.from_numpy(x), torch.from_numpy(y)
+    share = gbs // size
     times = []
     for epoch in range(cfg["epochs"]):
         for s in range(cfg["steps"]):
-            xb = x[s * cfg["batch"]:(s + 1) * cfg["batch"]]
-            yb = y[s * cfg["batch"]:(s + 1) * cfg["batch"]]
+            lo, hi = (s * gbs, (s + 1) * gbs) if piped else \
+                (s * gbs + rank * share, s * gbs + (rank + 1) * share)
             t0 = time.perf_counter()
             opt.zero_grad()
-            if rank == 0:
-                schedule.step(xb)
+            if not piped:
+                lossf(net(x[lo:hi]), y[lo:hi]).backward()
+            elif rank == 0:
+                schedule.step(x[lo:hi])
             else:
-                schedule.step(target=yb)
+                schedule.step(target=y[lo:hi])
             opt.step()
             if epoch:
                 times.append(time.perf_counter() - t0)
     slowest = max(t.item() for t in _gather(torch, tdist, statistics.median(times), size))
     tdist.destroy_process_group()
-    return {"samples_per_s": cfg["batch"] / slowest, "bubble": float("nan")}
+    return {"samples_per_s": gbs / slowest, "bubble": float("nan")}
 
 
 def _gather(torch, tdist, value: float, size: int):
@@ -160,7 +193,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         cfg = json.loads(args.worker)
-        result = (torch_worker if cfg["mode"] == "torch" else distnn_worker)(cfg)
+        result = (torch_worker if cfg["mode"].startswith("torch") else distnn_worker)(cfg)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             Path(args.out).write_text(json.dumps(result))
         return

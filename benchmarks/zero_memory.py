@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-KINDS = ("dense", "stage1", "stage2", "stage3", "torch-fsdp2", "torch-zero")
+KINDS = ("dense", "stage1", "stage2", "stage3", "pipeline", "torch-fsdp2", "torch-zero")
 IDEAL = {"dense": lambda n: 16.0, "stage1": lambda n: 8 + 8 / n,
-         "stage2": lambda n: 4 + 12 / n, "stage3": lambda n: 16 / n}
+         "stage2": lambda n: 4 + 12 / n, "stage3": lambda n: 16 / n,
+         "pipeline": lambda n: 16 / n}  # n stages of equal parameter counts
 MB = 1 << 20
 
 
@@ -78,6 +79,8 @@ def distnn_worker(kind: str, width: int, layers: int, batch: int, steps: int) ->
         body += [Dense(width)] + ([ReLU()] if i + 1 < layers else [])
     model = Sequential(body, input_shape=(width,), dtype=np.float32, rng=0)
     psi = model.parameters_flat().size
+    if kind == "pipeline":
+        return _pipeline_worker(comm, model, width, batch, steps)
     if kind == "dense":
         opt = dist.DistributedOptimizer(Adam(model, lr=1e-4), model, comm=comm, op="average")
     else:
@@ -102,6 +105,45 @@ def distnn_worker(kind: str, width: int, layers: int, batch: int, steps: int) ->
     else:
         held = opt.state_bytes()["total"]
     return {"psi": int(psi), "state": int(held), "step_s": times, **_memory(before)}
+
+
+def _pipeline_worker(comm, model, width: int, batch: int, steps: int) -> dict:
+    """S = the ranks pipeline stages (cut by parameter counts, 2 micro-batches, 1F1B) of
+    one replica through the Trainer; the state count is the stage's parameters, gradients
+    and Adam moments, the only ones the rank keeps."""
+    from distnn.data import ArrayDataset, Preprocess
+    from distnn.optim import Adam
+    from distnn.rules import Pipeline
+    from distnn.training import Callback, Trainer
+    psi = model.parameters_flat().size
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(batch * steps, width)).astype(np.float32)
+    ds = ArrayDataset(x, rng.integers(0, width, size=batch * steps), width,
+                      preprocess=Preprocess(dtype=np.float32, normalize=False))
+    rule = Pipeline(stages=comm.size, micro_batches=2, schedule="1f1b", balance="params")
+    times, marks = [], {}
+
+    class Steps(Callback):
+        def on_train_begin(self, trainer):
+            marks["before"] = _reset_peak()
+
+        def on_batch_begin(self, trainer, step):
+            marks["t0"] = time.perf_counter()
+
+        def on_batch_end(self, trainer, step, logs):
+            times.append(time.perf_counter() - marks["t0"])
+            if step == steps - 1:  # before the end gathers the whole model on every rank
+                marks["memory"] = _memory(marks["before"])
+                stage = rule.model
+                marks["state"] = (stage.parameters_flat().nbytes
+                                  + stage.gradients_flat().nbytes
+                                  + sum(a.nbytes for a in trainer.optimizer.state_arrays()))
+
+    trainer = Trainer(model, Adam(model, lr=1e-4), comm=comm, rule=rule, progress=False,
+                      verbose=False, callbacks=[Steps()])
+    trainer.fit(ds, epochs=1, global_batch_size=batch, shuffle=False)
+    return {"psi": int(psi), "state": int(marks["state"]), "step_s": times,
+            **marks["memory"]}
 
 
 # -- PyTorch -------------------------------------------------------------------------------

@@ -250,3 +250,35 @@ def test_the_model_reads_what_each_rule_declares(monkeypatch):
     assert t_slow > 0.010
     assert predict(Config("pipeline"), ONE, 2, slow).step_s == pytest.approx(t_slow)
     assert predict(Config("pipeline"), ONE, 2, Link(gbits=100)).step_s == pytest.approx(0.010)
+
+
+def test_shard_is_priced_by_the_traffic_data_declares():
+    from distnn.costmodel.collectives import reduce_scatter_time
+    from distnn.costmodel.predict import slice_messages
+    # two layers of 1 MB each: stage 2 and 3 reduce-scatter each as backward makes it
+    two = ModelCost(compute_s=0.030, tensors=[("a/w", 0, N, (500, 500)),
+                                              ("b/w", N, 2 * N, (500, 500))], batch=32,
+                    segments=[("a", 0, N), ("b", N, 2 * N)])
+    rs, alg = reduce_scatter_time(N * 4, 2, LINK)
+    assert (alg, rs) == ("pairwise exchange", pytest.approx(100e-6 + 4e-3))  # half of 1 MB
+    assert [(m[1], m[4]) for m in slice_messages(two, 2, LINK)] == [(N * 4, 0.5),
+                                                                     (N * 4, 1.0)]
+    gather, _ = allgather_time(2 * N * 4, 2, LINK)
+    assert gather == pytest.approx(100e-6 + 8e-3)
+    dense = predict(Config("data"), two, 2, LINK)
+    s1, s2, s3 = (predict(Config("data", shard=k), two, 2, LINK) for k in (1, 2, 3))
+    # stage 1: the dense all-reduce, then the parameters all-gathered after the step
+    assert s1.step_s == pytest.approx(dense.step_s + gather)
+    # stage 2: backward is 20 ms; the last layer's slices start at 20 ms (forward 10 ms +
+    # half of backward) and are done by 24.1, the first layer's at 30 ms: 30 + 4.1, then
+    # the all-gather; stage 3 gathers before forward and before backward
+    assert s2.step_s == pytest.approx(0.030 + rs + gather)
+    assert s3.step_s == pytest.approx(0.030 + rs + 2 * gather)
+    # bytes a rank hands MPI: the gradients whole (reduce-scatter), its slice of each gather
+    assert s2.bytes_per_step == pytest.approx(2 * N * 4 + N * 4)
+    assert s3.bytes_per_step == pytest.approx(2 * N * 4 + 2 * N * 4)
+    assert [p.config.label for p in table(DEFAULT_CONFIGS, two, [2], LINK)][-3:] == \
+        ["data --shard 1", "data --shard 2", "data --shard 3"]
+    assert tier(Config("data", shard=3)) == 0  # exact updates
+    with pytest.raises(ValueError, match="shard=2: rule 'localsgd' keeps no sharded state"):
+        predict(Config("localsgd", shard=2), two, 2, LINK)

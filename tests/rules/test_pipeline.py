@@ -114,6 +114,27 @@ def test_pipeline_gives_the_unsplit_model_with_gradient_accumulation(runs):
 
 
 @needs_mpi
+def test_a_rank_holds_only_its_stage_in_the_steps(runs):
+    n, res = runs
+    for case in CASES[n]:
+        S, ranks = case["stages"], res[case["name"]]
+        total = ranks[0]["total"]
+        for rank in ranks:
+            assert rank["total"] == total  # the final model is whole on every rank
+            if S == 1:
+                assert rank["held"] == [[total, total, total, total, 0]], case["name"]
+                continue
+            # in every step: no whole buffer, the stage's own, the other layers' views
+            # read-only placeholders of no memory (a 0-d NaN under each)
+            [(whole, whole_grads, params, grads, others)] = rank["held"]
+            assert (whole, whole_grads) == (0, 0), case["name"]
+            assert params == grads and params < total, case["name"]
+            assert others <= 8 * len(rank["weights"]), case["name"]
+        for d in range(0, n, S):  # the stages of a replica hold the model once between them
+            assert sum(ranks[d + s]["held"][0][2] for s in range(S)) == total, case["name"]
+
+
+@needs_mpi
 @pytest.mark.parametrize("n, a, b", [(2, "mlp_gpipe_m4", "mlp_1f1b_m4"),
                                      (4, "grid_gpipe_m4", "grid_1f1b_m4")])
 def test_both_schedules_give_the_same_weights(tmp_path_factory, n, a, b):

@@ -18,6 +18,7 @@ ALLGATHER_LONG_MSG_SIZE = 524288     # MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE
 ALLTOALL_SHORT_MSG_SIZE = 256        # MPIR_CVAR_ALLTOALL_SHORT_MSG_SIZE (per destination)
 ALLTOALL_MEDIUM_MSG_SIZE = 32768     # MPIR_CVAR_ALLTOALL_MEDIUM_MSG_SIZE (per destination)
 ALLTOALL_THROTTLE = 32               # MPIR_CVAR_ALLTOALL_THROTTLE
+REDUCE_SCATTER_LONG_MSG_SIZE = 524288  # MPIR_CVAR_REDUCE_SCATTER_COMMUTATIVE_LONG_MSG_SIZE
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,19 @@ def alltoall_sends(chunk_bytes: float, hosts: int) -> tuple[int, float]:
     if alltoall_algorithm(chunk_bytes, hosts) == "bruck":
         return math.ceil(math.log2(hosts)), _bruck_blocks(hosts) * chunk_bytes
     return hosts - 1, (hosts - 1) * chunk_bytes
+
+
+def reduce_scatter_time(total_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
+    """Seconds of a reduce-scatter of ``total_bytes`` per rank (each rank keeps the sum of
+    its 1/P part): recursive halving below MPIR_CVAR_REDUCE_SCATTER_COMMUTATIVE_LONG_MSG_SIZE
+    on a power of two, else pairwise exchange; each rank sends (P-1)/P of the buffer in
+    both, in log2 P or P-1 messages."""
+    if hosts <= 1 or total_bytes <= 0:
+        return 0.0, "none"
+    bw = (hosts - 1) / hosts * total_bytes / link.bytes_per_s
+    if total_bytes < REDUCE_SCATTER_LONG_MSG_SIZE and hosts == _pof2(hosts):
+        return math.log2(hosts) * link.latency_s + bw, "recursive halving"
+    return (hosts - 1) * link.latency_s + bw, "pairwise exchange"
 
 
 def allgather_sends(part_bytes: float, hosts: int) -> tuple[int, float]:

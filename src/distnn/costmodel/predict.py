@@ -21,12 +21,12 @@ from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
 from ..rules import RULES, rule_name
 from .collectives import (Link, allgather_time, allreduce_sends, allreduce_time,
-                          alltoall_time, direct_sends, direct_time)
+                          alltoall_time, direct_sends, direct_time, reduce_scatter_time)
 
 __all__ = ["Link", "allreduce_time", "allgather_time", "alltoall_time", "ModelCost",
            "Config", "Prediction", "HalfBucket", "half_bucket", "half_buckets",
-           "bucket_ranges", "data_messages", "predict", "table", "tier", "pick",
-           "DEFAULT_CONFIGS"]
+           "bucket_ranges", "data_messages", "slice_messages", "predict", "table", "tier",
+           "pick", "DEFAULT_CONFIGS"]
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,15 @@ class ModelCost:
 @dataclass(frozen=True)
 class Config:
     """A rule and its options, with ``compression`` for ``data`` (a --gradient_compression
-    spec). Defaults as in the code: localsgd sync_every 8, partial 4 chunks, easgd sync_every
-    4, downpour sync_every 1, gossip probability 0.25, buckets of 4 MiB."""
+    spec) and ``shard`` (its ZeRO stage, ``--shard``). Defaults as in the code: localsgd
+    sync_every 8, partial 4 chunks, easgd sync_every 4, downpour sync_every 1, gossip
+    probability 0.25, buckets of 4 MiB."""
     rule: str = "data"
     compression: str = "none"
     every: int | None = None
     probability: float = 0.25
     bucket_size_mb: float = 4.0
+    shard: int = 0
 
     @property
     def rule_class(self):
@@ -96,7 +98,8 @@ class Config:
     @property
     def label(self) -> str:
         if self.rule == "data":
-            return "data" if self.compression == "none" else f"data+{self.compression}"
+            base = "data" if self.compression == "none" else f"data+{self.compression}"
+            return base + (f" --shard {self.shard}" if self.shard else "")
         return self.rule_class.plan_label(self.period, self.probability)
 
     @property
@@ -106,7 +109,8 @@ class Config:
 
 DEFAULT_CONFIGS = [Config("data"), Config("data", "fp16"), Config("data", "topk:0.01"),
                    Config("data", "powersgd:2"), Config("partial"), Config("localsgd"),
-                   Config("easgd"), Config("downpour"), Config("gossip")]
+                   Config("easgd"), Config("downpour"), Config("gossip"),
+                   Config("data", shard=1), Config("data", shard=2), Config("data", shard=3)]
 
 
 @dataclass(frozen=True)
@@ -256,6 +260,20 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
     return out + later
 
 
+def slice_messages(model: ModelCost, hosts: int, link: Link) -> list:
+    """The reduce-scatters of sharded stages 2 and 3 a step, one per top-level layer with
+    parameters in backward order, each started once backward has made it."""
+    segs = model.segments or [(name, lo, hi) for name, lo, hi, _ in model.tensors]
+    out, done, n = [], 0, model.size
+    for _, lo, hi in sorted(segs, key=lambda seg: -seg[1]):
+        done += hi - lo
+        nbytes = (hi - lo) * model.itemsize
+        t, alg = reduce_scatter_time(nbytes, hosts, link)
+        sends = (1 if alg == "recursive halving" else hosts - 1, (hosts - 1) / hosts * nbytes)
+        out.append(("layer slices", nbytes, model.exchange(t, sends), alg, done / n))
+    return out
+
+
 def _overlapped_step(msgs: list, model: ModelCost, compression: str, hosts: int) -> float:
     """The step of the gradients' exchange: buckets sent one at a time, each once backward
     has made it, the rest after backward."""
@@ -278,19 +296,33 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
         raise ValueError(f"hosts must be >= 1, got {hosts!r}")
     c, n, item = model.compute_s, model.size, model.itemsize
     computing, msgs = hosts, []
+    options = {"shard": config.shard} if config.shard else {}
     try:
         declared = config.rule_class.step_messages(size=n, itemsize=item,
                                                    period=config.period,
-                                                   probability=config.probability)
+                                                   probability=config.probability,
+                                                   **options)
     except NotImplementedError as exc:
         raise ValueError(f"the cost model cannot predict rule {config.rule!r}: {exc}") from None
+    except TypeError:
+        raise ValueError(f"shard={config.shard}: rule {config.rule!r} keeps no sharded "
+                         "state (only data does)") from None
     step = c
     if hosts > 1:
         if any(m.shape == "gradients" for m in declared):
             msgs = data_messages(config, model, hosts, link)
             step = _overlapped_step(msgs, model, config.compression, hosts)
+        elif any(m.shape == "reduce_scatter" for m in declared):
+            msgs = slice_messages(model, hosts, link)
+            step = _overlapped_step(msgs, model, config.compression, hosts)
         for m in declared:
-            if m.shape == "allreduce":
+            if m.shape == "allgather":
+                t, alg = allgather_time(m.nbytes, hosts, link)
+                # a rank hands MPI its own slice of each all-gather
+                msgs.append((m.what, m.nbytes / hosts * m.per_step, t * m.per_step, alg,
+                             None))
+                step += t * m.per_step
+            elif m.shape == "allreduce":
                 t, alg = allreduce_time(m.nbytes, hosts, link, itemsize=item)
                 msgs.append((m.what, m.nbytes * m.per_step, t, alg, None))
                 step += t * m.per_step

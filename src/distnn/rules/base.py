@@ -55,7 +55,12 @@ class Message:
       worker's in turn (the master computes nothing);
     - ``"push"``: point to point and asynchronous, sent while the rank computes on;
     - ``"behind"``: one all-reduce that runs while the next step computes (its wait is
-      what it takes longer than a step).
+      what it takes longer than a step);
+    - ``"reduce_scatter"``: the gradients reduce-scattered top-level layer by layer as
+      backward makes them (sharded stages 2 and 3: each rank keeps its slice's sum);
+    - ``"allgather"``: the parameters all-gathered from every rank's slice (``nbytes`` the
+      whole model's), not hidden behind compute (sharded stage 1 after the step; stage 3
+      before each layer's forward and backward, ``per_step`` 2).
     """
     what: str
     nbytes: float

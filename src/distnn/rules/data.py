@@ -49,8 +49,16 @@ class DataParallel(Rule):
     name = "data"
 
     @classmethod
-    def step_messages(cls, *, size, itemsize, period, probability):
-        return [Message("gradients", size * itemsize, 1.0, "gradients")]
+    def step_messages(cls, *, size, itemsize, period, probability, shard=0):
+        whole = size * itemsize
+        if shard == 0:
+            return [Message("gradients", whole, 1.0, "gradients")]
+        # ZeRO: the gradients summed (all-reduced under stage 1, reduce-scattered layer by
+        # layer under 2 and 3), the updated slices all-gathered (stage 3: the parameters
+        # before each layer's forward and backward instead of after the step)
+        grads = (Message("gradients", whole, 1.0, "gradients") if shard == 1 else
+                 Message("gradient slices", whole, 1.0, "reduce_scatter"))
+        return [grads, Message("parameters", whole, 2.0 if shard == 3 else 1.0, "allgather")]
     lockstep = True
 
     def __init__(self, *, bucket_size_mb: float = 4.0, non_blocking: bool = True,

@@ -3,9 +3,11 @@
 The ranks form D replicas × S stages (``comm.size = D·S``): rank r is stage ``r % S`` of
 replica ``r // S``, so the stages of a replica are neighbouring ranks. A Sequential's
 top-level layers are cut into S contiguous stages (``pipeline_stages``: by parameters, by
-measured time, or at given layers); every rank holds the whole model but trains only its
-stage's layers. Each global batch is split over the D replicas (as under ``data``), each
-replica's share into M micro-batches; activations go forward and their gradients back
+measured time, or at given layers); a rank keeps only its stage's parameters, gradients
+and optimizer state (``StageModel.hold``: the other layers' parameters are dropped after
+the initial weights are broadcast), so the training state per rank falls with S. Each
+global batch is split over the D replicas (as under ``data``), each replica's share into
+M micro-batches; activations go forward and their gradients back
 between neighbouring stages as non-blocking point-to-point messages (all receives of a
 step posted first, each send started as soon as its array is ready). Loss and metrics are
 computed on the last stage. Each stage sums its gradients over the M micro-batches, then
@@ -17,7 +19,8 @@ Batch norm sees each micro-batch alone (running statistics updated per micro-bat
 a dropout layer draws from its own generator in micro-batch order under both schedules,
 so a run is deterministic and the same under GPipe and 1F1B. Validation, callbacks and
 the final model see the whole model on every rank: each stage's weights (and buffers) are
-broadcast to the other stages of its replica before them.
+broadcast to the other stages of its replica into a whole buffer made for them (dropped
+again after validation; kept at the end).
 """
 from __future__ import annotations
 
@@ -123,6 +126,10 @@ class Pipeline(Rule):
         self._replica_comm = comm.split(self.stage, self.replica)  # this stage's replicas
         self._stages = [StageModel(model, *self._layers_of(s)) for s in range(S)]
         self.model = self._stages[self.stage]
+        # the initial weights while every rank still has them all; then only the stage's
+        dist.broadcast_parameters(model, comm=comm)
+        if S > 1:
+            self.model.hold()
         self.order = SCHEDULES[self.schedule](self.stage, S, self.micro_batches)
         self._slots = CacheSlots(self.model.layers, live_micro_batches(self.order))
         base = type(optimizer)(self.model, lr=optimizer.scheduled_lr,
@@ -135,7 +142,8 @@ class Pipeline(Rule):
 
     # -- hooks ---------------------------------------------------------------------------
     def begin(self, trainer) -> None:
-        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
+        if self.stages > 1:
+            self.model.hold()  # a second fit: the model was made whole at the first's end
         share = trainer.global_batch_size // self._replicas
         if self.micro_batches > share or share % self.micro_batches:
             raise RuleArgumentError(
@@ -233,21 +241,29 @@ class Pipeline(Rule):
             trainer.epoch_sums[...] = 0
 
     def _share_stages(self, trainer) -> None:
-        """Every stage's weights and buffers to the other ranks of its replica."""
+        """The whole model on every rank of a replica: a whole parameter buffer, each
+        stage's slice (and its layers' buffers) broadcast by the stage that holds it."""
         if self.stages == 1:
             return
-        flat = trainer.model.parameters_flat()
+        mine = self.model
+        flat = np.empty(mine.total, dtype=mine.dtype)
+        flat[mine.start:mine.stop] = mine.parameters_flat()
         for s, stage in enumerate(self._stages):
             if stage.stop > stage.start:
                 self._stage_comm.bcast_(flat[stage.start:stage.stop], root=s)
             for layer in stage.walk():
                 for key in sorted(layer.buffers):
                     self._stage_comm.bcast_(layer.buffers[key], root=s)
+        mine.whole(flat)
 
     @contextlib.contextmanager
     def evaluation_weights(self, trainer) -> Iterator[None]:
         self._share_stages(trainer)
-        yield
+        try:
+            yield
+        finally:
+            if self.stages > 1:
+                self.model.hold()
 
     def end(self, trainer) -> None:
         self._share_stages(trainer)

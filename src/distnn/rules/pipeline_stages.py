@@ -106,6 +106,13 @@ class StageModel:
     and gradients are the slice of the model's flat buffers those layers own (views), so
     an optimizer or a ``DistributedOptimizer`` over it updates the model in place.
 
+    ``hold()`` makes the stage the only part of the model this rank keeps: the stage's
+    parameters and gradients move to buffers of the stage's size, the other layers' views
+    become read-only NaN placeholders of their shapes (no memory; a layer run on them
+    gives NaN, never silent zeros) and the model's whole flat buffers are dropped.
+    ``whole(flat)`` gives the model a whole parameter buffer again (validation, the end
+    of a run); ``hold()`` after it copies the stage's part back.
+
     Shape: forward takes ``(rows, *layers[lo].input_shape)`` and returns
     ``(rows, *layers[hi - 1].output_shape)``.
     """
@@ -117,19 +124,67 @@ class StageModel:
                   if any(top is layer for layer in self.layers)]
         self.start = ranges[0][1] if ranges else 0
         self.stop = ranges[-1][2] if ranges else 0
+        self.total = int(model.parameters_flat().size)
         self._ranges = [(top, a - self.start, b - self.start) for top, a, b in ranges]
         self._has_params = {id(top) for top, _, _ in ranges}
         self.grad_hooks: list[Callable] = []
+        self._params: np.ndarray | None = None  # the stage's own buffers once held
+        self._grads: np.ndarray | None = None
+        self.held = False
         if lo > 0:
             self.layers[0].need_dx = True  # its dx goes to the stage before
         self.input_shape = self.layers[0].input_shape
         self.output_shape = self.layers[-1].output_shape
 
     def parameters_flat(self) -> np.ndarray:
+        if self._params is not None:
+            return self._params
         return self.model.parameters_flat()[self.start:self.stop]
 
     def gradients_flat(self) -> np.ndarray:
+        if self._grads is not None:
+            return self._grads
         return self.model.gradients_flat()[self.start:self.stop]
+
+    def hold(self) -> None:
+        """Keep only the stage's parameters and gradients (see the class doc); the stage's
+        buffers are allocated once (an optimizer keeps views of them), later calls copy
+        the model's current values into them. Idempotent."""
+        if self.held:
+            return
+        m = self.model
+        if self._params is None:
+            self._params = m.parameters_flat()[self.start:self.stop].copy()
+            self._grads = np.zeros(self.stop - self.start, dtype=self.dtype)
+        else:
+            self._params[...] = m.parameters_flat()[self.start:self.stop]
+        nan = np.full((), np.nan, dtype=self.dtype)
+        for layer, key, off, n in m._layout:
+            shape = layer.params[key].shape
+            if self.start <= off < self.stop:
+                a = off - self.start
+                layer.params[key] = self._params[a:a + n].reshape(shape)
+                layer.grads[key] = self._grads[a:a + n].reshape(shape)
+            else:
+                layer.params[key] = np.broadcast_to(nan, shape)
+                layer.grads[key] = np.broadcast_to(nan, shape)
+        m._params_flat = np.empty(0, dtype=self.dtype)
+        m._grads_flat = np.empty(0, dtype=self.dtype)
+        from ..nn.allocator import release_freed_memory
+        release_freed_memory()  # the whole buffers, kept by distnn's heap thresholds
+        self.held = True
+
+    def whole(self, flat: np.ndarray) -> None:
+        """Point every layer of the model at ``flat`` (the whole parameter buffer, its
+        stage slices filled by their owners) and give it a zeroed gradient buffer."""
+        m = self.model
+        grads = np.zeros(self.total, dtype=self.dtype)
+        for layer, key, off, n in m._layout:
+            shape = layer.params[key].shape
+            layer.params[key] = flat[off:off + n].reshape(shape)
+            layer.grads[key] = grads[off:off + n].reshape(shape)
+        m._params_flat, m._grads_flat = flat, grads
+        self.held = False
 
     def layer_ranges(self):
         return list(self._ranges)

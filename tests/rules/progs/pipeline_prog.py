@@ -77,6 +77,10 @@ def reference(job: dict, replicas: int) -> dict:
             "losses": losses}
 
 
+def _stage_views(rule) -> list:
+    return [p for l in rule.model.walk() for p in l.params.values()]
+
+
 def run(job: dict, comm, out: str) -> None:
     model = build(job["model"], job["seed"])
     opt = get_optimizer(job["optimizer"], model, lr=job["lr"], **job.get("hyper", {}))
@@ -86,10 +90,20 @@ def run(job: dict, comm, out: str) -> None:
 
     class Record(Callback):
         def __init__(self):
-            self.losses = []
+            self.losses, self.held = [], set()
 
         def on_batch_end(self, trainer, step, logs):
             self.losses.append(trainer.batch_loss)
+            # what this rank keeps in its steps: the model's whole buffers, the stage's,
+            # and the bytes of the other layers' parameter views (placeholders: none)
+            others = sum(np.asarray(p).base.nbytes if np.asarray(p).base is not None else
+                         np.asarray(p).nbytes
+                         for l in model.walk() for p in l.params.values()
+                         if not any(p is q for q in _stage_views(rule)))
+            self.held.add((trainer.model.parameters_flat().size,
+                           trainer.model.gradients_flat().size,
+                           rule.model.parameters_flat().size,
+                           rule.model.gradients_flat().size, int(others)))
 
     record = Record()
     initial = model.parameters_flat().tolist()
@@ -99,6 +113,7 @@ def run(job: dict, comm, out: str) -> None:
                 batch_size=job["batch"], shuffle=False)
     result = {"initial": initial, "weights": model.parameters_flat().tolist(),
               "buffers": buffers(model).tolist(),
+              "held": sorted(record.held), "total": model.parameters_flat().size,
               "losses": record.losses, "history": trainer.history.records,
               "starts": list(rule.starts), "stats": rule.stats(), "role": rule.role(comm.rank)}
     if comm.rank == 0:
