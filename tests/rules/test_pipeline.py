@@ -27,7 +27,7 @@ CASES = {
     2: [job("mlp_gpipe_m4", stages=2, micro=4, schedule="gpipe"),
         job("mlp_1f1b_m4", stages=2, micro=4, schedule="1f1b"),
         job("mlp_1f1b_m1_adam", stages=2, micro=1, schedule="1f1b", optimizer="adam",
-            lr=0.01, hyper={}),
+            lr=0.01, hyper={}, resume=True),
         job("cnn_gpipe_m2_time", stages=2, micro=2, schedule="gpipe", model="cnn",
             balance="time"),
         # cut between a batch norm and its ReLU, a pair that runs fused in one model
@@ -39,7 +39,7 @@ CASES = {
         job("mlp_1f1b_m4", stages=3, micro=4, schedule="1f1b", balance="1,3"),
         job("cnn_1f1b_m8", stages=3, micro=8, schedule="1f1b", model="cnn", balance="time")],
     # 2 replicas x 2 stages; dropout draws per replica, so the grid's model has none
-    4: [job("grid_gpipe_m4", stages=2, micro=4, schedule="gpipe", model="cnn"),
+    4: [job("grid_gpipe_m4", stages=2, micro=4, schedule="gpipe", model="cnn", resume=True),
         job("grid_1f1b_m4", stages=2, micro=4, schedule="1f1b", model="cnn")],
 }
 REFUSALS = [
@@ -111,6 +111,28 @@ def test_pipeline_gives_the_unsplit_model_with_gradient_accumulation(runs):
         np.testing.assert_allclose([h["loss"] for h in ranks[0]["history"]],
                                    per_epoch.sum(axis=1) * gbs / case["n"], rtol=1e-12)
         assert len(ranks[0]["starts"]) == case["stages"]
+
+
+@needs_mpi
+def test_a_pipeline_checkpoint_resumes_exactly(runs):
+    n, res = runs
+    cases = [c for c in CASES[n] if c.get("resume")]
+    for case in cases:
+        ranks = res[case["name"]]
+        for r, rank in enumerate(ranks):
+            # one epoch, a checkpoint, a fresh run resuming it = the uninterrupted run
+            np.testing.assert_array_equal(rank["resumed"]["weights"], rank["weights"],
+                                          err_msg=f"{case['name']} rank {r}")
+            if r < case["stages"]:  # replica 0's statistics are the checkpoint's (as under
+                # data, the other replicas resume from rank 0's and then drift their own way)
+                np.testing.assert_array_equal(rank["resumed"]["buffers"], rank["buffers"],
+                                              err_msg=f"{case['name']} rank {r}")
+        # the main file and one shard file per rank (its stage's slice), none gathered
+        files = ranks[0]["resumed"]["files"]
+        base = f"{case['name']}.ck"
+        assert f"{base}.npz" in files
+        assert sorted(f.split(".step")[0] for f in files if ".shard" in f) == \
+            sorted(f"{base}.shard{r}of{n}" for r in range(n)), files
 
 
 @needs_mpi
@@ -236,6 +258,56 @@ def test_a_killed_stage_ends_the_job_within_seconds_naming_its_stage(tmp_path):
         rf"distnn: rank 1 \(pid {pids[0]}, host {re.escape(socket.gethostname())}\), pipeline "
         r"stage 1 of 2 \(layers \d+\.\.\d+\), replica 0 of 1: ended by signal 9 \(Killed\)",
         lines[0]), err[-3000:]
+
+
+# hydra runs this as it would run ssh ([options] host command...), as in
+# tests/cluster/test_launch_roles.py: distnn launch on this machine, no emulated cluster
+LAUNCHER = ('#!/bin/sh\nwhile [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; '
+            'done\nshift\nexec sh -c "$*"\n')
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_distnn_launch_restarts_a_killed_stage_from_the_pipeline_checkpoint(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from distnn.training.checkpoint import load_checkpoint
+    (tmp_path / "ssh").write_text(LAUNCHER)
+    os.chmod(tmp_path / "ssh", 0o755)
+    ck = tmp_path / "ck.npz"
+    mark = f"DISTNN_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"
+    env = child_env(DISTNN_KERNELS="numpy", **dict([mark.split("=", 1)]))
+    env["PATH"] = os.path.dirname(MPIEXEC) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(MPIEXEC), "distnn"), "launch", "--hosts", "localhost",
+         "--ranks_per_host", "2", "--max_restarts", "1", "--mpiexec", MPIEXEC,
+         "--launcher_args", f"-launcher ssh -launcher-exec {tmp_path / 'ssh'}", "--", "train",
+         "--dataset", "synthetic", "--num_samples", "64", "--batch_size", "8", "--model",
+         "simplemlp", "--num_epochs", "30", "--pipeline_stages", "2", "--micro_batches", "2",
+         "--schedule", "1f1b", "--validation_split", "0", "--evaluate", "false",
+         "--checkpoint", str(ck), "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        deadline = time.monotonic() + 180
+        while not ck.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert ck.exists(), "no checkpoint was written: " + "".join(proc.communicate())
+        at_kill = load_checkpoint(ck).meta["epochs_done"]
+        pids = pids_of_rank(1, mark)
+        assert pids, "stage 1's rank not found"
+        os.kill(pids[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    text = out + err
+    assert proc.returncode == 0, text[-3000:]
+    assert "pipeline stage 1 of 2" in text and "ended by signal 9 (Killed)" in text, \
+        text[-3000:]
+    assert "restart 1/1" in text, text[-3000:]
+    final = load_checkpoint(ck)
+    assert final.meta["epochs_done"] == 30 and at_kill < 30, (at_kill, text[-2000:])
+    assert len(final.meta["sharded"]["files"]) == 2  # each stage's rank wrote its slice
 
 
 def test_partition_is_the_best_contiguous_cut():

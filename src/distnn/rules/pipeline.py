@@ -36,9 +36,64 @@ from .base import Rule, RuleArgumentError
 from .pipeline_stages import (SCHEDULES, CacheSlots, StageModel, live_micro_batches,
                               stage_starts)
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "StageOptimizer"]
 
 TAG_ACTIVATION, TAG_GRADIENT = 1, 2  # + 4 · micro-batch: one tag per message of a step
+
+
+class StageOptimizer(dist.DistributedOptimizer):
+    """A stage's ``DistributedOptimizer`` (its gradients all-reduced over the stage's
+    replicas) that checkpoints as sharded state: every rank writes its stage's slice
+    [lo, hi) of the parameters and of the optimizer's state arrays to its own file
+    (``training.checkpoint_shards``), so no rank gathers the model, and a resume fills
+    each rank's stage from the files that overlap it (any stage count; the replicas of a
+    stage write the same slice).
+
+    Args:
+        bounds: every rank's [lo, hi) of the model's flat buffers (its stage's), by its
+            rank in the world.
+        rank: this rank in the world (``comm`` is the stage's replicas).
+        *args, **kwargs: ``DistributedOptimizer``'s.
+    """
+
+    stage = 0  # no ZeRO stage: each rank's slice is its pipeline stage's
+
+    def __init__(self, *args, bounds: list[tuple[int, int]], rank: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bounds = [tuple(map(int, b)) for b in bounds]
+        self.lo, self.hi = self.bounds[rank]
+        self.total = int(self.model.total)
+
+    def shard_arrays(self) -> dict[str, np.ndarray]:
+        """The stage's parameters and optimizer state arrays, by name (its shard file)."""
+        out = {"params": np.ascontiguousarray(self.model.parameters_flat())}
+        for key, arr in self.optimizer.state[0].items():
+            out[f"state/{key}"] = arr
+        return out
+
+    def load_shard_arrays(self, pieces) -> None:
+        """Fill the stage's parameters and optimizer state from ``pieces``: [(lo, hi,
+        read)] of the slices a checkpoint's ranks wrote (``read(name)``: an array of that
+        rank's file)."""
+        params, state = self.model.parameters_flat(), self.optimizer.state[0]
+        for lo, hi, read in pieces:
+            a, b = max(lo, self.lo), min(hi, self.hi)
+            if a < b:
+                params[a - self.lo:b - self.lo] = read("params")[a - lo:b - lo]
+                for key, arr in state.items():
+                    arr[a - self.lo:b - self.lo] = read(f"state/{key}")[a - lo:b - lo]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's scalars; its state arrays are per stage (``shard_arrays``)."""
+        d = self.optimizer.state_dict()
+        d["state"] = []
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        d = dict(d)
+        if not d.get("state"):  # the arrays come from the shard files
+            d["state"] = [{k: v.copy() for k, v in self.optimizer.state[0].items()}]
+        self.optimizer.load_state_dict(d)
 
 
 class Pipeline(Rule):
@@ -136,14 +191,18 @@ class Pipeline(Rule):
                                **optimizer.hyperparameters())
         base.lr_scale = optimizer.lr_scale
         # op="sum": the loss of every micro-batch is already divided by the global batch.
-        return dist.DistributedOptimizer(
-            base, self.model, comm=self._replica_comm, op="sum",
-            bucket_size_mb=self.bucket_size_mb, non_blocking=False, stall=trainer.stall)
+        ranges = [(self._stages[r % S].start, self._stages[r % S].stop)
+                  for r in range(comm.size)]
+        return StageOptimizer(base, self.model, comm=self._replica_comm, op="sum",
+                              bucket_size_mb=self.bucket_size_mb, non_blocking=False,
+                              stall=trainer.stall, bounds=ranges, rank=comm.rank)
 
     # -- hooks ---------------------------------------------------------------------------
     def begin(self, trainer) -> None:
         if self.stages > 1:
             self.model.hold()  # a second fit: the model was made whole at the first's end
+            from ..nn.allocator import release_freed_memory
+            release_freed_memory()  # the template optimizer's whole-model state, dropped
         share = trainer.global_batch_size // self._replicas
         if self.micro_batches > share or share % self.micro_batches:
             raise RuleArgumentError(
@@ -240,6 +299,19 @@ class Pipeline(Rule):
         if self.stage != self.stages - 1 and trainer.epoch_sums is not None:
             trainer.epoch_sums[...] = 0
 
+    def prepare_checkpoint(self, trainer) -> None:
+        """Every stage's layer buffers (batch-norm statistics) to the ranks of its
+        replica, so rank 0's main file holds them all (the parameters and optimizer
+        state go to each rank's shard file: ``StageOptimizer``)."""
+        if self.stages > 1:
+            self._share_buffers()
+
+    def _share_buffers(self) -> None:
+        for s, stage in enumerate(self._stages):
+            for layer in stage.walk():
+                for key in sorted(layer.buffers):
+                    self._stage_comm.bcast_(layer.buffers[key], root=s)
+
     def _share_stages(self, trainer) -> None:
         """The whole model on every rank of a replica: a whole parameter buffer, each
         stage's slice (and its layers' buffers) broadcast by the stage that holds it."""
@@ -251,9 +323,7 @@ class Pipeline(Rule):
         for s, stage in enumerate(self._stages):
             if stage.stop > stage.start:
                 self._stage_comm.bcast_(flat[stage.start:stage.stop], root=s)
-            for layer in stage.walk():
-                for key in sorted(layer.buffers):
-                    self._stage_comm.bcast_(layer.buffers[key], root=s)
+        self._share_buffers()
         mine.whole(flat)
 
     @contextlib.contextmanager

@@ -86,10 +86,6 @@ def _pipeline(cfg: RunConfig, comm, name: str):
         raise ConfigError(f"--validate_every {t.validate_every}: validation inside an epoch "
                           f"would see other stages' stale weights under --pipeline_stages "
                           f"{p.pipeline_stages}; validate at epoch ends (drop it)")
-    if t.checkpoint or t.resume:
-        raise ConfigError(f"--pipeline_stages {p.pipeline_stages}: checkpoints of a "
-                          "pipeline's per-stage optimizer state are not written yet: drop "
-                          "--checkpoint/--resume")
     stages = p.pipeline_stages
     if comm.size % stages:
         raise ConfigError(f"--pipeline_stages {stages}: {comm.size} ranks are not a multiple "

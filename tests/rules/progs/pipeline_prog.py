@@ -81,6 +81,29 @@ def _stage_views(rule) -> list:
     return [p for l in rule.model.walk() for p in l.params.values()]
 
 
+def resumed(job: dict, comm, out: str) -> dict:
+    """One epoch with a checkpoint at its end, then a fresh model and trainer resuming it
+    for the rest: the weights and buffers it ends with."""
+    from distnn.training.stopping import TrainingCheckpoint
+    path = f"{out}/{job['name']}.ck.npz"
+    weights = {}
+    for epochs, callbacks, resume in ((1, [TrainingCheckpoint(path)], None),
+                                      (job["epochs"], [], path)):
+        model = build(job["model"], job["seed"] + 7 * (resume is not None))  # not the start
+        opt = get_optimizer(job["optimizer"], model, lr=job["lr"], **job.get("hyper", {}))
+        rule = Pipeline(stages=job["stages"], micro_batches=job["micro"],
+                        schedule=job["schedule"], balance=job["balance"])
+        trainer = Trainer(model, opt, comm=comm, rule=rule, progress=False, verbose=False,
+                          callbacks=callbacks)
+        trainer.fit(dataset(job["model"], job["n"]), epochs=epochs, batch_size=job["batch"],
+                    shuffle=False, resume=resume)
+        weights = {"weights": model.parameters_flat().tolist(),
+                   "buffers": buffers(model).tolist()}
+    import glob
+    weights["files"] = sorted(f.rsplit("/", 1)[1] for f in glob.glob(f"{out}/{job['name']}.ck*"))
+    return weights
+
+
 def run(job: dict, comm, out: str) -> None:
     model = build(job["model"], job["seed"])
     opt = get_optimizer(job["optimizer"], model, lr=job["lr"], **job.get("hyper", {}))
@@ -116,6 +139,8 @@ def run(job: dict, comm, out: str) -> None:
               "held": sorted(record.held), "total": model.parameters_flat().size,
               "losses": record.losses, "history": trainer.history.records,
               "starts": list(rule.starts), "stats": rule.stats(), "role": rule.role(comm.rank)}
+    if job.get("resume"):
+        result["resumed"] = resumed(job, comm, out)
     if comm.rank == 0:
         ref = reference(job, comm.size // job["stages"])
         result["ref"] = {k: np.asarray(v).tolist() for k, v in ref.items()}
