@@ -253,13 +253,14 @@ def table(results: dict, ranks: list[int], batch: int) -> str:
             state = max(r["state"] for r in res)
             ideal = IDEAL[kind](n) * psi if kind in IDEAL else None
             step = float(np.median([np.median(r["step_s"][1:] or r["step_s"]) for r in res]))
+            samples = batch if kind == "pipeline" else batch * n  # one replica: batch global
             rows.append(
                 f"| {kind} | {n} | {state / MB:,.0f} | "
                 f"{'' if ideal is None else f'{ideal / MB:,.0f}'} | {state / psi:.2f} | "
                 f"{max(r['hwm'] for r in res) / MB:,.0f} | "
                 f"{max(r.get('build_hwm', 0) for r in res) / MB:,.0f} | "
                 f"{max(r['vmpeak'] for r in res) / MB:,.0f} | {step:.2f} | "
-                f"{batch * n / step:,.1f} |")
+                f"{samples / step:,.1f} |")
     return "\n".join(rows)
 
 

@@ -201,8 +201,8 @@ class Pipeline(Rule):
     def begin(self, trainer) -> None:
         if self.stages > 1:
             self.model.hold()  # a second fit: the model was made whole at the first's end
-            from ..nn.allocator import release_freed_memory
-            release_freed_memory()  # the template optimizer's whole-model state, dropped
+        from ..nn.allocator import release_freed_memory
+        release_freed_memory()  # the template optimizer's whole-model state, dropped
         share = trainer.global_batch_size // self._replicas
         if self.micro_batches > share or share % self.micro_batches:
             raise RuleArgumentError(
