@@ -59,6 +59,19 @@ def test_every_stage_gives_the_weights_of_dense_data(sharded):
 
 
 @pytest.mark.mpi
+def test_units_of_several_layers_give_the_same_weights_in_fewer_collectives(sharded):
+    for key, case in sharded["bucketed"].items():
+        opt, stage = key.split("/")
+        assert close(case["w"], dense(sharded, opt)) < TOL, key
+        # 20 steps: 3 layers -> 2 units, so 2 collectives a step for 3 at stage 2 (the
+        # reduce-scatters) and 6 for 9 at stage 3 (+ a gather before forward and backward,
+        # but the last unit's stays from its forward to its backward)
+        per_step = (2, 3) if stage == "2" else (5, 8)
+        assert (case["calls"], case["calls_per_layer"]) == (20 * per_step[0],
+                                                            20 * per_step[1]), key
+
+
+@pytest.mark.mpi
 def test_clipping_takes_the_norm_over_every_slice(sharded):
     held = sharded["cases"][f"adam_clip/3/{sharded['size']}"]["held"]
     norms = [h["grad_norm"] for h in held]

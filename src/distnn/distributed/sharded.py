@@ -114,10 +114,12 @@ class ShardedOptimizer:
         stage: 1, 2 or 3.
         comm: communicator (default: ``get_comm()``).
         op: "sum" or "average".
-        bucket_size_mb, non_blocking, compression, error_feedback,
-            compression_warmup_steps, stall: stage 1's gradient all-reduce (as
-            ``DistributedOptimizer``). Stages 2 and 3 exchange layer by layer, overlapped
-            with backward, and take no compression.
+        bucket_size_mb: stage 1: the all-reduce's buckets (as ``DistributedOptimizer``);
+            stages 2 and 3: the least size of the runs of consecutive layers exchanged by
+            one reduce-scatter (and at stage 3 one all-gather): 0, layer by layer.
+        non_blocking, compression, error_feedback, compression_warmup_steps, stall: stage
+            1's gradient all-reduce (as ``DistributedOptimizer``). Stages 2 and 3 exchange
+            unit by unit, overlapped with backward, and take no compression.
         defaults: the hyper-parameters (lr among them) of an optimizer given by class or name.
 
     Shape:
@@ -180,7 +182,7 @@ class ShardedOptimizer:
                                            self.lo, self.hi)
         self._own(optimizer, defaults)
         self._units = UnitExchange(model, self.comm, self.bounds, self.grad_shard,
-                                   self.param_shard, self.stage)
+                                   self.param_shard, self.stage, bucket_size_mb)
 
     def _own(self, optimizer, defaults: dict) -> None:
         """The settings of the whole model that the slice's optimizer must not apply on

@@ -1,8 +1,11 @@
-"""The per-layer traffic of sharded stages 2 and 3 (``ShardedOptimizer``, sharded.py).
+"""The per-unit traffic of sharded stages 2 and 3 (``ShardedOptimizer``, sharded.py).
 
-A *unit* is a top-level layer with parameters: a contiguous range [lo, hi) of the model's
-flat buffers. Rank r owns the slice ``bounds[r]`` of those buffers; a unit's part on rank r
-is the intersection, possibly empty. ``UnitExchange`` is driven by the model's hooks:
+A *unit* is a run of consecutive top-level layers with parameters, at least
+``bucket_size_mb`` of them (one layer with 0): a contiguous range [lo, hi) of the model's
+flat buffers, exchanged by one collective (fewer, larger collectives: each is a moment all
+ranks must meet, which costs most on a shared or slow host). Rank r owns the slice
+``bounds[r]`` of those buffers; a unit's part on rank r is the intersection, possibly
+empty. ``UnitExchange`` is driven by the model's hooks:
 
 * before a unit's backward (``Sequential.layer_hooks``, phase "backward") its gradient
   views point into a fresh buffer of the unit's size; after it (``grad_hooks``) a
@@ -54,15 +57,27 @@ class UnitExchange:
         grad_shard: this rank's slice of the summed gradient (written here).
         param_shard: this rank's slice of the parameters (stage 3), else None.
         stage: 2 or 3.
+        bucket_size_mb: the least size of a unit (0: every layer its own).
     """
 
     def __init__(self, model, comm, bounds, grad_shard: np.ndarray,
-                 param_shard: np.ndarray | None, stage: int):
+                 param_shard: np.ndarray | None, stage: int, bucket_size_mb: float = 0.0):
         self.model, self.comm, self.bounds, self.stage = model, comm, bounds, stage
         self.grad_shard, self.param_shard = grad_shard, param_shard
         self.lo, self.hi = bounds[comm.rank]
-        self.units = [(layer, int(a), int(b)) for layer, a, b in model.layer_ranges()]
-        self.index = {id(layer): i for i, (layer, _, _) in enumerate(self.units)}
+        least = float(bucket_size_mb) * (1 << 20) / np.dtype(model.dtype).itemsize
+        groups: list[list] = []
+        for layer, a, b in model.layer_ranges():
+            if groups and groups[-1][3] - groups[-1][2] < least:
+                groups[-1][1], groups[-1][3] = layer, int(b)  # grow the open unit
+            else:
+                groups.append([layer, layer, int(a), int(b)])
+        # (first layer, last layer, lo, hi): forward enters a unit at its first layer,
+        # backward at its last, and its gradients are final after its first's backward
+        self.units = [(first, a, b) for first, _, a, b in groups]
+        self.last = [last for _, last, _, _ in groups]
+        self.index = {id(first): i for i, (first, _, _) in enumerate(self.units)}
+        self.index_back = {id(last): i for i, last in enumerate(self.last)}
         self.views = [[(layer, key, off - a, n, layer.params[key].shape)
                        for layer, key, off, n in model._layout if a <= off < b]
                       for _, a, b in self.units]
@@ -134,8 +149,8 @@ class UnitExchange:
 
     # -- the hooks ----------------------------------------------------------------------
     def hook(self, phase: str, layer) -> None:
-        i = self.index.get(id(layer))
-        if i is None:
+        i = (self.index if phase == "forward" else self.index_back).get(id(layer))
+        if i is None:  # inside a unit entered already
             return
         n = len(self.units)
         if phase == "forward":
@@ -190,10 +205,9 @@ class UnitExchange:
                 self.hook("forward", layer)
         for i in reversed(range(len(self.units))):
             if not self.reduced[i]:
-                layer = self.units[i][0]
-                self.hook("backward", layer)
+                self.hook("backward", self.last[i])
                 self.grads[i].fill(0)
-                self.ready(layer)
+                self.ready(self.units[i][0])
         t0 = time.perf_counter()
         for i, h in enumerate(self.reducing):
             if h is not None:

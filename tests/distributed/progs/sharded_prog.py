@@ -70,14 +70,14 @@ PROBES: dict = {}
 
 
 def train(comm, opt: str, shard: int, epochs: int = 2, checkpoint: str | None = None,
-          resume: str | None = None) -> np.ndarray:
+          resume: str | None = None, bucket_size_mb: float = 0.0) -> np.ndarray:
     m = model("residual" if opt.endswith("_residual") else "mlp")
     name, kw = OPTIMIZERS[opt]
     kw = dict(kw)
     clip = kw.pop("clip_grad_norm", None)
-    probe = PROBES.setdefault((opt, shard, comm.size), Probe())
+    probe = PROBES.setdefault((opt, shard, comm.size, bucket_size_mb), Probe())
     callbacks = [probe] + ([TrainingCheckpoint(checkpoint)] if checkpoint else [])
-    rule = DataParallel(shard=shard, bucket_size_mb=0.0)
+    rule = DataParallel(shard=shard, bucket_size_mb=bucket_size_mb)
     optimizer = get_optimizer(name, m, **kw)
     optimizer.clip_grad_norm = clip  # as distnn train's --clip_grad_norm sets it
     trainer = Trainer(m, optimizer, comm=comm, rule=rule, progress=False,
@@ -102,7 +102,16 @@ def main() -> None:
             same = world.allgather_obj(w.tobytes())
             out["cases"][f"{opt}/{stage}/{size}"] = {
                 "w": w.tolist(), "ranks_agree": all(s == same[0] for s in same),
-                "held": world.allgather_obj(PROBES[(opt, stage, size)].seen)}
+                "held": world.allgather_obj(PROBES[(opt, stage, size, 0.0)].seen)}
+    # stages 2 and 3 with units of several layers: 5e-4 MiB (65 float64s) makes the
+    # Dense(7) and Dense(5) layers one unit (49 + 40 parameters), Dense(3) another
+    out["bucketed"] = {}
+    for opt in ("sgd_momentum", "adam"):
+        for stage in (2, 3):
+            w = train(world, opt, stage, bucket_size_mb=5e-4)
+            out["bucketed"][f"{opt}/{stage}"] = {
+                "w": w.tolist(), "calls": PROBES[(opt, stage, size, 5e-4)].seen["calls"],
+                "calls_per_layer": PROBES[(opt, stage, size, 0.0)].seen["calls"]}
     # the whole run on size - 1 ranks (the others idle), and resumes across rank counts
     for opt in ("sgd_momentum", "adam"):
         for stage in (1, 2, 3):
