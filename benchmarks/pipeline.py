@@ -57,7 +57,8 @@ def distnn_worker(cfg: dict) -> dict:
     x, y = data(gbs * cfg["steps"])
     ds = ArrayDataset(x, y, CLASSES, preprocess=Preprocess(dtype=np.float32, normalize=False))
     if cfg["mode"] == "data" or cfg["mode"].startswith("shard"):
-        rule = DataParallel(shard=int(cfg["mode"][-1]) if cfg["mode"] != "data" else 0)
+        rule = DataParallel(shard=int(cfg["mode"][-1]) if cfg["mode"] != "data" else 0,
+                            bucket_size_mb=cfg.get("bucket_mb", 4.0))
     else:
         rule = Pipeline(stages=comm.size, micro_batches=cfg["micro"], schedule=cfg["mode"],
                         balance=cfg.get("balance", "params"))

@@ -62,11 +62,12 @@ def run_one(cfg: dict, cluster, out: Path, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
-def configs(kinds, micro) -> list[dict]:
+def configs(kinds, micro, buckets) -> list[dict]:
     out = []
     for kind in kinds:
         for m in (micro if kind in PIPED else [1]):
-            out.append({"mode": kind, "micro": m})
+            for b in (buckets if kind.startswith("shard") else [4.0]):
+                out.append({"mode": kind, "micro": m, "bucket_mb": b})
     return out
 
 
@@ -86,7 +87,8 @@ def measure(place: str, cluster, todo: list[dict], args, tmp: Path) -> dict:
                 cfg["cut"] = cut
             load = os.getloadavg()[0]
             res = run_one(cfg, cluster, tmp / "result.json", args.timeout)
-            runs.setdefault((cfg["mode"], cfg["micro"]), []).append({**res, "load": load})
+            runs.setdefault((cfg["mode"], cfg["micro"], cfg["bucket_mb"]),
+                            []).append({**res, "load": load})
             print(f"{place} round {r + 1}: {cfg['mode']} M={cfg['micro']}: "
                   f"{res['samples_per_s']:,.0f} samples/s (load {load:.1f})",
                   file=sys.stderr, flush=True)
@@ -94,7 +96,7 @@ def measure(place: str, cluster, todo: list[dict], args, tmp: Path) -> dict:
 
 
 def table(place: str, runs: dict, args) -> str:
-    dense = runs.get(("data", 1))
+    dense = runs.get(("data", 1, 4.0))
     dense_v = statistics.median(r["samples_per_s"] for r in dense) if dense else None
     lines = [f"\n{place}: 2 ranks x 1 thread, global batch {args.batch}, median of "
              f"{args.rounds} alternated runs (each: median step of epochs 2..{args.epochs}, "
@@ -103,15 +105,17 @@ def table(place: str, runs: dict, args) -> str:
              "bubble ideal (S-1)/(M+S-1) | load |",
              "|---|---|---:|---|---:|---:|---:|---:|"]
     for kind in KINDS:
-        for (mode, m), rows in sorted(runs.items(), key=lambda kv: kv[0][1]):
+        for (mode, m, bucket), rows in sorted(runs.items(), key=lambda kv: kv[0][1:]):
             if mode != kind:
                 continue
+            label = LABELS[mode] + (f" (units >= {bucket:g} MiB)" if len(args.bucket_mb) > 1
+                                    and mode.startswith("shard") else "")
             values = [r["samples_per_s"] for r in rows]
             med = statistics.median(values)
             bubbles = [r["bubble"] for r in rows if r["bubble"] == r["bubble"]]
             piped = mode in PIPED
             lines.append(
-                f"| {LABELS[mode]} | {m if piped else '-'} | {med:,.0f} | "
+                f"| {label} | {m if piped else '-'} | {med:,.0f} | "
                 f"{', '.join(f'{v:,.0f}' for v in values)} | "
                 f"{'' if dense_v is None else f'{med / dense_v:.2f}x'} | "
                 f"{f'{statistics.median(bubbles):.2f}' if bubbles else '-'} | "
@@ -126,6 +130,9 @@ def main(argv=None) -> None:
     ap.add_argument("--micro", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--places", default="local,hosts", help="local, hosts or both")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bucket_mb", type=float, nargs="+", default=[4.0],
+                    help="--shard 2/3: the least size of a unit of layers per collective "
+                         "(several: a row each; 0: layer by layer)")
     ap.add_argument("--batch", type=int, default=128, help="global batch")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=2)
@@ -136,7 +143,7 @@ def main(argv=None) -> None:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         ap.error(f"--kinds: unknown {unknown}; choose from {','.join(KINDS)}")
-    todo = configs(kinds, args.micro)
+    todo = configs(kinds, args.micro, args.bucket_mb)
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         for place in args.places.split(","):
