@@ -130,7 +130,9 @@ class ParallelConfig(Section):
         "Overlap the gradient all-reduce with backward.", commands=(TRAIN,),
         argument="non_blocking")
     bucket_size_mb: float = option(4.0, Float(0.0),
-        "Gradient all-reduce bucket size in MiB.", commands=(TRAIN,))
+        "Gradient all-reduce bucket size in MiB; under --shard 2 and 3 the least size of "
+        "the runs of layers exchanged by one reduce-scatter/all-gather (0: layer by "
+        "layer).", commands=(TRAIN,))
     autotune: bool = option(False, Bool(),
         "data: try gradient bucket sizes during the first steps and keep the fastest (the "
         "slowest rank's median step time), printing the choice (Horovod's HOROVOD_AUTOTUNE).",
