@@ -11,7 +11,9 @@ layer, ``ScheduleGPipe`` with the same M. Each run trains ``--epochs`` epochs of
 slowest rank) in the epochs after the first (which warms caches): medians of steps resist
 the bursts of other processes on a shared host. The bubble is the median share of a step's
 pipeline time a stage spent waiting for its neighbour (mean over the stages), against the ideal
-(S − 1)/(M + S − 1) of equal stages with free messages.
+(S − 1)/(M + S − 1) of equal stages with free messages. Its workers also run
+benchmarks/sharded_speed.py's kinds (``shard1``..``shard3``, ``torch-ddp``, ``torch-fsdp2``,
+``torch-zero``, ``torch-gpipe``, ``torch-1f1b``).
 
     python benchmarks/pipeline.py                       # M in 1 2 4 8, with torch
     python benchmarks/pipeline.py --micro 4 --no-torch --steps 10
