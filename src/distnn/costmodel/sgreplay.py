@@ -15,10 +15,12 @@ per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
   ``["bcast", bytes]`` (binomial tree from rank 0), ``["behind", steps, compute_s, bytes,
   algorithm]`` (steps whose all-reduce runs while the next step computes);
 - ``master``: rank 0 answers ``rounds`` x (hosts-1) requests of ``bytes`` with ``bytes``;
-  each worker computes ``work_s`` then asks, ``rounds`` times;
+  each worker computes ``work_s`` then asks, ``rounds`` times; ``steady_s``: a worker's
+  mean seconds over the rounds after the first ``skip`` (all workers start at once, so the
+  first rounds queue at the master more than the steady state does);
 - ``push``: ``steps`` steps of ``compute_s``; after each, with probability ``p`` (a seeded
   draw), a rank sends ``bytes`` to a random peer without waiting for it (it waits for its
-  previous push first).
+  previous push first); ``steady_s`` as for ``master``, over the steps after ``skip``.
 
 Every round of messages a rank starts costs it ``software_latency_s`` first (the per
 message work of the host's stack: the alpha of the analytic model less the wire's), then
@@ -235,7 +237,7 @@ def _behind(rank, steps, compute_s, nbytes, algorithm):
         comm.join()
 
 
-def _master(rank, job):
+def _master(rank, job, marks):
     """The master receives one request at a time (it probes, then receives that one) and
     answers each with a send it does not wait for (rules/_p2p.py ``serve_clients``)."""
     n, box = job["bytes"], Mailbox.by_name("to-master")
@@ -247,16 +249,20 @@ def _master(rank, job):
             replies.append(rank.box(0, worker).put_async(None, max(1, int(n))))
         Comm.wait_all(replies)
         return
-    for _ in range(job["rounds"]):
+    for r in range(job["rounds"]):
+        if r == job.get("skip", 0):
+            marks[rank.me] = Engine.clock
         this_actor.sleep_for(job["work_s"])
         this_actor.sleep_for(rank.alpha)
         box.put(rank.me, max(1, int(n)))
         rank.box(0, rank.me).get()
 
 
-def _push(rank, job, draws):
+def _push(rank, job, draws, marks):
     pending = None
     for step in range(job["steps"]):
+        if step == job.get("skip", 0):
+            marks[rank.me] = Engine.clock
         this_actor.sleep_for(job["compute_s"])
         if draws[step] >= job["p"]:
             continue
@@ -284,6 +290,7 @@ def main():
     all_hosts = sorted(e.all_hosts, key=lambda h: int(h.name[1:]))
     jobs, barrier = spec["jobs"], Barrier(hosts)
     ends = [[0.0] * hosts for _ in jobs]
+    marks = [[None] * hosts for _ in jobs]  # a rank's time once its ``skip`` rounds ended
     starts, finished = [0.0] * len(jobs), [0] * len(jobs)
     for job in jobs:  # a push job's draws: one seeded stream, a row per rank
         if job["kind"] == "push":
@@ -300,9 +307,9 @@ def main():
             if job["kind"] == "spmd":
                 _spmd(rank, job, t0)
             elif job["kind"] == "master":
-                _master(rank, job)
+                _master(rank, job, marks[j])
             elif job["kind"] == "push":
-                _push(rank, job, job["_draws"][me])
+                _push(rank, job, job["_draws"][me], marks[j])
             else:
                 raise ValueError(f"unknown job kind {job['kind']!r}")
             ends[j][me] = Engine.clock
@@ -314,8 +321,14 @@ def main():
     stuck = [job["name"] for j, job in enumerate(jobs) if finished[j] != hosts]
     if stuck:  # a rank waits for a message nobody sends: a bug of the replay, not a time
         sys.exit(f"sgreplay: ranks never finished job {stuck[0]!r} (a deadlock)")
-    out = [{"name": job["name"], "seconds": max(ends[j]) - starts[j],
-            "mean_s": sum(ends[j]) / hosts - starts[j]} for j, job in enumerate(jobs)]
+    out = []
+    for j, job in enumerate(jobs):
+        res = {"name": job["name"], "seconds": max(ends[j]) - starts[j],
+               "mean_s": sum(ends[j]) / hosts - starts[j]}
+        steady = [e - m for e, m in zip(ends[j], marks[j]) if m is not None]
+        if steady:  # after the first rounds, in which every rank starts at once
+            res["steady_s"] = sum(steady) / len(steady)
+        out.append(res)
     json.dump({"jobs": out, "simgrid": simgrid.simgrid_version if hasattr(
         simgrid, "simgrid_version") else None}, sys.stdout)
 

@@ -37,7 +37,8 @@ TOPOLOGIES = ("fat_tree", "torus", "flat")
 # One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
 # and time grow beyond what a planning command should take.
 MAX_HOSTS = 2048
-STEPS_BEHIND, STEPS_PUSH, MASTER_ROUNDS = 4, 16, 3
+# Asynchronous rules are timed in their steady state: rounds after the first SKIP ones.
+STEPS_BEHIND, STEPS_PUSH, MASTER_ROUNDS, SKIP_ROUNDS, SKIP_PUSH = 4, 32, 8, 3, 8
 _ALGORITHMS = {"recursive doubling": "recursive_doubling",
                "reduce-scatter + all-gather": "rabenseifner", "ring": "ring"}
 
@@ -158,10 +159,12 @@ def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tupl
     if m.shape == "master":
         k = max(1, round(1 / m.per_step))
         return {"name": name, "kind": "master", "work_s": k * c, "bytes": m.nbytes,
-                "rounds": MASTER_ROUNDS}, k * MASTER_ROUNDS, hosts - 1
+                "rounds": MASTER_ROUNDS, "skip": SKIP_ROUNDS}, k * (MASTER_ROUNDS -
+                                                                 SKIP_ROUNDS), hosts - 1
     if m.shape == "push":
         return {"name": name, "kind": "push", "compute_s": c, "bytes": m.nbytes,
-                "p": m.per_step, "steps": STEPS_PUSH, "seed": 0}, STEPS_PUSH, hosts
+                "p": m.per_step, "steps": STEPS_PUSH, "seed": 0,
+                "skip": SKIP_PUSH}, STEPS_PUSH - SKIP_PUSH, hosts
     raise SimulatorError(f"the simulator has no replay of message shape {m.shape!r}")
 
 
@@ -210,7 +213,7 @@ def simulate(configs, model: ModelCost, hosts: int, link: Link, *,
                       python=python)
     out = []
     for cfg, (_, steps, computing), r in zip(configs, built, res):
-        step = r["seconds"] / steps
+        step = r.get("steady_s", r["seconds"]) / steps
         sps = computing * model.batch / step
         out.append(Simulated(cfg, hosts, topology, step, computing, sps,
                              sps / (hosts * model.batch / model.compute_s),
