@@ -131,6 +131,21 @@ def report(args) -> None:
               f"{r['analytic_s'] * 1e3:.2f} | {r['simulated_s'] * 1e3:.2f} | {err:+.1%} | "
               f"{r['analytic_eff']:.0%} | {r['simulated_eff']:.0%} |")
     print(f"\n{within} of {len(rows)} rows within ±10%.")
+    hosts = sorted({r["hosts"] for r in rows})
+    print("\nCompact: simulated efficiency (analytic error against the replay) per host count\n")
+    print("| topology | link Gbit/s | configuration | " + " | ".join(f"{h}" for h in hosts)
+          + " |")
+    print("|---|---|---|" + "---|" * len(hosts))
+    keys = dict.fromkeys((r["topology"], r["gbits"], r["config"]) for r in rows)
+    for topo, g, cfg in keys:
+        cells = []
+        for h in hosts:
+            got = [r for r in rows if (r["topology"], r["gbits"], r["config"], r["hosts"])
+                   == (topo, g, cfg, h)]
+            cells.append(f"{got[0]['simulated_eff']:.0%} "
+                         f"({got[0]['analytic_s'] / got[0]['simulated_s'] - 1:+.1%})"
+                         if got else "-")
+        print(f"| {topo} | {g:g} | {cfg} | " + " | ".join(cells) + " |")
     walls = {(r["topology"], r["gbits"], r["hosts"]): r["wall_s"] for r in rows}
     print("\nreplay wall seconds (all configurations of a platform, this machine):")
     for key, wall in sorted(walls.items()):

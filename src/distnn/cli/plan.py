@@ -3,6 +3,9 @@ user's own model: its compute per step measured here, one process, a few steps o
 ``distnn train`` takes; each rule and compression's step time and scaling efficiency on
 ``--hosts`` hosts x 1 rank joined by ``--link_gbits`` links; and the configuration it
 would pick. A model, not a measurement: docs/costmodel.md says what it leaves out.
+With ``--simulate`` each configuration's step is also replayed in SimGrid
+(``distnn.costmodel.simulate``) on a generated fat tree, torus or crossbar, and printed
+next to the model's with the simulator's pick (rule, compression, bucket size).
 """
 from __future__ import annotations
 
