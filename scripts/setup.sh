@@ -2,14 +2,17 @@
 # One-time set-up on a fresh machine: the Fashion-MNIST package and a venv with distnn and
 # MPI (mpi4py + the mpich wheel): what the README's main job needs. With --test, also
 # PyTorch CPU and the test tools (and Slurm's packages for the Slurm test): what the test
-# suite needs. Safe to re-run.
+# suite needs. With --simgrid (or with --test), also Debian's SimGrid bindings for `distnn plan
+# --simulate` (the system Python's; distnn runs the replay under it). Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=mpi
+SIMGRID=""
 case "${1:-}" in
-    --test) EXTRAS=mpi,test ;;
+    --test) EXTRAS=mpi,test; SIMGRID=1 ;;
+    --simgrid) SIMGRID=1 ;;
     "") ;;
-    *) echo "setup.sh: unknown argument '$1'; use no argument (the main job) or --test" >&2
+    *) echo "setup.sh: unknown argument '$1'; use no argument (the main job), --test or --simgrid" >&2
        exit 2 ;;
 esac
 if [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -35,6 +38,16 @@ if [ "$EXTRAS" != mpi ] && [ -z "${DISTNN_NO_SLURM:-}" ] && ! command -v slurmct
         || { $SUDO apt-get update >/dev/null 2>&1 \
              && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $PKGS >/dev/null 2>&1; } \
         || echo "setup.sh: could not install $PKGS (the Slurm test will be skipped)" >&2
+fi
+# SimGrid (python3-simgrid, 3.32 on Debian 12) for `distnn plan --simulate`: optional, a
+# binary package (the index's simgrid is a long C++ build). Without it --simulate says so.
+if [ -n "$SIMGRID" ] && ! /usr/bin/python3 -c "import simgrid" >/dev/null 2>&1 \
+        && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y python3-simgrid >/dev/null 2>&1 \
+        || { $SUDO apt-get update >/dev/null 2>&1 \
+             && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y python3-simgrid >/dev/null 2>&1; } \
+        || echo "setup.sh: could not install python3-simgrid (distnn plan --simulate then says so)" >&2
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -3,6 +3,9 @@ user's own model: its compute per step measured here, one process, a few steps o
 ``distnn train`` takes; each rule and compression's step time and scaling efficiency on
 ``--hosts`` hosts x 1 rank joined by ``--link_gbits`` links; and the configuration it
 would pick. A model, not a measurement: docs/costmodel.md says what it leaves out.
+With ``--simulate`` each configuration's step is also replayed in SimGrid
+(``distnn.costmodel.simulate``) on a generated fat tree, torus or crossbar, and printed
+next to the model's with the simulator's pick (rule, compression, bucket size).
 """
 from __future__ import annotations
 
@@ -82,6 +85,18 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
                    "on each host's core (the Reducer's compression, error feedback, casts and "
                    "sums, timed here on this model's tensors; TCP's per-message and per-byte "
                    "work, timed on 127.0.0.1): docs/costmodel.md. Adds a few seconds.")
+    p.add_argument("--simulate", action="store_true", help="Also replay each configuration's "
+                   "step in SimGrid (python3-simgrid) on a generated --topology of --hosts "
+                   "hosts: its buckets, compressions and each collective as MPICH's algorithm "
+                   "sends it, point to point; prints analytic and simulated step, the error, "
+                   "and the rule, compression and bucket size it would pick.")
+    p.add_argument("--topology", default="fat_tree", choices=("fat_tree", "torus", "flat"),
+                   help="The simulated network (--simulate): a two-level full-bisection fat "
+                   "tree, a 2-D/3-D torus, or one crossbar. Default: fat_tree.")
+    p.add_argument("--hop_latency_us", "--hop-latency-us", type=float, default=0.5,
+                   metavar="US", help="Latency of each link a simulated message crosses "
+                   "(--simulate); --latency_us stays the end-to-end latency of two "
+                   "neighbours. Default: 0.5.")
     p.add_argument("--json", default=None, metavar="FILE", help="Also write every prediction "
                    "here.")
     return p
@@ -136,6 +151,19 @@ def run_plan(args: argparse.Namespace) -> int:
         raise RunError(f"--efficiency: must be in (0, 1], got {args.efficiency}")
     if args.compute_s is not None and not args.compute_s > 0:
         raise RunError(f"--compute_s: must be > 0 seconds, got {args.compute_s}")
+    if args.simulate:
+        from ..costmodel.simulate import MAX_HOSTS, simgrid_python
+        if max(hosts) > MAX_HOSTS:
+            raise RunError(f"--hosts: the simulator holds at most {MAX_HOSTS} hosts (a "
+                           f"thread each), got {max(hosts)}; drop --simulate beyond it")
+        if not 0 <= 2 * args.hop_latency_us <= args.latency_us:
+            raise RunError(f"--hop_latency_us: must be in [0, --latency_us/2] = [0, "
+                           f"{args.latency_us / 2:g}], got {args.hop_latency_us:g}")
+        args.simgrid_python = simgrid_python()
+        if args.simgrid_python is None:
+            raise RunError("--simulate: SimGrid's Python bindings are not installed "
+                           "(apt-get install python3-simgrid, or scripts/setup.sh --simgrid; "
+                           "another Python with them: DISTNN_SIMGRID_PYTHON)")
     model = _model(args)
     compute = args.compute_s or measure(model, args.batch_size, args.steps)
     how = "given" if args.compute_s else f"measured here, median of {args.steps} steps"
@@ -180,6 +208,7 @@ def run_plan(args: argparse.Namespace) -> int:
           "efficiency, else compressed gradients (topk, powersgd), else the fastest rule "
           "whose replicas drift (partial, localsgd, easgd, downpour, gossip). The model "
           "counts step time only: check accuracy per epoch on your data before switching.")
+    simulated = _simulate(args, cost, hosts, rates) if args.simulate else []
     if args.json:
         with open(args.json, "w") as f:
             cpu = cost.cpu and {"tcp_message_s": cost.cpu.tcp_message_s,
@@ -193,5 +222,83 @@ def run_plan(args: argparse.Namespace) -> int:
                             "samples_per_s": p.samples_per_s,
                             "bytes_per_step": p.bytes_per_step} for g, p in rows],
                        "picks": [{"gbits": g, "hosts": b.hosts, "config": b.config.label}
-                                 for g, b in picks]}, f, indent=1)
+                                 for g, b in picks],
+                       "simulated": simulated}, f, indent=1)
     return 0
+
+
+BUCKET_SIZES_MB = (0.25, 1.0, 4.0, 16.0, 64.0)
+
+
+def _bucket_variants(cost, configs) -> list:
+    """The data configurations again at the other bucket sizes that change the buckets."""
+    from dataclasses import replace
+
+    from ..costmodel.predict import bucket_ranges
+    out = []
+    for cfg in [c for c in configs if c.rule == "data"]:
+        seen = [bucket_ranges(cfg, cost)]
+        for mb in BUCKET_SIZES_MB:
+            alt = replace(cfg, bucket_size_mb=mb)
+            if bucket_ranges(alt, cost) not in seen:
+                seen.append(bucket_ranges(alt, cost))
+                out.append(alt)
+    return out
+
+
+def _simulate(args, cost, hosts, rates) -> list[dict]:
+    """``--simulate``: the SimGrid replay of every configuration (and of the data rule at
+    the bucket sizes that make other buckets) next to the analytic model; prints a table
+    per link rate and the simulator's pick; returns the rows for --json."""
+    from ..costmodel.predict import DEFAULT_CONFIGS, Link, pick, predict
+    from ..costmodel.simulate import SimulatorError, simulate
+    configs = DEFAULT_CONFIGS + _bucket_variants(cost, DEFAULT_CONFIGS)
+    label = {c: c.label + ("" if c.bucket_size_mb == 4.0 else
+                           f", buckets {c.bucket_size_mb:g} MB") for c in configs}
+    rows = []
+    hop = args.hop_latency_us * 1e-6
+    print(f"\nSimulated in SimGrid: {args.topology.replace('_', ' ')}, hosts 1 rank each, "
+          f"{args.latency_us:g} us end to end between neighbours, {args.hop_latency_us:g} us "
+          "a link crossed; one step (a period for the periodic rules) per configuration.")
+    for gbits in rates:
+        link = Link(gbits, args.latency_us * 1e-6)
+        sims = {}
+        for h in [h for h in hosts if h > 1]:
+            t = time.perf_counter()
+            try:
+                got = simulate(configs, cost, h, link, topology=args.topology,
+                               hop_latency_s=hop, python=args.simgrid_python)
+            except SimulatorError as exc:
+                raise RunError(str(exc)) from None
+            sims[h] = (got, time.perf_counter() - t)
+        print(f"\n### {gbits:g} Gbit/s, simulated: step ms analytic / simulated "
+              "(simulated efficiency, error of the analytic)\n")
+        print("| configuration | " + " | ".join(f"{h} hosts" for h in sims) + " |")
+        print("|---|" + "---|" * len(sims))
+        for i, cfg in enumerate(configs):
+            cells = []
+            for h, (got, wall) in sims.items():
+                a, s = predict(cfg, cost, h, link), got[i]
+                err = a.step_s / s.step_s - 1
+                cells.append(f"{a.step_s * 1e3:.2f} / {s.step_s * 1e3:.2f} "
+                             f"({s.efficiency:.0%}, {err:+.0%})")
+                rows.append({"gbits": gbits, "hosts": h, "topology": args.topology,
+                             "config": label[cfg], "rule": cfg.rule,
+                             "compression": cfg.compression,
+                             "bucket_size_mb": cfg.bucket_size_mb,
+                             "analytic_step_s": a.step_s, "simulated_step_s": s.step_s,
+                             "analytic_efficiency": a.efficiency,
+                             "simulated_efficiency": s.efficiency, "error": err,
+                             "simulator_wall_s": wall})
+            print(f"| {label[cfg]} | " + " | ".join(cells) + " |")
+        print("| simulator wall s | " + " | ".join(f"{w:.1f}" for _, w in sims.values())
+              + " |")
+        for h, (got, _) in sims.items():
+            best = pick(got, args.efficiency)  # Simulated has the fields pick reads
+            if h == max(sims):
+                print(f"\nsimulated pick at {h} hosts on {gbits:g} Gbit/s "
+                      f"({args.topology}): {label[best.config]} "
+                      f"(rule {best.config.rule}, compression {best.config.compression}, "
+                      f"buckets of {best.config.bucket_size_mb:g} MB; "
+                      f"{best.step_s * 1e3:.2f} ms a step, efficiency {best.efficiency:.0%})")
+    return rows

@@ -1,0 +1,337 @@
+"""The SimGrid side of ``simulate.py``: a script run by the Python that has SimGrid's
+bindings (Debian's ``python3-simgrid``, often not the venv's), reading one JSON job list on
+stdin and writing the simulated seconds of each job on stdout. It imports nothing but
+SimGrid and the standard library, so that it runs under that other Python.
+
+Input: ``{"platform": {...}, "software_latency_s": a, "jobs": [...]}``. The platform is a
+SimGrid cluster (``flat``: a crossbar of private links; ``fat_tree``; ``torus``) of
+``hosts`` hosts, one rank each, every link ``gbits`` Gbit/s each way and ``hop_latency_s``
+per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
+
+- ``spmd``: every rank runs ``ops`` in order: ``["compute", s]`` (busy s seconds),
+  ``["at", s]`` (wait until s after the job's start), ``["allreduce", bytes, algorithm]``
+  (``recursive_doubling``, ``rabenseifner``, ``ring``), ``["direct", part_bytes]`` (a part
+  to every other rank, all posted at once), ``["allgather_ring", part_bytes]``,
+  ``["bcast", bytes]`` (binomial tree from rank 0), ``["behind", steps, compute_s, bytes,
+  algorithm]`` (steps whose all-reduce runs while the next step computes);
+- ``master``: rank 0 answers ``rounds`` x (hosts-1) requests of ``bytes`` with ``bytes``;
+  each worker computes ``work_s`` then asks, ``rounds`` times; ``steady_s``: a worker's
+  mean seconds over the rounds after the first ``skip`` (all workers start at once, so the
+  first rounds queue at the master more than the steady state does);
+- ``push``: ``steps`` steps of ``compute_s``; after each, with probability ``p`` (a seeded
+  draw), a rank sends ``bytes`` to a random peer without waiting for it (it waits for its
+  previous push first); ``steady_s`` as for ``master``, over the steps after ``skip``.
+
+Every round of messages a rank starts costs it ``software_latency_s`` first (the per
+message work of the host's stack: the alpha of the analytic model less the wire's), then
+the messages go as SimGrid flows (mailbox put/get: a message moves once both ends posted
+it). Jobs run one after the other, separated by a barrier of every rank; a job's seconds
+are the last rank's end less the common start.
+"""
+import json
+import random
+import sys
+
+import simgrid
+from simgrid import Actor, Barrier, Comm, Engine, Mailbox, this_actor
+
+# Messages a rank posts at once in a "direct" exchange are compacted to at most this many
+# (same bytes in all, peers spread evenly over the ranks): 1,024 ranks x 1,023 messages
+# would be a million flows where a few thousand give the same link loads.
+DIRECT_PEERS = 16
+
+
+def _fat_tree_params(hosts):
+    """Two levels: leaves of h hosts (h the largest divisor of ``hosts`` at most its
+    square root), h spines, every leaf one link up to each spine: full bisection."""
+    h = max(d for d in range(1, int(hosts ** 0.5) + 1) if hosts % d == 0)
+    return f"2;{h},{hosts // h};1,{h};1,1"
+
+
+def _torus_dims(hosts):
+    """Near-equal dimensions whose product is ``hosts``: 3-D from 64 hosts, else 2-D
+    (the prime factors, largest first, each to the smallest dimension so far)."""
+    dims = [1, 1, 1] if hosts >= 64 else [1, 1]
+    n, f, primes = hosts, 2, []
+    while n > 1:
+        while n % f == 0:
+            primes.append(f)
+            n //= f
+        f += 1
+    for q in sorted(primes, reverse=True):
+        dims[dims.index(min(dims))] *= q
+    return ",".join(str(d) for d in sorted(dims))
+
+
+def platform_xml(p):
+    """SimGrid platform XML of the cluster ``p`` describes."""
+    hosts, bw, lat = int(p["hosts"]), f"{p['gbits']}Gbps", f"{p['hop_latency_s']}s"
+    topo = p["topology"]
+    extra = ""
+    if topo == "fat_tree":
+        extra = f' topology="FAT_TREE" topo_parameters="{_fat_tree_params(hosts)}"'
+    elif topo == "torus":
+        extra = f' topology="TORUS" topo_parameters="{_torus_dims(hosts)}"'
+    elif topo != "flat":
+        raise ValueError(f"topology {topo!r}: flat, fat_tree or torus")
+    return ("<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM "
+            "\"https://simgrid.org/simgrid.dtd\">\n<platform version=\"4.1\">\n"
+            f"<cluster id=\"c\" prefix=\"h\" suffix=\"\" radical=\"0-{hosts - 1}\" "
+            f"speed=\"1Gf\" bw=\"{bw}\" lat=\"{lat}\" sharing_policy=\"SPLITDUPLEX\""
+            f"{extra}/>\n</platform>\n")
+
+
+class Rank:
+    """One rank's point-to-point layer: a mailbox per (sender, receiver) pair, so that the
+    messages between two ranks match in the order they were posted."""
+
+    def __init__(self, me, size, alpha):
+        self.me, self.size, self.alpha = me, size, alpha
+
+    @staticmethod
+    def box(src, dst):
+        return Mailbox.by_name(f"{src}>{dst}")
+
+    def round(self, sends, recvs):
+        """One round: ``sends`` [(peer, bytes)] and ``recvs`` [peer] posted at once, waited
+        for together; the stack's latency once before."""
+        if not sends and not recvs:
+            return
+        if self.alpha > 0:
+            this_actor.sleep_for(self.alpha)
+        comms = [self.box(self.me, peer).put_async(None, max(1, int(nbytes)))
+                 for peer, nbytes in sends]
+        # the receive's data holder must outlive the wait (SimGrid writes into it)
+        gets = [self.box(peer, self.me).get_async() for peer in recvs]
+        Comm.wait_all(comms + [g[0] for g in gets])
+
+    def exchange(self, peer, nbytes):
+        self.round([(peer, nbytes)], [peer])
+
+    # MPICH's all-reduce algorithms (src/mpi/coll/allreduce), the data left out
+
+    def _fold(self, nbytes):
+        """A P that is not a power of two: the first 2*(P-p') ranks pair up, the even one
+        hands its buffer to the odd one and sits out (-1); returns the rank in the p' group."""
+        p = 1 << (self.size.bit_length() - 1)
+        rem = self.size - p
+        if self.me < 2 * rem:
+            if self.me % 2 == 0:
+                self.round([(self.me + 1, nbytes)], [])
+                return p, -1
+            self.round([], [self.me - 1])
+            return p, self.me // 2
+        return p, self.me - rem
+
+    def _unfold(self, p, nbytes):
+        rem = self.size - p
+        if self.me < 2 * rem:
+            if self.me % 2 == 0:
+                self.round([], [self.me + 1])
+            else:
+                self.round([(self.me - 1, nbytes)], [])
+
+    def _real(self, newrank, p):
+        rem = self.size - p
+        return newrank * 2 + 1 if newrank < rem else newrank + rem
+
+    def allreduce_recursive_doubling(self, nbytes):
+        p, new = self._fold(nbytes)
+        if new >= 0:
+            mask = 1
+            while mask < p:
+                self.exchange(self._real(new ^ mask, p), nbytes)
+                mask <<= 1
+        self._unfold(p, nbytes)
+
+    def allreduce_rabenseifner(self, nbytes):
+        """Reduce-scatter by recursive halving (halves of the buffer, the nearest partner
+        first), then all-gather by recursive doubling back up."""
+        p, new = self._fold(nbytes)
+        if new >= 0:
+            part, mask, sizes = nbytes, 1, []
+            while mask < p:
+                part /= 2
+                sizes.append(part)
+                self.exchange(self._real(new ^ mask, p), part)
+                mask <<= 1
+            mask >>= 1
+            for part in reversed(sizes):
+                self.exchange(self._real(new ^ mask, p), part)
+                mask >>= 1
+        self._unfold(p, nbytes)
+
+    def allreduce_ring(self, nbytes):
+        """Reduce-scatter then all-gather around the ring: 2(P-1) rounds of n/P."""
+        nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
+        for _ in range(2 * (self.size - 1)):
+            self.round([(nxt, nbytes / self.size)], [prv])
+
+    def allgather_ring(self, part):
+        nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
+        for _ in range(self.size - 1):
+            self.round([(nxt, part)], [prv])
+
+    def bcast(self, nbytes):
+        """Binomial tree from rank 0 (MPICH's short-message broadcast)."""
+        mask = 1
+        while mask < self.size:
+            if self.me & mask:
+                self.round([], [self.me - mask])
+                break
+            mask <<= 1
+        mask >>= 1
+        while mask > 0:
+            if self.me + mask < self.size:
+                self.round([(self.me + mask, nbytes)], [])
+            mask >>= 1
+
+    def direct(self, part):
+        """A part to every other rank and one from each, all posted at once."""
+        others = self.size - 1
+        if others <= 0:
+            return
+        k = min(others, DIRECT_PEERS)
+        offsets = sorted({1 + j * others // k for j in range(k)})
+        scale = others / len(offsets)
+        self.round([((self.me + o) % self.size, part * scale) for o in offsets],
+                   [(self.me - o) % self.size for o in offsets])
+
+    def allreduce(self, nbytes, algorithm):
+        getattr(self, f"allreduce_{algorithm}")(nbytes)
+
+
+def _spmd(rank, job, t0):
+    for op in job["ops"]:
+        kind = op[0]
+        if kind == "compute":
+            this_actor.sleep_for(op[1])
+        elif kind == "at":
+            if Engine.clock < t0 + op[1]:
+                this_actor.sleep_until(t0 + op[1])
+        elif kind == "allreduce":
+            rank.allreduce(op[1], op[2])
+        elif kind == "direct":
+            rank.direct(op[1])
+        elif kind == "allgather_ring":
+            rank.allgather_ring(op[1])
+        elif kind == "bcast":
+            rank.bcast(op[1])
+        elif kind == "behind":
+            _behind(rank, *op[1:])
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+
+
+def _behind(rank, steps, compute_s, nbytes, algorithm):
+    """Each step's all-reduce runs in a second actor on the rank's host while the next
+    step computes; a step waits for the one before it to finish first."""
+    comm = None
+    for _ in range(int(steps)):
+        this_actor.sleep_for(compute_s)
+        if comm is not None:
+            comm.join()
+        comm = Actor.create(f"ar{rank.me}", this_actor.get_host(),
+                            rank.allreduce, nbytes, algorithm)
+    if comm is not None:
+        comm.join()
+
+
+def _master(rank, job, marks):
+    """The master receives one request at a time (it probes, then receives that one) and
+    answers each with a send it does not wait for (rules/_p2p.py ``serve_clients``)."""
+    n, box = job["bytes"], Mailbox.by_name("to-master")
+    if rank.me == 0:
+        replies = []
+        for _ in range(job["rounds"] * (rank.size - 1)):
+            worker = box.get()
+            this_actor.sleep_for(rank.alpha)
+            replies.append(rank.box(0, worker).put_async(None, max(1, int(n))))
+        Comm.wait_all(replies)
+        return
+    for r in range(job["rounds"]):
+        if r == job.get("skip", 0):
+            marks[rank.me] = Engine.clock
+        this_actor.sleep_for(job["work_s"])
+        this_actor.sleep_for(rank.alpha)
+        box.put(rank.me, max(1, int(n)))
+        rank.box(0, rank.me).get()
+
+
+def _push(rank, job, draws, marks):
+    pending = None
+    for step in range(job["steps"]):
+        if step == job.get("skip", 0):
+            marks[rank.me] = Engine.clock
+        this_actor.sleep_for(job["compute_s"])
+        if draws[step] >= job["p"]:
+            continue
+        if pending is not None:
+            pending.wait()
+        peer = (rank.me + 1 + int(draws[step] / job["p"] * (rank.size - 1))) % rank.size
+        this_actor.sleep_for(rank.alpha)
+        # the peer's inbox has it as permanent receiver: the push moves without a get
+        pending = Mailbox.by_name(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
+    if pending is not None:
+        pending.wait()
+
+
+def main():
+    spec = json.load(sys.stdin)
+    p = spec["platform"]
+    hosts = int(p["hosts"])
+    path = spec["platform_file"]
+    with open(path, "w") as f:
+        f.write(platform_xml(p))
+    e = Engine(["sgreplay", "--log=root.thres:critical",
+                "--cfg=network/model:CM02", "--cfg=network/crosstraffic:0",
+                "--cfg=network/TCP-gamma:1e15", "--cfg=contexts/factory:thread"])
+    e.load_platform(path)
+    all_hosts = sorted(e.all_hosts, key=lambda h: int(h.name[1:]))
+    jobs, barrier = spec["jobs"], Barrier(hosts)
+    ends = [[0.0] * hosts for _ in jobs]
+    marks = [[None] * hosts for _ in jobs]  # a rank's time once its ``skip`` rounds ended
+    starts, finished = [0.0] * len(jobs), [0] * len(jobs)
+    for job in jobs:  # a push job's draws: one seeded stream, a row per rank
+        if job["kind"] == "push":
+            rng = random.Random(job.get("seed", 0))
+            job["_draws"] = [[rng.random() for _ in range(job["steps"])] for _ in range(hosts)]
+
+    def actor(me):
+        rank = Rank(me, hosts, spec["software_latency_s"])
+        Mailbox.by_name(f"push>{me}").set_receiver(Actor.self())
+        for j, job in enumerate(jobs):
+            barrier.wait()
+            t0 = Engine.clock
+            starts[j] = t0
+            if job["kind"] == "spmd":
+                _spmd(rank, job, t0)
+            elif job["kind"] == "master":
+                _master(rank, job, marks[j])
+            elif job["kind"] == "push":
+                _push(rank, job, job["_draws"][me], marks[j])
+            else:
+                raise ValueError(f"unknown job kind {job['kind']!r}")
+            ends[j][me] = Engine.clock
+            finished[j] += 1
+
+    for me, host in enumerate(all_hosts):
+        Actor.create(f"rank{me}", host, actor, me)
+    e.run()
+    stuck = [job["name"] for j, job in enumerate(jobs) if finished[j] != hosts]
+    if stuck:  # a rank waits for a message nobody sends: a bug of the replay, not a time
+        sys.exit(f"sgreplay: ranks never finished job {stuck[0]!r} (a deadlock)")
+    out = []
+    for j, job in enumerate(jobs):
+        res = {"name": job["name"], "seconds": max(ends[j]) - starts[j],
+               "mean_s": sum(ends[j]) / hosts - starts[j]}
+        steady = [e - m for e, m in zip(ends[j], marks[j]) if m is not None]
+        if steady:  # after the first rounds, in which every rank starts at once
+            res["steady_s"] = sum(steady) / len(steady)
+        out.append(res)
+    json.dump({"jobs": out, "simgrid": simgrid.simgrid_version if hasattr(
+        simgrid, "simgrid_version") else None}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

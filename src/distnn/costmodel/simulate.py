@@ -1,0 +1,221 @@
+"""The cost model's step replayed in SimGrid: the messages distnn sends a step (the
+Reducer's buckets and the compressions' bytes from ``predict.data_messages``, every other
+rule's from its ``step_messages``), each collective as the point-to-point rounds of the
+algorithm MPICH picks for its size (``collectives.py``'s choice), over a generated fat
+tree or torus of N hosts, one rank each, with the compute per step the caller measured.
+
+SimGrid's Python bindings are often those of the system's Python (Debian's
+``python3-simgrid``), not the venv's: the replay runs as a child process
+(``sgreplay.py``, JSON in and out) under the first Python that imports ``simgrid``:
+``$DISTNN_SIMGRID_PYTHON``, this one, then ``/usr/bin/python3``.
+
+    sim = simulate([Config("data")], model, hosts=64, link=Link(10, 12e-6),
+                   topology="fat_tree")
+    sim[0].step_s, sim[0].efficiency
+
+Equations and what the replay adds to the analytic model: docs/costmodel.md
+"Simulated in SimGrid".
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .collectives import Link
+from .predict import Config, ModelCost, data_messages, half_bucket
+
+__all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
+           "simgrid_python", "replay_jobs", "config_job", "simulate"]
+
+TOPOLOGIES = ("fat_tree", "torus", "flat")
+# One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
+# and time grow beyond what a planning command should take.
+MAX_HOSTS = 2048
+# Asynchronous rules are timed in their steady state: rounds after the first SKIP ones.
+STEPS_BEHIND, STEPS_PUSH, MASTER_ROUNDS, SKIP_ROUNDS, SKIP_PUSH = 4, 32, 8, 3, 8
+_ALGORITHMS = {"recursive doubling": "recursive_doubling",
+               "reduce-scatter + all-gather": "rabenseifner", "ring": "ring"}
+
+
+class SimulatorError(ValueError):
+    """The simulator cannot run what was asked (SimGrid missing, a platform it cannot
+    hold): the message names the option and what to do."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A network as the analytic model sees it (``alpha_s`` a message end to end, the
+    host's stack included) plus what the simulator adds: ``hop_s`` a link crossed (the
+    wire and a switch)."""
+    name: str
+    gbits: float
+    alpha_s: float
+    hop_s: float
+
+    @property
+    def link(self) -> Link:
+        return Link(self.gbits, self.alpha_s)
+
+
+# Latencies of real fabrics, one rank a host: MPI over kernel TCP on Ethernet
+# (tens of microseconds a message, a switch a microsecond or less), MPI over verbs on
+# InfiniBand EDR (about 1.5 us end to end, 100-150 ns a switch).
+FABRICS = {1.0: Fabric("1 Gbit/s Ethernet, TCP", 1.0, 50e-6, 1e-6),
+           10.0: Fabric("10 Gbit/s Ethernet, TCP", 10.0, 12e-6, 0.5e-6),
+           100.0: Fabric("100 Gbit/s InfiniBand EDR", 100.0, 1.5e-6, 0.12e-6)}
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """One configuration's simulated step on ``hosts`` hosts: ``step_s``, the ranks that
+    compute, samples per second and scaling efficiency as ``predict.Prediction`` counts
+    them, and ``simulated_s`` (the seconds the replay covered: ``steps`` steps)."""
+    config: Config
+    hosts: int
+    topology: str
+    step_s: float
+    ranks_computing: int
+    samples_per_s: float
+    efficiency: float
+    simulated_s: float
+    steps: int
+
+
+def simgrid_python() -> str | None:
+    """The first Python that imports ``simgrid``: $DISTNN_SIMGRID_PYTHON alone when it is
+    set, else this one, /usr/bin/python3, the ``python3`` on PATH; None when none does."""
+    chosen = os.environ.get("DISTNN_SIMGRID_PYTHON")
+    candidates = [chosen] if chosen else [sys.executable, "/usr/bin/python3",
+                                          shutil.which("python3")]
+    for exe in dict.fromkeys(c for c in candidates if c):
+        try:
+            ok = subprocess.run([exe, "-c", "import simgrid"], capture_output=True,
+                                timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        if ok:
+            return exe
+    return None
+
+
+def _exchange_ops(msg, hosts: int) -> list:
+    """The replay's ops of one ``data_messages`` entry."""
+    what, nbytes, _, alg = msg[:4]
+    if alg in _ALGORITHMS:
+        return [["allreduce", float(nbytes), _ALGORITHMS[alg]]]
+    if alg == "direct":  # the top-k pairs, posted at once to every other rank
+        return [["direct", float(nbytes)]]
+    if alg.startswith("all-gather (") or alg.startswith("all-to-all ("):  # fp16 buckets
+        hb = half_bucket(int(nbytes) // 2, hosts, Link(1.0))
+        if hb.whole:
+            return [["direct", 2.0 * hb.elements]]
+        chunk = 2.0 * -(-hb.elements // hosts)
+        return [["direct", chunk], ["direct", chunk]]
+    if alg == "none":
+        return []
+    raise SimulatorError(f"the simulator has no replay of {what!r} sent by {alg!r}")
+
+
+def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tuple:
+    """(job for ``sgreplay``, steps it covers, ranks computing) of one configuration."""
+    c, n, item = model.compute_s, model.size, model.itemsize
+    declared = config.rule_class.step_messages(size=n, itemsize=item, period=config.period,
+                                               probability=config.probability)
+    name = config.label
+    if hosts <= 1:
+        return {"name": name, "kind": "spmd", "ops": [["compute", c]]}, 1, hosts
+    shapes = {m.shape for m in declared}
+    if shapes == {"gradients"}:
+        fwd, back = c * (1 - model.backward_share), c * model.backward_share
+        ops, later = [], []
+        for msg in data_messages(config, model, hosts, link):
+            if msg[4] is None:
+                later += _exchange_ops(msg, hosts)
+            else:
+                ops += [["at", fwd + back * msg[4]], *_exchange_ops(msg, hosts)]
+        return {"name": name, "kind": "spmd", "ops": ops + [["at", c]] + later}, 1, hosts
+    if len(declared) != 1:
+        raise SimulatorError(f"the simulator cannot replay rule {config.rule!r}: it "
+                             f"declares {len(declared)} kinds of messages")
+    m = declared[0]
+
+    def algorithm(nbytes):
+        from .collectives import allreduce_time
+        return _ALGORITHMS[allreduce_time(nbytes, hosts, link, itemsize=item)[1]]
+
+    if m.shape == "allreduce":
+        k = max(1, round(1 / m.per_step))
+        return {"name": name, "kind": "spmd", "ops": [
+            ["compute", k * c], ["allreduce", m.nbytes, algorithm(m.nbytes)]]}, k, hosts
+    if m.shape == "behind":
+        return {"name": name, "kind": "spmd", "ops": [
+            ["behind", STEPS_BEHIND, c, m.nbytes, algorithm(m.nbytes)]]}, STEPS_BEHIND, hosts
+    if m.shape == "master":
+        k = max(1, round(1 / m.per_step))
+        return {"name": name, "kind": "master", "work_s": k * c, "bytes": m.nbytes,
+                "rounds": MASTER_ROUNDS, "skip": SKIP_ROUNDS}, k * (MASTER_ROUNDS -
+                                                                 SKIP_ROUNDS), hosts - 1
+    if m.shape == "push":
+        return {"name": name, "kind": "push", "compute_s": c, "bytes": m.nbytes,
+                "p": m.per_step, "steps": STEPS_PUSH, "seed": 0,
+                "skip": SKIP_PUSH}, STEPS_PUSH - SKIP_PUSH, hosts
+    raise SimulatorError(f"the simulator has no replay of message shape {m.shape!r}")
+
+
+def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tree",
+                software_latency_s: float = 0.0, hop_latency_s: float = 0.0,
+                python: str | None = None, timeout_s: float = 3600) -> list[dict]:
+    """Run ``jobs`` (``sgreplay``'s format) on a generated platform; returns its
+    [{"name", "seconds", "mean_s"}]."""
+    if topology not in TOPOLOGIES:
+        raise SimulatorError(f"--topology: {topology!r} is not one of "
+                             f"{', '.join(TOPOLOGIES)}")
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts (a "
+                             f"thread each), got {hosts}; use the analytic model alone "
+                             "(without --simulate) beyond it")
+    exe = python or simgrid_python()
+    if exe is None:
+        raise SimulatorError("--simulate: SimGrid's Python bindings are not installed "
+                             "(apt-get install python3-simgrid, or scripts/setup.sh "
+                             "--simgrid; another Python: DISTNN_SIMGRID_PYTHON)")
+    with tempfile.TemporaryDirectory(prefix="distnn-sim-") as tmp:
+        spec = {"platform": {"topology": topology, "hosts": hosts, "gbits": gbits,
+                             "hop_latency_s": hop_latency_s},
+                "software_latency_s": software_latency_s,
+                "platform_file": str(Path(tmp) / "platform.xml"), "jobs": jobs}
+        proc = subprocess.run([exe, str(Path(__file__).with_name("sgreplay.py"))],
+                              input=json.dumps(spec), capture_output=True, text=True,
+                              timeout=timeout_s, cwd=tmp)
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if "xbt_cfg/INFO" not in ln][-3:]
+        raise SimulatorError(f"the SimGrid replay of {hosts} hosts ({topology}) failed "
+                             f"(exit {proc.returncode}): {' / '.join(tail)}")
+    return json.loads(proc.stdout)["jobs"]
+
+
+def simulate(configs, model: ModelCost, hosts: int, link: Link, *,
+             topology: str = "fat_tree", hop_latency_s: float = 0.0,
+             python: str | None = None) -> list[Simulated]:
+    """Each of ``configs`` on ``hosts`` hosts joined by ``link``s: the analytic model's
+    alpha is the end-to-end latency of two neighbours (the host's stack plus two links
+    of ``hop_latency_s``); farther hosts cross more links, and links are shared."""
+    built = [config_job(cfg, model, hosts, link) for cfg in configs]
+    software = max(0.0, link.latency_s - 2 * hop_latency_s)
+    res = replay_jobs([b[0] for b in built], hosts, link.gbits, topology=topology,
+                      software_latency_s=software, hop_latency_s=hop_latency_s,
+                      python=python)
+    out = []
+    for cfg, (_, steps, computing), r in zip(configs, built, res):
+        step = r.get("steady_s", r["seconds"]) / steps
+        sps = computing * model.batch / step
+        out.append(Simulated(cfg, hosts, topology, step, computing, sps,
+                             sps / (hosts * model.batch / model.compute_s),
+                             r["seconds"], steps))
+    return out

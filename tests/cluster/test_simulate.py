@@ -1,0 +1,141 @@
+"""The SimGrid replay of a step (costmodel/simulate.py, sgreplay.py): each collective's
+point-to-point rounds on a tiny crossbar against times computed by hand, the analytic
+model's collectives against the replay where the network adds nothing, and ``distnn plan
+--simulate`` through the real command (a zoo model and a model file, its errors). Skips
+without SimGrid's Python bindings (``apt-get install python3-simgrid``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import run_distnn as distnn
+
+from distnn.costmodel.collectives import Link, allreduce_time
+from distnn.costmodel.predict import DEFAULT_CONFIGS, Config, ModelCost, predict
+from distnn.costmodel.simulate import replay_jobs, simgrid_python, simulate
+
+SIMGRID = simgrid_python()
+needs_simgrid = pytest.mark.skipif(SIMGRID is None, reason="SimGrid's Python bindings "
+                                   "are not installed (python3-simgrid)")
+
+GBITS, HOP, ALPHA = 1.0, 1e-6, 20e-6   # a crossbar: a message crosses 2 links
+BETA = GBITS * 1e9 / 8
+
+
+def _one(op, hosts):
+    [res] = replay_jobs([{"name": "x", "kind": "spmd", "ops": [op]}], hosts, GBITS,
+                        topology="flat", software_latency_s=ALPHA, hop_latency_s=HOP,
+                        python=SIMGRID)
+    return res["seconds"]
+
+
+def _round(nbytes):  # one message: the stack's latency, two links, the bytes
+    return ALPHA + 2 * HOP + nbytes / BETA
+
+
+@needs_simgrid
+@pytest.mark.parametrize("hosts", [3, 4, 5])
+def test_ring_allreduce_is_2p_minus_2_rounds_of_n_over_p(hosts):
+    n = 1_200_000
+    assert _one(["allreduce", n, "ring"], hosts) == \
+        pytest.approx(2 * (hosts - 1) * _round(n / hosts), rel=1e-9)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("hosts, depth", [(2, 1), (4, 2), (8, 3), (6, 3)])
+def test_binomial_broadcast_takes_ceil_log2_p_rounds(hosts, depth):
+    n = 500_000
+    assert _one(["bcast", n], hosts) == pytest.approx(depth * _round(n), rel=1e-9)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("nbytes", [1024, 800_000])
+@pytest.mark.parametrize("hosts", [2, 4, 6, 8])
+def test_mpich_allreduce_replay_is_the_analytic_time_on_a_crossbar(hosts, nbytes):
+    """Recursive doubling (small) and Rabenseifner (large), the fold of a P that is not a
+    power of two included: on a crossbar with the link latency in alpha, the replay and
+    collectives.allreduce_time are the same equations."""
+    t, alg = allreduce_time(nbytes, hosts, Link(GBITS, ALPHA + 2 * HOP))
+    name = {"recursive doubling": "recursive_doubling",
+            "reduce-scatter + all-gather": "rabenseifner"}[alg]
+    assert _one(["allreduce", nbytes, name], hosts) == pytest.approx(t, rel=1e-9)
+
+
+@needs_simgrid
+def test_direct_exchange_pays_the_latency_once():
+    part, hosts = 40_000, 5
+    assert _one(["direct", part], hosts) == \
+        pytest.approx(ALPHA + 2 * HOP + (hosts - 1) * part / BETA, rel=1e-9)
+
+
+def _cost():
+    from distnn.distributed.optimizer import parameter_tensors
+    from distnn.models import get_model
+    net = get_model("simplecnn", input_shape=(1, 28, 28), num_classes=10)
+    return ModelCost(0.02, parameter_tensors(net), batch=32, segments=[
+        (layer.name, lo, hi) for layer, lo, hi in net.layer_ranges()])
+
+
+@needs_simgrid
+def test_simulated_steps_of_the_collective_rules_match_the_model_on_a_crossbar():
+    """Where the network adds nothing to alpha-beta (a crossbar, one rank a host) the
+    replayed step of data, its compressions and the all-reduce rules is the model's."""
+    cost, link = _cost(), Link(1.0, 50e-6)
+    configs = [Config("data"), Config("data", "fp16"), Config("data", "topk:0.01"),
+               Config("data", "powersgd:2"), Config("partial"), Config("localsgd"),
+               Config("data", bucket_size_mb=0.25)]
+    for sim in simulate(configs, cost, 4, link, topology="flat", hop_latency_s=0.0,
+                        python=SIMGRID):
+        assert sim.step_s == pytest.approx(predict(sim.config, cost, 4, link).step_s,
+                                           rel=1e-6), sim.config.label
+
+
+def _model_file(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"
+                    "def build_model(input_shape, num_classes):\n"
+                    "    return Sequential([Flatten(), Dense(64), ReLU(), "
+                    "Dense(num_classes)], input_shape=input_shape)\n")
+    return path
+
+
+@needs_simgrid
+@pytest.mark.parametrize("model", ["simplecnn", "file"])
+def test_plan_simulate_prints_both_and_picks(tmp_path, model):
+    spec = str(_model_file(tmp_path)) if model == "file" else model
+    out = tmp_path / "plan.json"
+    proc = distnn("plan", "--simulate", "--model", spec, "--hosts", "2,4", "--link_gbits",
+                  "1", "--compute_s", "0.02", "--batch_size", "32", "--json", out,
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    rows = res["simulated"]
+    labels = {r["config"] for r in rows}
+    assert {c.label for c in DEFAULT_CONFIGS} <= labels
+    assert {r["hosts"] for r in rows} == {2, 4}
+    for r in rows:
+        assert r["simulated_step_s"] >= 0.02 * (1 - 1e-9)  # never faster than compute
+        assert r["error"] == pytest.approx(r["analytic_step_s"] / r["simulated_step_s"] - 1)
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("| data | ") and " / " in ln for ln in lines)
+    said = [ln for ln in lines if ln.startswith("simulated pick at 4 hosts on 1 Gbit/s")]
+    assert len(said) == 1 and "buckets of" in said[0] and "rule " in said[0], lines[-5:]
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["--hosts", "4096"], {}, ["--hosts", "4096", "2048"]),
+    (["--hop_latency_us", "40"], {}, ["--hop_latency_us", "40"]),
+    (["--hosts", "2"], {"DISTNN_SIMGRID_PYTHON": sys.executable}, ["--simulate", "SimGrid",
+                                                                   "python3-simgrid"]),
+])
+def test_plan_simulate_errors_are_one_line(tmp_path, args, env, words):
+    if "DISTNN_SIMGRID_PYTHON" in env and subprocess.run(
+            [sys.executable, "-c", "import simgrid"], capture_output=True).returncode == 0:
+        pytest.skip("this Python has SimGrid: no Python without it to point to")
+    proc = distnn("plan", "--simulate", "--compute_s", "0.01", "--link_gbits", "1", *args,
+                  cwd=tmp_path, **env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
