@@ -125,6 +125,11 @@ def _evaluate_test(console, run, title="Test") -> dict:
 def run_train(cfg: RunConfig, comm, explicit: frozenset[str] = frozenset()) -> int:
     """``distnn train``. ``explicit``: the options the user gave (command line or config
     file), which a resumed run applies or refuses instead of taking the checkpoint's."""
+    from ..run.theanompi import model_class_spec, run_model_class
+    theano_class = model_class_spec(cfg.model.model)
+    if theano_class is not None:  # Theano-MPI's MODELFILE/MODELCLASS: its own loop
+        run_model_class(cfg, comm, *theano_class, explicit=explicit)
+        return 0
     console = Console(comm, cfg.output.quiet, cfg.output.verbose)
     run = build_run(cfg, comm, explicit=explicit)
     print_header(console, run.effective, comm, run.model, run.splits, {

@@ -68,6 +68,12 @@ def _rooted_module(target: str) -> tuple[str, str] | None:
 
 
 def _import(spec: str, target: str):
+    from .theano_shim import theano_names_if_installed
+    with theano_names_if_installed():  # a Theano-MPI model file's `import theano`
+        return _import_target(spec, target)
+
+
+def _import_target(spec: str, target: str):
     rooted = _rooted_module(target)
     if rooted is not None:
         folder, module = rooted
