@@ -28,6 +28,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,16 +136,46 @@ def _scopes_of_shared_set_ups() -> dict[str, str]:
     return scopes
 
 
+# A test marked slow: the decorator, any others below it, then its def; a file-wide mark.
+_SLOW_TEST = re.compile(r"@pytest\.mark\.slow\b[^\n]*\n(?:[ \t]*[@)\]][^\n]*\n|[ \t]+[^\n]*\n)*?"
+                        r"[ \t]*def (\w+)")
+_SLOW_FILE = re.compile(r"^pytestmark\s*=[^\n]*\bmark\.slow\b", re.MULTILINE)
+
+
+def _slow_tests() -> dict[str, set[str] | None]:
+    """Test file (relative to the repository) -> the names of its tests marked ``slow``, or
+    None where the whole file is; read from the sources, as the scheduler runs in the
+    controller, which collects no tests."""
+    slow: dict[str, set[str] | None] = {}
+    for path in sorted(HERE.rglob("test_*.py")):
+        text = path.read_text()
+        rel = path.relative_to(HERE.parent).as_posix()
+        if _SLOW_FILE.search(text):
+            slow[rel] = None
+        elif names := set(_SLOW_TEST.findall(text)):
+            slow[rel] = names
+    return slow
+
+
+def _is_slow(nodeid: str, slow: dict[str, set[str] | None]) -> bool:
+    path, _, rest = nodeid.partition("::")
+    if path not in slow:
+        return False
+    names = slow[path]
+    return names is None or rest.split("::")[-1].split("[", 1)[0] in names
+
+
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
         """Under pytest -n N the emulated-cluster tests run one after another on one worker
         (one cluster at a time: their timeouts assume the cores they get); the tests that
         share a module- or session-scoped set-up go to one worker together (each worker
         would otherwise repeat the set-up: an MPI job, a training run); every other test
-        goes to whichever worker is free. The large units are handed out first, the single
-        tests last, so that the workers finish together. (xdist's own ``xdist_group`` marks
-        do not reach its scheduler under pytest 9: they rename ``item._nodeid``, which
-        pytest 9 no longer reads.)"""
+        goes to whichever worker is free. The large units are handed out first, then the
+        single tests marked ``slow``, the other single tests last, so that the workers
+        finish together (a 60 s test dealt last leaves the other worker idle for 60 s).
+        (xdist's own ``xdist_group`` marks do not reach its scheduler under pytest 9: they
+        rename ``item._nodeid``, which pytest 9 no longer reads.)"""
         from xdist.scheduler import LoadScopeScheduling
 
         files = _scopes_of_shared_set_ups()
@@ -155,16 +186,21 @@ if importlib.util.find_spec("xdist") is not None:
             return files.get(nodeid.split("::", 1)[0], nodeid)
 
         groups = set(files.values())
+        slow = _slow_tests()
 
         def order(unit: str) -> int:
-            return 0 if unit == "cluster" else 1 if unit in groups else 2
+            if unit == "cluster":
+                return 0
+            if unit in groups:
+                return 1
+            return 2 if _is_slow(unit, slow) else 3
 
         class SharedSetUpsTogether(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return scope(nodeid)
 
             def _assign_work_unit(self, node) -> None:
-                # the first unit of the lowest order: clusters, shared set-ups, single tests
+                # the first unit of the lowest order: clusters, shared set-ups, slow, the rest
                 self.workqueue.move_to_end(min(self.workqueue, key=order), last=False)
                 super()._assign_work_unit(node)
 
@@ -218,8 +254,13 @@ def _warm(config: pytest.Config) -> None:
             is None or os.environ.get("DISTNN_KERNELS", "").strip().lower() == "numpy":
         return  # nothing to warm, or the launched processes will not compile anything
     # Best effort: a path that fails here fails in the tests that use it, with their message.
-    try:  # the environment as it is: default threads there, --threads 1 for the ranks' path
-        subprocess.run([sys.executable, str(HERE / "warm_kernels.py")], timeout=900,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The environment as it is: default threads there, --threads 1 for the ranks' path. Its
+    # own session, so that a timeout ends the processes it started for its groups too.
+    proc = subprocess.Popen([sys.executable, str(HERE / "warm_kernels.py")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=900)
     except subprocess.TimeoutExpired:
-        pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
