@@ -206,6 +206,15 @@ def run_info(args) -> int:
     if comm.rank == 0:
         print(f"distnn {_version()}\n{text}\nBLAS threads per rank in train: {rule}",
               flush=True)
+    plan = getattr(args, "kernels", None)
+    if plan is not None and comm.rank == 0:
+        from .kernel_info import kernel_report
+        try:
+            with threads_scope(n):
+                report = kernel_report(args.model, plan, args.batch_size)
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+        print(report, flush=True)
     return 0
 
 

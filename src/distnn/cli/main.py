@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--threads", type=_argtype(compat.option_of("threads")), default=0,
                       metavar="N", help="BLAS threads per rank, as for train (0: each "
                       "rank's cores divided among the ranks of its node that share them).")
+    info.add_argument("--kernels", nargs="?", const="measure", default=None, metavar="PLAN",
+                      help="Print each convolution of --model: its kernel method under PLAN "
+                      "(fixed, measure (the default with --kernels) or plan:FILE), its "
+                      "measured rate and the host's sgemm rate.")
+    info.add_argument("--model", default="resnet20", metavar="NAME",
+                      help="--kernels: the zoo model. Default: resnet20.")
+    info.add_argument("--batch_size", "--batch-size", type=_positive_int, default=64,
+                      metavar="N", help="--kernels: samples of the step timed. Default: 64.")
     conv = sub.add_parser("convert-imagenet", allow_abbrev=False,
                           help="convert ImageNet TFRecord files into NPZ shards")
     conv.add_argument("tfrecord_files", nargs="+", metavar="FILE", help="TFRecord files.")

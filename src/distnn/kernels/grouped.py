@@ -16,21 +16,9 @@ Methods:
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
-from .backend import compiled
-from .im2col import ConvGeometry
-
-
-class GroupedCache(NamedTuple):
-    """What ``backward`` needs from ``forward``: the geometry, the group count, the method
-    that ran and its input (the padded input for "shifted", x itself for "depthwise")."""
-    geometry: ConvGeometry
-    groups: int
-    method: str
-    x: np.ndarray
+from .geometry import ConvGeometry, GroupedCache
 
 
 def check_groups(groups, c: int, f: int, owner: str = "conv2d") -> int:
@@ -120,17 +108,15 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
             groups: int, method: str | None = None) -> tuple[np.ndarray, GroupedCache]:
     """y (N, F, OH, OW) of the grouped convolution of x by w (F, C/groups, KH, KW) (+ b).
 
-    ``method``: "depthwise" (compiled, groups == C), "shifted" (NumPy), or None: the
-    compiled depthwise kernel where it applies on the compiled backend, else "shifted".
+    ``method``: "depthwise" (compiled, groups == C) or "shifted" (NumPy; None too).
     Returns y and the cache for ``backward``."""
     f = w.shape[0]
     groups = check_groups(groups, g.c, f)
     if w.shape[1] * groups != g.c:
         raise ValueError(f"conv2d: weights of shape {w.shape} hold {w.shape[1]} input "
                          f"channels per group, but x has {g.c} channels in {groups} groups")
-    if method is None:
-        method = "depthwise" if compiled() is not None and is_depthwise(g, groups) \
-            else "shifted"
+    if method is None:  # the NumPy reference; the planner's choice is conv2d_forward's
+        method = "shifted"
     if method == "depthwise":
         if not is_depthwise(g, groups):
             raise ValueError(f"method='depthwise' needs groups == channels ({g.c}), got "

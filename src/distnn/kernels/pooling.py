@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .backend import compiled
-from .conv import conv_output_size
+from .geometry import conv_output_size
 
 Pair = tuple[int, int]
 

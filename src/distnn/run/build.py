@@ -25,7 +25,7 @@ from .config import EVAL, PRED, TRAIN, ConfigError, RunConfig, build_config, rul
 from .datasets import READER_OPTIONS, build_augment, load_data, load_splits
 from .errors import RunError, TrainingDiverged, agreed, rank_path
 from .rule import build_rule
-from .threads import apply_threads
+from .threads import apply_kernel_plan, apply_threads
 
 __all__ = ["RunError", "TrainingDiverged", "Run", "build_run", "agreed", "load_data",
            "load_splits", "build_model", "build_rule", "build_augment", "rank_path",
@@ -308,6 +308,7 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         comm = dist.init()
     threads = _threads(cfg, comm, threads)
     apply_threads(threads)
+    apply_kernel_plan(cfg.parallel.kernels)
     t = cfg.train
     training = cfg.command == TRAIN
     # Cheap checks first: a bad path or file ends the run before any data is read.

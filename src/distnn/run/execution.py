@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from .kinds import (Bool, CompressionSpec, Float, Int, Maybe,
+from .kinds import (Bool, CompressionSpec, Float, Int, KernelPlan, Maybe,
                     Str, optimizers,
                     parallel_modes)
 from .sections import PRED, TRAIN, Section, option
@@ -179,6 +179,13 @@ class ParallelConfig(Section):
         "Threads per rank, for BLAS and the compiled kernels (0: DISTNN_NUM_THREADS or "
         "OMP_NUM_THREADS when set, else the rank's cores shared among the ranks of its node "
         "that share them: distnn.distributed.threads_per_rank).")
+
+    kernels: str = option("fixed", KernelPlan(),
+        "How each layer's kernel method is chosen: fixed (the planner's thresholds: the "
+        "same on every run and rank, N ranks = 1 rank bit for bit), measure (at a layer's "
+        "first use every eligible method is timed on its shape and the fastest kept; "
+        "choices cached in ~/.cache/distnn/kernel-plans.json, so a second run plans at "
+        "once) or plan:FILE (the choices of such a file).")
 
     def rule_arguments(self) -> dict[str, Any]:
         """Every field by the name of the training rules' constructor argument it sets

@@ -120,6 +120,23 @@ class Str(Kind):
         return value
 
 
+class KernelPlan(Kind):
+    """How the kernels' methods are chosen: fixed, measure or plan:FILE."""
+
+    metavar = "PLAN"
+
+    def check(self, value):
+        if not isinstance(value, str):
+            raise ValueError(f"must be fixed, measure or plan:FILE, got {value!r}")
+        low = value.strip()
+        if low.lower() in ("fixed", "measure"):
+            return low.lower()
+        if low.startswith("plan:") and len(low) > 5:
+            return low
+        raise ValueError(f"must be fixed, measure or plan:FILE (a file of measured "
+                         f"choices), got {value!r}")
+
+
 class List(Kind):
     """Comma-separated names on the command line; a list (or such a string) in TOML."""
 

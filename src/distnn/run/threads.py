@@ -53,6 +53,18 @@ def apply_threads(n: int) -> AppliedThreads:
     return applied
 
 
+def apply_kernel_plan(spec: str) -> str:
+    """``--kernels``: how the kernels choose each layer's method (``kernels.measure``); a
+    plan file that cannot be read is a RunError naming --kernels (on every rank alike:
+    each reads the same path)."""
+    from ..kernels import measure
+    from .errors import RunError
+    try:
+        return measure.set_mode(spec)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+
+
 @contextlib.contextmanager
 def threads_scope(n: int | None = None) -> Iterator[AppliedThreads | None]:
     """Threads as they were before the block, after it: ``n`` applied for the block (None:

@@ -1,0 +1,250 @@
+"""The registry of kernel methods (kernels/registry.py) and the planner that chooses among
+them (kernels/measure.py): eligibility and the fixed plan as data for both CPU kinds, every
+registered method against the float64 reference at 1 and 2 threads (a method is covered by
+registering it), a method registered in this file considered by the measuring planner,
+and the plan cache (a second run plans without timing, a plan file reproduces it)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from distnn import kernels
+from distnn.kernels import conv as C
+from distnn.kernels import conv_numpy, measure, planner, registry
+from distnn.kernels.im2col import conv_geometry
+
+AVX512, AVX2 = planner.CPU("avx512"), planner.CPU("avx2")
+
+
+def geo(n, c, h, k=3, stride=1, pad=1, dil=1):
+    return conv_geometry((n, c, h, h), (k, k), (stride, stride), (pad,) * 4, (dil, dil))
+
+
+# (layer, geometry, filters) -> the fixed plan's method on AVX-512 | AVX2, float32, 1
+# thread, and the compiled methods eligible on each kind (the registry's order)
+PLANS = [
+    ("resnet20 16->16 32x32", geo(64, 16, 32), 16, "vector", "winograd4",
+     ["vector", "winograd2", "winograd4", "direct", "im2col"],
+     ["winograd2", "winograd4", "direct", "im2col"]),
+    ("resnet20 16->32 s2", geo(64, 16, 32, stride=2), 32, "vector", "im2col",
+     ["vector", "im2col"], ["im2col"]),
+    ("resnet20 16->32 1x1 s2", geo(64, 16, 32, k=1, stride=2, pad=0), 32, "pointwise",
+     "pointwise", ["pointwise", "im2col"], ["pointwise", "im2col"]),
+    ("resnet20 64->64 8x8", geo(64, 64, 8), 64, "winograd4", "winograd4",
+     ["vector", "winograd2", "winograd4", "direct", "im2col"],
+     ["winograd2", "winograd4", "direct", "im2col"]),
+    ("vgg11bn 512->512 2x2", geo(64, 512, 2), 512, "winograd2", "winograd2",
+     ["vector", "winograd2", "winograd4", "direct", "im2col"],
+     ["winograd2", "winograd4", "direct", "im2col"]),
+    ("lenet 1->6 5x5", geo(64, 1, 28, k=5, pad=2), 6, "direct", "direct",
+     ["direct", "im2col"], ["direct", "im2col"]),
+    ("6->16 5x5 14x14", geo(64, 6, 14, k=5, pad=0), 16, "im2col", "im2col",
+     ["direct", "im2col"], ["direct", "im2col"]),
+]
+
+
+@pytest.mark.parametrize("name,g,f,on512,on2,elig512,elig2", PLANS, ids=[p[0] for p in PLANS])
+def test_fixed_plan_and_eligibility_for_both_cpu_kinds(name, g, f, on512, on2, elig512, elig2):
+    for cpu, want, elig in ((AVX512, on512, elig512), (AVX2, on2, elig2)):
+        q = registry.Query(g, f, np.float32, cpu)
+        assert registry.fixed("conv2d", q) == want, cpu
+        got = registry.eligible("conv2d", q)
+        assert [n for n in got if registry.method("conv2d", n).compiled] == elig, cpu
+        assert want in elig and "compact" in got  # the reference is always a candidate
+        assert ("flat" in got) == ((g.sh, g.sw) == (1, 1))
+        # the NumPy backend plans among the reference's layouts only
+        numpy_q = registry.Query(g, f, np.float32, cpu, compiled=False)
+        assert set(registry.eligible("conv2d", numpy_q)) <= {"flat", "compact"}
+        assert registry.fixed("conv2d", numpy_q) == conv_numpy.layout(g, f)
+
+
+def test_vector_kernels_are_avx512_float32_only():
+    g = geo(64, 16, 32)
+    assert "vector" not in registry.eligible("conv2d", registry.Query(g, 16, np.float64, AVX512))
+    assert "vector" not in registry.eligible("conv2d", registry.Query(g, 12, np.float32, AVX512))
+    off = planner.Limits(register_tiles=False)
+    assert "vector" not in registry.eligible("conv2d", registry.Query(g, 16, np.float32, AVX512,
+                                                                      limits=off))
+
+
+def test_the_fixed_plan_is_the_planners_thresholds():
+    """The registry's fixed plan names plan_conv's choice for every case of test_plan."""
+    from test_plan import CASES, _expect
+    for _, g, f, dtype, *wants in CASES:
+        for cpu, want in zip((AVX512, AVX2, planner.CPU("generic")), wants):
+            plan = _expect(want)
+            name = f"winograd{plan.tile}" if plan.method == "winograd" else plan.method
+            assert registry.fixed("conv2d", registry.Query(g, f, dtype, cpu)) == name
+
+
+def _host_query(g, f, dtype, groups=1):
+    return registry.Query(g, f, np.dtype(dtype), planner.target(), kernels.get_num_threads(),
+                          kernels.backend() == "numba", groups)
+
+
+def _reference(x, w, b, g, dy):
+    """float64 forward and gradients of the NumPy reference's compact layout."""
+    y, cache = conv_numpy.forward(x, w, b, g, None, False)
+    dx, dw, db = conv_numpy.backward(dy, cache, w, None, None, True, True)
+    return y, dx, dw, db
+
+
+GEOMETRIES = [("3x3 same", (3, 16, 9, 9), (16, 16, 3, 3), (1, 1), (1,) * 4, (1, 1)),
+              ("3x3 s2", (2, 16, 10, 10), (16, 16, 3, 3), (2, 2), (1,) * 4, (1, 1)),
+              ("1x1 s2", (2, 8, 8, 8), (16, 8, 1, 1), (2, 2), (0,) * 4, (1, 1)),
+              ("5x5 dilated", (2, 3, 12, 12), (8, 3, 5, 5), (1, 1), (2, 1, 2, 1), (2, 2)),
+              ("3x3 8x8 64", (2, 64, 8, 8), (64, 64, 3, 3), (1, 1), (1,) * 4, (1, 1))]
+
+
+@pytest.mark.parametrize("method", list(registry.METHODS["conv2d"]))
+@pytest.mark.parametrize("case", GEOMETRIES, ids=[c[0] for c in GEOMETRIES])
+def test_every_registered_method_matches_the_float64_reference(method, case, threads):
+    """Each conv2d method where it supports the layer on this host (both dtypes it takes),
+    forward and backward, against the reference in float64; the same bits at 1 and 2
+    threads are the threads tests' (test_threads.py)."""
+    _, xs, ws_, stride, pads, dil = case
+    rng = np.random.default_rng(5)
+    g = conv_geometry(xs, ws_[2:], stride, pads, dil)
+    x64, w64 = rng.standard_normal(xs), rng.standard_normal(ws_)
+    b64 = rng.standard_normal(ws_[0])
+    dy64 = rng.standard_normal((g.n, ws_[0], g.oh, g.ow))
+    ref = _reference(x64, w64, b64, g, dy64)
+    ran = 0
+    for dtype, tol in ((np.float64, 1e-9), (np.float32, 2e-3)):
+        q = _host_query(g, ws_[0], dtype)
+        m = registry.method("conv2d", method)
+        if not m.supports(q) or (m.compiled and not q.compiled):
+            continue
+        x, w, b, dy = (a.astype(dtype) for a in (x64, w64, b64, dy64))
+        y, cache = m.run(x, w, b, g, m.prepare(q))
+        dx, dw, db = C.conv2d_backward(dy, cache, w)
+        for got, want, what in zip((y, dx, dw, db), ref, ("y", "dx", "dw", "db")):
+            scale = max(1.0, float(np.abs(want).max()))
+            np.testing.assert_allclose(got, want, atol=tol * scale, rtol=0,
+                                       err_msg=f"{method} {dtype.__name__} {what}")
+        ran += 1
+    if not ran:
+        pytest.skip(f"{method} does not support {case[0]} on this host and backend")
+
+
+@pytest.fixture
+def plans(tmp_path, monkeypatch):
+    """The measuring planner with its cache in tmp_path, this process's choices dropped
+    before and after."""
+    path = tmp_path / "kernel-plans.json"
+    monkeypatch.setenv("DISTNN_KERNEL_PLANS", str(path))
+    measure.forget()
+    measure.set_mode("measure")
+    yield path
+    measure.set_mode("fixed")
+    measure.forget()
+
+
+def _toy(calls: list, wrong: bool = False):
+    """A method defined here: the reference's compact layout, counted (and off by one in
+    y when ``wrong``)."""
+    reference = registry.method("conv2d", "compact").run
+
+    def run(x, w, b, g, ws, keep_columns=None):
+        calls.append(g)
+        y, cache = reference(x, w, b, g, ws, keep_columns)
+        return (y + 1 if wrong else y), cache
+    return registry.Method("conv2d", "toy", lambda q: q.filters == 5, run, compiled=False)
+
+
+def _layer(rng, dtype=np.float32):
+    x = rng.standard_normal((2, 3, 8, 8)).astype(dtype)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(dtype)
+    return x, w, rng.standard_normal(5).astype(dtype)
+
+
+def test_a_method_registered_here_is_measured_and_cached(plans):
+    calls = []
+    registry.register(_toy(calls))
+    try:
+        x, w, b = _layer(np.random.default_rng(0))
+        y, cache = C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)
+        (entry,) = measure.RECORDS.values()
+        assert "toy" in entry["seconds"] and calls  # considered: run and timed
+        assert entry["method"] == min(entry["seconds"], key=entry["seconds"].get)
+        assert entry["fixed"] == registry.fixed("conv2d", C.query(cache.geometry, 5, x.dtype))
+        stored = json.loads(plans.read_text())
+        assert list(stored.values())[0]["method"] == entry["method"]
+        # a second run (this process's choices dropped): the file decides, nothing is timed
+        measure.forget()
+        del calls[:]
+        before = dict(stored)
+        y2, _ = C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)
+        assert json.loads(plans.read_text()) == before
+        assert len(calls) <= (1 if entry["method"] == "toy" else 0)  # only a run, if chosen
+        np.testing.assert_allclose(y2, y, rtol=1e-4, atol=1e-4)
+    finally:
+        registry.unregister("conv2d", "toy")
+
+
+def test_a_method_off_the_reference_is_never_chosen(plans):
+    calls = []
+    registry.register(_toy(calls, wrong=True))
+    try:
+        x, w, b = _layer(np.random.default_rng(1))
+        C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)
+        (entry,) = measure.RECORDS.values()
+        assert calls and "toy" not in entry["seconds"] and entry["method"] != "toy"
+    finally:
+        registry.unregister("conv2d", "toy")
+
+
+def test_a_plan_file_reproduces_the_choice(plans, tmp_path):
+    x, w, b = _layer(np.random.default_rng(2))
+    C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)
+    (k, entry), = measure.RECORDS.items()
+    others = [n for n in registry.eligible("conv2d", C.query(
+        conv_geometry(x.shape, (3, 3), (1, 1), (1,) * 4), 5, x.dtype)) if n != entry["method"]]
+    planned = tmp_path / "plan.json"
+    planned.write_text(json.dumps({k: {"method": others[0]}}))
+    measure.forget()
+    measure.set_mode(f"plan:{planned}")
+    got = C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)[1]
+    name = registry.backward_name(got)
+    assert name == ("reference" if others[0] in ("flat", "compact") else others[0])
+
+
+def test_bad_modes_and_plan_files_are_named(tmp_path):
+    with pytest.raises(ValueError, match="--kernels must be fixed, measure or plan:FILE, "
+                                         "got 'fast'"):
+        measure.set_mode("fast")
+    with pytest.raises(ValueError, match="--kernels plan:.*cannot read the plan file"):
+        measure.set_mode(f"plan:{tmp_path / 'missing.json'}")
+    assert measure.mode() in ("fixed", "measure") or measure.mode().startswith("plan:")
+    measure.set_mode("fixed")
+
+
+def test_fixed_runs_the_planners_method(kernel_backend):
+    """The default mode: conv2d_forward runs registry.fixed's method (no timing)."""
+    measure.set_mode("fixed")
+    x, w, b = _layer(np.random.default_rng(3))
+    measure.forget()
+    cache = C.conv2d_forward(x, w, b, (1, 1), (1,) * 4)[1]
+    want = registry.fixed("conv2d", C.query(cache.geometry, 5, x.dtype))
+    assert registry.backward_name(cache) == ("reference" if want in ("flat", "compact")
+                                             else want)
+    assert not measure.RECORDS
+
+
+def test_the_kernels_option_checks_its_value(tmp_path):
+    """``--kernels`` (ParallelConfig.kernels): its kind names the three forms; a plan file
+    that cannot be read ends the run with a RunError naming --kernels."""
+    from distnn.run.errors import RunError
+    from distnn.run.execution import ParallelConfig
+    from distnn.run.kinds import KernelPlan
+    from distnn.run.threads import apply_kernel_plan
+    assert ParallelConfig().kernels == "fixed"
+    assert KernelPlan().check("Measure") == "measure"
+    assert KernelPlan().check("plan:p.json") == "plan:p.json"
+    with pytest.raises(ValueError, match="must be fixed, measure or plan:FILE"):
+        KernelPlan().check("fast")
+    with pytest.raises(RunError, match="--kernels plan:.*cannot read the plan file"):
+        apply_kernel_plan(f"plan:{tmp_path / 'none.json'}")
+    assert apply_kernel_plan("fixed") == "fixed"
