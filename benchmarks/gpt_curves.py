@@ -122,8 +122,8 @@ def main(argv=None) -> int:
             runs[name].append(r)
             print(f"seed {seed} {name}: final val_loss {r['curve'][-1][1]:.4f} "
                   f"({r['seconds']:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(runs))
+            if args.json:  # after every run: a busy machine may not let all of them end
+                Path(args.json).write_text(json.dumps(runs))
     curves = {name: median_curve(rs) for name, rs in runs.items()}
     title = (f"gpt_mini on fortunes, {args.ranks} ranks x batch {args.batch_size} x "
              f"{args.context} bytes, median of {args.seeds} seed(s)")

@@ -19,7 +19,14 @@ ReduceMean over H, W
 Flatten; Reshape to (N, -1) Flatten
 Dropout                     Dropout (its ratio); Identity: nothing
 Add Sum Concat (axis 1)     the Add / Concat block where branches meet
+LayerNormalization          LayerNormalization (last axis)
+Transpose (1, 0, 2) ...     MultiHeadAttention: the whole subgraph torch.onnx.export writes
+Softmax ... Transpose back  for a batch-first nn.MultiheadAttention (nn/attention_onnx.py)
 ==========================  ===============================================================
+
+A layer may also read a pattern of several nodes (``Layer.from_onnx_pattern``, tried
+before ``from_onnx`` at the ops in its ``onnx_patterns``): that is how a
+``torch.nn.TransformerEncoder`` imports (attention, Add residuals, Dense, LayerNormalization).
 
 Any other op is refused with one line naming the file, the op and the node. Needs the
 optional extra: ``pip install 'distnn[onnx]'``.
@@ -72,6 +79,10 @@ class _Graph:
         self.input = inputs[0]
         self.output = g.output[0].name
 
+    @staticmethod
+    def attrs(node) -> dict:
+        return _attrs(node)
+
     def data_inputs(self, node) -> list[str]:
         return [i for i in node.input if i and i not in self.consts]
 
@@ -113,8 +124,18 @@ def _readers() -> dict[str, type]:
     return readers
 
 
+def _patterns() -> dict[str, list[type]]:
+    """ONNX op -> the layer classes whose ``from_onnx_pattern`` may start at it."""
+    patterns: dict[str, list[type]] = defaultdict(list)
+    for cls in layer_classes():
+        for op in cls.__dict__.get("onnx_patterns", ()):
+            patterns[op].append(cls)
+    return dict(patterns)
+
+
 READERS = _readers()
-SUPPORTED_OPS = tuple(sorted({*READERS, *MERGES, "Identity"}))
+PATTERNS = _patterns()
+SUPPORTED_OPS = tuple(sorted({*READERS, *PATTERNS, *MERGES, "Identity"}))
 
 
 class _Builder:
@@ -125,8 +146,17 @@ class _Builder:
         self.g = g
         self.arrays: list[tuple[object, dict]] = []
 
-    def convert(self, node, layers: list) -> None:
+    def convert(self, node, layers: list) -> str:
+        """Append the layer(s) of ``node`` (and of the nodes a pattern starting there takes
+        in) to ``layers``; the tensor the walk goes on from."""
         g = self.g
+        for cls in PATTERNS.get(node.op_type, ()):
+            found = cls.from_onnx_pattern(g, node)
+            if found is not None:
+                layer, arrays, out = found
+                layers.append(layer)
+                self.arrays.append((layer, arrays))
+                return out
         if node.op_type == "Add" and len(g.data_inputs(node)) == 1:  # a bias
             bias = g.const(node, 1 if node.input[0] in g.data_inputs(node) else 0)
             last = layers[-1] if layers else None
@@ -135,12 +165,12 @@ class _Builder:
             last.use_bias = True
             next(a for l, a in self.arrays if l is last)["b"] = np.broadcast_to(
                 bias, (last.units,))
-            return
+            return node.output[0]
         if (node.op_type in ("Flatten", "Reshape") and layers
                 and isinstance(layers[-1], GlobalAvgPool2D)):
-            return  # distnn's global pool already gives (batch, channels)
+            return node.output[0]  # distnn's global pool already gives (batch, channels)
         if node.op_type == "Identity":
-            return
+            return node.output[0]
         cls = READERS.get(node.op_type)
         if cls is None:
             g.refuse(node, f"distnn has no such layer; it reads {', '.join(SUPPORTED_OPS)}")
@@ -148,11 +178,13 @@ class _Builder:
         if layer is not None:
             layers.append(layer)
             self.arrays.append((layer, arrays))
+        return node.output[0]
 
-    def chain(self, t: str):
-        """Layers from tensor ``t`` on: (layers, last tensor, the merging node it stops at
-        or None at the graph's output)."""
-        g, layers = self.g, []
+    def chain(self, t: str, layers: list | None = None):
+        """Layers from tensor ``t`` on (appended to ``layers``): (layers, last tensor, the
+        merging node it stops at or None at the graph's output)."""
+        g = self.g
+        layers = [] if layers is None else layers
         while True:
             readers = g.consumers.get(t, [])
             if t == g.output or not readers:
@@ -164,8 +196,7 @@ class _Builder:
                 node = readers[0]
                 if len(g.data_inputs(node)) > 1:
                     return layers, t, node
-                self.convert(node, layers)
-                t = node.output[0]
+                t = self.convert(node, layers)
                 continue
             t = self.block(t, readers, layers)
 
@@ -177,9 +208,7 @@ class _Builder:
                 ends.append(([], t, node))
                 continue
             branch = []
-            self.convert(node, branch)
-            sub, end, stop = self.chain(node.output[0])
-            ends.append((branch + sub, end, stop))
+            ends.append(self.chain(self.convert(node, branch), branch))
         merge = ends[0][2]
         inputs = g.data_inputs(merge) if merge is not None else []
         if (merge is None or merge.op_type not in MERGES or any(e[2] is not merge for e in ends)

@@ -295,6 +295,15 @@ class MultiHeadAttention(Layer):
         o = g.node("Transpose", [o], self, perm=[0, 2, 1, 3])
         return proj(g.node("Reshape", [o, ints("merge_shape", [0, 0, e])], self), "o")
 
+    onnx_patterns = ("Transpose",)
+
+    @classmethod
+    def from_onnx_pattern(cls, g, node):
+        """What ``torch.onnx.export`` writes for a batch-first ``nn.MultiheadAttention``
+        (both exporters): see ``attention_onnx.torch_attention``."""
+        from .attention_onnx import torch_attention
+        return torch_attention(cls, g, node)
+
     def describe(self):
         extra = [f"num_heads={self.num_heads}"]
         extra += ["causal=True"] if self.causal else []

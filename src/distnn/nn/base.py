@@ -100,9 +100,22 @@ class Layer:
         identity."""
         raise NotImplementedError
 
+    onnx_patterns: tuple[str, ...] = ()  # ONNX ops that may start a ``from_onnx_pattern``
+
+    @classmethod
+    def from_onnx_pattern(cls, g, node):
+        """This layer from several ONNX nodes starting at ``node`` (an op in
+        ``onnx_patterns``), e.g. the reshapes, matrix products and softmax an exporter
+        writes for one attention: ``(layer, arrays, tensor)`` with the name of the tensor
+        where those nodes end, or None where ``node`` starts no such pattern (the reader
+        then tries ``from_onnx`` of the op's class). ``g`` as in ``from_onnx``, plus
+        ``g.consumers[tensor]`` (the nodes reading a tensor)."""
+        return None
+
     @classmethod
     def declares(cls, what: str) -> bool:
-        """Whether this class declares ``what`` ("onnx_node", "torch_module", "from_onnx")
+        """Whether this class declares ``what`` ("onnx_node", "torch_module", "from_onnx",
+        "from_onnx_pattern")
         itself or through a distnn base class, rather than leaving Layer's default."""
         return getattr(cls, what).__qualname__ != f"Layer.{what}"
 
