@@ -128,6 +128,22 @@ def translate(values: dict[str, Any], explicit: set[str],
     if command == "train":
         notes += learning_rate(values, explicit, spelled, {*PYDTNN_MODELS, "alexnet_cifar10"},
                                like)
+    notes += _models(values)
+    _loss_and_data(values, explicit)
+    notes += _notes(values)
+    notes += _launcher(values, explicit)
+    notes += _trace(values)
+    notes += model_sync(values, explicit)
+    _flags(values)
+    for name in FOREIGN_BY_NAME:
+        values.pop(name, None)
+    return notes
+
+
+def _models(values: dict[str, Any]) -> list[str]:
+    """PyDTNN's and NNLO's model names as the zoo's (and NNLO's trial files)."""
+    from . import nnlo
+    notes = []
     model = values.get("model")
     if values.get("trial_name") or values.get("timeline"):
         nnlo.trial_files(values, nnlo.model_name(model))
@@ -137,6 +153,11 @@ def translate(values: dict[str, Any], explicit: set[str],
         values["model"] = SEED_MODELS[model]
         notes.append(f"--model {model}: NNLO's example model; distnn trains its zoo model "
                      f"{SEED_MODELS[model]} (a small CNN of the same kind)")
+    return notes
+
+
+def _loss_and_data(values: dict[str, Any], explicit: set[str]) -> None:
+    """PyDTNN's --loss_func (metrics, then the loss) and --train_list (HDF5 files)."""
     # PyDTNN's --loss_func lists metrics and the loss (last, after LossList.check).
     *listed, values["loss_func"] = str(values["loss_func"]).split(",")
     values["metrics"] = tuple(METRIC_SPELLINGS.get(m.lower(), m)
@@ -147,6 +168,11 @@ def translate(values: dict[str, Any], explicit: set[str],
         elif values["dataset"] != "hdf5":
             raise ValueError(f"--train_list/--train_data lists HDF5 files: use it with "
                              f"--dataset hdf5, got --dataset {values['dataset']}")
+
+
+def _notes(values: dict[str, Any]) -> list[str]:
+    """Notes for the foreign options distnn takes but does differently (or not at all)."""
+    notes = []
     if (values.get("group_size") or 1) > 1 and values.get("parallel") in ("auto", "data", "bsp"):
         notes.append(f"--n_processes {values['group_size']}: under --parallel data every rank "
                      "already trains synchronously with all the others, as one group; groups "
@@ -156,21 +182,35 @@ def translate(values: dict[str, Any], explicit: set[str],
         if value not in (None, False):
             notes.append(f"--{name} {value}: {note}" if value is not True
                          else f"--{name}: {note}")
+    return notes
+
+
+def _launcher(values: dict[str, Any], explicit: set[str]) -> list[str]:
+    """The launcher's flags (tmlauncher's) as session values the line did not set."""
     launcher = {key: values.get(name) for name, key in LAUNCHER_FLAGS.items()
                 if values.get(name) not in (None, False)}
-    if launcher:
-        raw = {k: "1" if v is True else str(v) for k, v in launcher.items()}
-        given, said = session_values(raw, "tmlauncher")
-        for name, value in given.items():
-            if name not in explicit:
-                values[name] = value
-        notes += said
-    if values.get("tracing") and not values.get("trace"):
-        values["trace"] = "distnn-trace.json"
-        notes.append("--tracing: distnn writes a Chrome trace (layers and communication) to "
-                     "distnn-trace.json (choose the file with --trace FILE); PyDTNN's "
-                     "Extrae/Simple tracers are not available")
-    notes += model_sync(values, explicit)
+    if not launcher:
+        return []
+    raw = {k: "1" if v is True else str(v) for k, v in launcher.items()}
+    given, said = session_values(raw, "tmlauncher")
+    for name, value in given.items():
+        if name not in explicit:
+            values[name] = value
+    return said
+
+
+def _trace(values: dict[str, Any]) -> list[str]:
+    """PyDTNN's --tracing as a Chrome trace file where --trace names none."""
+    if not values.get("tracing") or values.get("trace"):
+        return []
+    values["trace"] = "distnn-trace.json"
+    return ["--tracing: distnn writes a Chrome trace (layers and communication) to "
+            "distnn-trace.json (choose the file with --trace FILE); PyDTNN's "
+            "Extrae/Simple tracers are not available"]
+
+
+def _flags(values: dict[str, Any]) -> None:
+    """PyDTNN's negated MPI and storage flags as distnn's; its GPU flags refused."""
     if values.get("use_blocking_mpi") is not None:
         values["non_blocking_mpi"] = not values["use_blocking_mpi"]
     if values.get("shared_storage") is False:
@@ -180,6 +220,3 @@ def translate(values: dict[str, Any], explicit: set[str],
             raise ValueError(f"--{name}: no GPU backend in this build (distnn computes on "
                              "CPUs with NumPy; start more ranks with mpiexec -n N instead); "
                              f"drop --{name} or set it to false, got true")
-    for name in FOREIGN_BY_NAME:
-        values.pop(name, None)
-    return notes

@@ -26,8 +26,11 @@ import time
 import numpy as np
 
 from ..run import RunError
+from .options import at_least
 
 __all__ = ["add_generate_parser", "run_generate", "generate"]
+
+_COUNT = at_least(int, 0)
 
 
 def add_generate_parser(sub) -> argparse.ArgumentParser:
@@ -40,11 +43,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default="gpt_mini", metavar="NAME",
                    help="The zoo language model the weights are of. Default: gpt_mini.")
     p.add_argument("--prompt", default="\n", help="Text to continue. Default: a newline.")
-    p.add_argument("--max_tokens", "--max-tokens", type=_count, default=200, metavar="N",
+    p.add_argument("--max_tokens", "--max-tokens", type=_COUNT, default=200, metavar="N",
                    help="Tokens to generate. Default: 200.")
-    p.add_argument("--temperature", type=_nonnegative, default=1.0, metavar="T",
+    p.add_argument("--temperature", type=at_least(float, 0), default=1.0, metavar="T",
                    help="Divide the logits by T before sampling; 0: greedy. Default: 1.")
-    p.add_argument("--top_k", "--top-k", type=_count, default=0, metavar="K",
+    p.add_argument("--top_k", "--top-k", type=_COUNT, default=0, metavar="K",
                    help="Sample among the K most likely tokens only; 0: all. Default: 0.")
     p.add_argument("--seed", type=int, default=0, help="Seed of the sampling. Default: 0.")
     p.add_argument("--tokenizer", choices=("bytes", "char", "bpe"), default="bytes",
@@ -52,29 +55,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dataset_path", "--dataset-path", default=None, metavar="FILE|DIR",
                    help="The training's --dataset_path (char and bpe learn its training "
                    "split again). Default: the default corpus.")
-    p.add_argument("--vocab_size", "--vocab-size", type=_count, default=None, metavar="N",
+    p.add_argument("--vocab_size", "--vocab-size", type=_COUNT, default=None, metavar="N",
                    help="The training's --vocab_size, if it gave one.")
     return p
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
 
 
 # -- the model, its positions and the decoding loop ------------------------------------

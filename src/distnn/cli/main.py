@@ -34,7 +34,7 @@ from .plot import add_plot_parser
 from .export import add_export_parser
 from .generate import add_generate_parser
 from .launch import add_launch_parser, run_launch
-from .options import (_argtype, add_options, explicit_options, given_options, load_config,
+from .options import (_argtype, add_options, at_least, explicit_options, given_options, load_config,
                       resolve_values, spelled_flags)
 from .commands import COMMANDS, PLAIN_COMMANDS
 from .search import SEARCH, add_search_parser
@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("tfrecord_files", nargs="+", metavar="FILE", help="TFRecord files.")
     conv.add_argument("--out_dir", "--out-dir", required=True, metavar="DIR",
                       help="Output folder of the shards.")
-    conv.add_argument("--image_size", "--image-size", type=_positive_int, default=224,
+    conv.add_argument("--image_size", "--image-size", type=at_least(int, 1), default=224,
                       metavar="N", help="Side of the square images. Default: 224.")
-    conv.add_argument("--shard_size", "--shard-size", type=_positive_int, default=1024,
+    conv.add_argument("--shard_size", "--shard-size", type=at_least(int, 1), default=1024,
                       metavar="N", help="Images per shard. Default: 1024.")
     conv.add_argument("--split", choices=("train", "val"), default="train",
                       help="Split name of the shards. Default: train.")
@@ -104,16 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
                       const=True, default=False, metavar="BOOL",
                       help="Write compressed .npz shards. Default: false.")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def _after(argv: Sequence[str] | None, token: str) -> str:

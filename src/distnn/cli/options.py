@@ -34,6 +34,22 @@ def _argtype(option) -> Callable[[str], Any]:
     return convert
 
 
+def at_least(kind: type, minimum: int) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` (int or float) when it is >= minimum, else an
+    error that says what the flag takes and what it got."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= minimum:
+            raise argparse.ArgumentTypeError(f"must be {what} >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
 def _default_text(value) -> str:
     if value is None:
         return "none"

@@ -15,12 +15,12 @@ reading); running the study and writing the reports is in ``distnn.cli.search_ru
 from __future__ import annotations
 
 import argparse
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
 from ..run import (OPTION_BY_NAME, ConfigError, Option, RunConfig, build_config,
                    load_toml)
+from ..run.config import read_toml
 from ..run.kinds import Bool, Int, Maybe, Str
 from ..run.options import TRAIN
 from ..models.files import check_model_args, is_model_spec
@@ -154,18 +154,6 @@ class SearchConfig:
     notes: tuple[str, ...] = ()
 
 
-def _read_toml(path: str, what: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{what}: file {path!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
-
-
 def _search_or_train_option(key: str) -> Option | None:
     name = _search_name(key)
     if name:
@@ -254,7 +242,7 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 
     ranges = _model_ranges(base.model.model)
     if s["space"]:
-        raw = _read_toml(s["space"], "--space")
+        raw = read_toml(s["space"], "--space")
         table, space_from = raw.get("space", raw), s["space"]
         where = f"--space {s['space']!r}"
     elif file_space is not None:

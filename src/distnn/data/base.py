@@ -306,6 +306,20 @@ class Splits:
     test: Dataset | None
 
 
+def batch_file_splits(read: Callable, root, files: dict | None, train: Sequence[str],
+                      test: str, preprocess, classes: int = 10) -> Splits:
+    """Splits (train, None, test) of a dataset stored as batch files (CIFAR's): the
+    training files concatenated in order. ``read(root / name)`` reads one from a folder;
+    with ``files`` (an archive's members) ``read(root / name, files[name])``."""
+    def one(name):
+        return read(root / name) if files is None else read(root / name, files[name])
+    parts = [one(name) for name in train]
+    x_test, y_test = one(test)
+    whole = ArrayDataset(np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1] for p in parts]), classes, preprocess=preprocess)
+    return Splits(whole, None, ArrayDataset(x_test, y_test, classes, preprocess=preprocess))
+
+
 _ITEM, _END, _ERROR = range(3)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import fetch
-from .base import ArrayDataset, DatasetError, Preprocess, Splits
+from .base import DatasetError, Preprocess, Splits, batch_file_splits
 
 FOLDER = "cifar-10-batches-py"
 TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -143,15 +143,9 @@ def read_cifar10_python(*, path=None, preprocess: Preprocess, seed: int = 0,
     """CIFAR-10 Python version: 50000 train / 10000 test, (3, 32, 32). ``path`` is the
     ``cifar-10-batches-py`` folder, a folder holding it, or ``cifar-10-python.tar.gz``."""
     if path is not None and Path(path).expanduser().is_file():
-        archive = Path(path).expanduser()
-        files = _archive(archive)
-        parts = [read_cifar_pickle(archive / f, files[f]) for f in TRAIN]
-        x_test, y_test = read_cifar_pickle(archive / TEST, files[TEST])
+        root = Path(path).expanduser()
+        files = _archive(root)
     else:
-        folder = fetch.locate("cifar10_python", ALIASES, path, _folder,
-                              _fetch if download else None, HOW_TO)
-        parts = [read_cifar_pickle(folder / f) for f in TRAIN]
-        x_test, y_test = read_cifar_pickle(folder / TEST)
-    train = ArrayDataset(np.concatenate([p[0] for p in parts]),
-                         np.concatenate([p[1] for p in parts]), 10, preprocess=preprocess)
-    return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
+        root, files = fetch.locate("cifar10_python", ALIASES, path, _folder,
+                                   _fetch if download else None, HOW_TO), None
+    return batch_file_splits(read_cifar_pickle, root, files, TRAIN, TEST, preprocess)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import fetch
-from .base import ArrayDataset, DatasetError, Preprocess, Splits
+from .base import ArrayDataset, DatasetError, Preprocess, Splits, batch_file_splits
 
 # Published MD5 sums (the Fashion-MNIST README and torchvision for the idx files, the
 # CIFAR-10 page for its archive). No SHA-256 is published for these files, and Debian's
@@ -283,18 +283,12 @@ def read_cifar10(*, path=None, preprocess: Preprocess, seed: int = 0,
     if path is not None and is_python_version(path):
         return read_cifar10_python(path=path, preprocess=preprocess, download=False)
     if path is not None and Path(path).expanduser().is_file():
-        archive = Path(path).expanduser()
-        files = _cifar_archive(archive)
-        parts = [read_cifar_bin(archive / f, files[f]) for f in CIFAR_TRAIN]
-        x_test, y_test = read_cifar_bin(archive / CIFAR_TEST, files[CIFAR_TEST])
+        root = Path(path).expanduser()
+        files = _cifar_archive(root)
     else:
-        folder = fetch.locate("cifar10", ALIASES["cifar10"], path, _cifar_folder,
-                              _fetch_cifar if download else None, _how_to("cifar10"))
-        parts = [read_cifar_bin(folder / f) for f in CIFAR_TRAIN]
-        x_test, y_test = read_cifar_bin(folder / CIFAR_TEST)
-    train = ArrayDataset(np.concatenate([p[0] for p in parts]),
-                         np.concatenate([p[1] for p in parts]), 10, preprocess=preprocess)
-    return Splits(train, None, ArrayDataset(x_test, y_test, 10, preprocess=preprocess))
+        root, files = fetch.locate("cifar10", ALIASES["cifar10"], path, _cifar_folder,
+                                   _fetch_cifar if download else None, _how_to("cifar10")), None
+    return batch_file_splits(read_cifar_bin, root, files, CIFAR_TRAIN, CIFAR_TEST, preprocess)
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:

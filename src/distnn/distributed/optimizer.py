@@ -63,7 +63,20 @@ def wrapped(name: str) -> property:
                     lambda self, value: setattr(self.optimizer, name, value))
 
 
-class DistributedOptimizer(ReducerCounters):
+class WrapsOptimizer:
+    """The wrapped ``self.optimizer``'s learning rate, step count and state arrays, read
+    and set as the wrapper's own (the distributed and the sharded optimizer)."""
+
+    lr = wrapped("lr")
+    scheduled_lr = wrapped("scheduled_lr")
+    lr_scale = wrapped("lr_scale")
+    iterations = wrapped("iterations")
+
+    def state_arrays(self):
+        return self.optimizer.state_arrays()
+
+
+class DistributedOptimizer(ReducerCounters, WrapsOptimizer):
     """Wrap an optimizer so that ``step()`` uses gradients combined over all ranks.
 
     A thin adapter: the gradients are reduced by ``Reducer`` (``reducer.py``), the one
@@ -242,19 +255,11 @@ class DistributedOptimizer(ReducerCounters):
             self.model.grad_hooks.remove(self._hook)
 
     # -- pass-through to the wrapped optimizer ------------------------------------------
-    lr = wrapped("lr")
-    scheduled_lr = wrapped("scheduled_lr")
-    lr_scale = wrapped("lr_scale")
-    iterations = wrapped("iterations")
-
     def state_dict(self):
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state):
         return self.optimizer.load_state_dict(state)
-
-    def state_arrays(self):
-        return self.optimizer.state_arrays()
 
     def __getattr__(self, name):
         if name == "optimizer":

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .comm import Communicator, get_comm
-from .optimizer import DistributedOptimizer, check_same_layout, wrapped
+from .optimizer import DistributedOptimizer, WrapsOptimizer, check_same_layout
 from .compressors import Compression
 from .sharded_units import UnitExchange, shard_bounds
 
@@ -92,7 +92,7 @@ def _sliced_optimizer(optimizer, defaults: dict, pair, lo: int, hi: int):
     return inner
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(WrapsOptimizer):
     """Shard an optimizer's state (stage 1), the gradients (2) and the parameters (3) of a
     built ``Sequential`` over the ranks (ZeRO; see the module doc).
 
@@ -396,14 +396,6 @@ class ShardedOptimizer:
     @property
     def compressor(self):
         return self._dist.compressor if self._dist is not None else None
-
-    lr = wrapped("lr")
-    scheduled_lr = wrapped("scheduled_lr")
-    lr_scale = wrapped("lr_scale")
-    iterations = wrapped("iterations")
-
-    def state_arrays(self):
-        return self.optimizer.state_arrays()
 
     def __repr__(self) -> str:
         return (f"ShardedOptimizer({self.optimizer!r}, stage={self.stage}, op={self.op!r}, "

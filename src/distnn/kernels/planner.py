@@ -312,6 +312,24 @@ def fuse_add_relu(dtype, limits: Limits | None = None) -> bool:
     return _limits(limits).add_relu and np.dtype(dtype).kind == "f"
 
 
+def fuse_bn_relu(dtype, limits: Limits | None = None) -> bool:
+    """Whether a batch norm and the ReLU after it run as one pass: for floats, on either
+    backend (the batch-norm kernels take the ReLU: ``bn_relu_*``)."""
+    return np.dtype(dtype).kind == "f"
+
+
+# the fusions of a layer and the ReLU after it, by the name a layer declares
+# (``relu_fusion``; nn/fusion.py asks ``fuses`` by that name)
+FUSIONS = {"bn_relu": fuse_bn_relu, "add_relu": fuse_add_relu}
+
+
+def fuses(name: str, dtype, limits: Limits | None = None) -> bool:
+    """Whether the fusion ``name`` (a key of ``FUSIONS``) runs for this dtype."""
+    if name not in FUSIONS:
+        raise ValueError(f"fusion name: one of {', '.join(FUSIONS)}; got {name!r}")
+    return FUSIONS[name](dtype, limits)
+
+
 # -- convolution --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvPlan:

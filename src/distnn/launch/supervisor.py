@@ -284,65 +284,18 @@ class Supervisor:
                 if os.path.exists(progress):
                     os.unlink(progress)  # rank 0 creates it when training starts
                 rc, lost = self._launch(hosts, resume, progress, again=restarts > 0)
-                if rc and not self._stopping:
-                    self._name_dead()
-                if self._stopping:
-                    self.say("interrupted: the job was stopped, nothing is left running")
-                    return 130
-                if rc == 0:
-                    self.say(f"finished on {len(hosts)} hosts after {restarts} restart"
-                             f"{'s' * (restarts != 1)}")
-                    return 0
-                if rc in NO_RESTART:
-                    self.say(f"not restarting: {NO_RESTART[rc]}; fix the cause, then resume "
-                             f"the last checkpoint: --resume {self.checkpoint}")
-                    return rc
+                ended = self._ended(rc, hosts, restarts)
+                if ended is not None:
+                    return ended
                 started = os.path.exists(progress)
                 reached = read_progress(progress) if started else reached
-                # every host given is probed again: one dropped earlier that answers now
-                # (its power or link back) is taken again, in its place in --hosts (with
-                # node-local checkpoints its copy may be older: the ranks agree on the
-                # newest, run/resume.py). A host named lost is left out of this restart;
-                # probed all the same, its failing the data probe tells a partition.
-                alive, failing = self.health.check(self.hosts)
-                alive = [h for h in alive if h not in lost]
-                why = _why(rc, hosts, alive, failing)
-                # a start that a partition broke is not a lost run
-                counted = started or not failing
-                if counted and restarts >= self.max_restarts:
-                    self.say(f"{why}; the restart budget (--max_restarts "
-                             f"{self.max_restarts}) is spent; the last good checkpoint: "
-                             f"{describe_checkpoint(self.checkpoint)}")
-                    return rc or 1
-                waited = len(alive) < self.min_hosts and bool(failing)
-                if waited:
-                    passing = "1 host passes" if len(alive) == 1 else f"{len(alive)} hosts pass"
-                    self.say(f"{why}; {passing}, fewer than --min_hosts {self.min_hosts}")
-                    answer = self.health.wait_out(self.hosts, failing)
-                    if answer is None:
-                        if self._stopping:
-                            self.say("interrupted: nothing is left running")
-                            return 130
-                        self.say("the last good checkpoint: "
-                                 f"{describe_checkpoint(self.checkpoint)}")
-                        return rc or 1
-                    alive, failing = answer
-                    why = _why(rc, hosts, alive, failing) + "; after waiting for the " \
-                        "partition"
-                elif len(alive) < self.min_hosts:
-                    self.say(f"{why}; {len(alive)} host{'s' * (len(alive) != 1)} left, "
-                             f"fewer than --min_hosts {self.min_hosts}; the last good "
-                             f"checkpoint: {describe_checkpoint(self.checkpoint)}")
-                    return rc or 1
+                step = self._restart_hosts(rc, hosts, lost, started, restarts)
+                if isinstance(step, int):
+                    return step
+                alive, why, counted, waited, failing = step
                 failed_starts = 0 if started else failed_starts + 1
-                if not started and failing and not waited:
-                    # a start broke while hosts fail the probe: space the next start
-                    wait = self.health.delay(failed_starts - 1)
-                    self.say(f"the start failed while hosts fail the data probe (not counted "
-                             f"as a restart); relaunching in {wait:g} s")
-                    if self.health.stopped.wait(wait):
-                        self.say("interrupted: nothing is left running")
-                        return 130
+                if not started and failing and not waited and self._space_start(failed_starts):
+                    return 130
                 restarts += counted
                 resume, where, redo = resume_point(self.checkpoint, self.train_argv, reached)
                 if resume is None:
@@ -360,6 +313,72 @@ class Supervisor:
                 signal.signal(s, handler)
             shutil.rmtree(tmp, ignore_errors=True)
 
+
+    def _ended(self, rc: int, hosts: list[str], restarts: int) -> int | None:
+        """The exit status where the job's end is final (done, stopped, or an exit that a
+        restart cannot mend), else None."""
+        if rc and not self._stopping:
+            self._name_dead()
+        if self._stopping:
+            self.say("interrupted: the job was stopped, nothing is left running")
+            return 130
+        if rc == 0:
+            self.say(f"finished on {len(hosts)} hosts after {restarts} restart"
+                     f"{'s' * (restarts != 1)}")
+            return 0
+        if rc in NO_RESTART:
+            self.say(f"not restarting: {NO_RESTART[rc]}; fix the cause, then resume "
+                     f"the last checkpoint: --resume {self.checkpoint}")
+            return rc
+        return None
+
+    def _restart_hosts(self, rc: int, hosts: list[str], lost, started: bool, restarts: int):
+        """(alive, why, counted, waited, failing) for the restart after a failed job, or the
+        exit status where there is none (the budget spent, too few hosts, stopped)."""
+        # every host given is probed again: one dropped earlier that answers now
+        # (its power or link back) is taken again, in its place in --hosts (with
+        # node-local checkpoints its copy may be older: the ranks agree on the
+        # newest, run/resume.py). A host named lost is left out of this restart;
+        # probed all the same, its failing the data probe tells a partition.
+        alive, failing = self.health.check(self.hosts)
+        alive = [h for h in alive if h not in lost]
+        why = _why(rc, hosts, alive, failing)
+        # a start that a partition broke is not a lost run
+        counted = started or not failing
+        if counted and restarts >= self.max_restarts:
+            self.say(f"{why}; the restart budget (--max_restarts "
+                     f"{self.max_restarts}) is spent; the last good checkpoint: "
+                     f"{describe_checkpoint(self.checkpoint)}")
+            return rc or 1
+        waited = len(alive) < self.min_hosts and bool(failing)
+        if waited:
+            passing = "1 host passes" if len(alive) == 1 else f"{len(alive)} hosts pass"
+            self.say(f"{why}; {passing}, fewer than --min_hosts {self.min_hosts}")
+            answer = self.health.wait_out(self.hosts, failing)
+            if answer is None:
+                if self._stopping:
+                    self.say("interrupted: nothing is left running")
+                    return 130
+                self.say(f"the last good checkpoint: {describe_checkpoint(self.checkpoint)}")
+                return rc or 1
+            alive, failing = answer
+            why = _why(rc, hosts, alive, failing) + "; after waiting for the partition"
+        elif len(alive) < self.min_hosts:
+            self.say(f"{why}; {len(alive)} host{'s' * (len(alive) != 1)} left, "
+                     f"fewer than --min_hosts {self.min_hosts}; the last good "
+                     f"checkpoint: {describe_checkpoint(self.checkpoint)}")
+            return rc or 1
+        return alive, why, counted, waited, failing
+
+    def _space_start(self, failed_starts: int) -> bool:
+        """Wait before the next start (not a restart); True where it was interrupted."""
+        wait = self.health.delay(failed_starts - 1)
+        self.say(f"the start failed while hosts fail the data probe (not counted "
+                 f"as a restart); relaunching in {wait:g} s")
+        if self.health.stopped.wait(wait):
+            self.say("interrupted: nothing is left running")
+            return True
+        return False
 
 def _why(rc: int, hosts: list[str], alive: list[str], failing: dict[str, str]) -> str:
     """Why the restart: the hosts of the last job left out (and the probe each failed),

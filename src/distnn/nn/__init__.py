@@ -4,13 +4,13 @@ from .activations import (ACTIVATIONS, GELU, LeakyReLU, ReLU, ReLU6, Sigmoid, Si
 from .allocator import reuse_freed_memory
 from .attention import MultiHeadAttention
 from .base import Layer
-from .containers import Add, Concat, Sequential, set_add_relu_fusion
+from .containers import Add, Concat, Sequential
 from .conv import Conv2D
 from .core import Dense, Dropout, Flatten
+from .fusion import set_add_relu_fusion, set_bn_relu_fusion
 from .embedding import Embedding, PositionalEmbedding, SinusoidalPositionalEmbedding, TiedDense
 from .model import Model, ModelMethods
-from .normalization import (BatchNormalization, LayerNormalization, RMSNorm,
-                            set_bn_relu_fusion)
+from .normalization import BatchNormalization, LayerNormalization, RMSNorm
 from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
 from .sequence import ClassToken, PaddingMask, Patchify, SequencePool
 from .transformer import TransformerDecoderBlock, TransformerEncoderBlock

@@ -42,9 +42,10 @@ class _OneOp(Layer):
 class ReLU(_OneOp):
     """max(x, 0).
 
-    After a ``BatchNormalization`` that is linked to it (``fused_relu``, set when the
-    container is built) the pair runs as one pass: this layer then passes the already
-    rectified array on, and its backward passes dy on (the batch norm applies the mask).
+    After a layer that took it into its own pass (``fused_relu``, linked by nn/fusion.py
+    when the container is built) the chain calls ``pass_on`` with that layer's already
+    rectified output instead of ``forward``; backward then passes dy on (the layer before
+    applies the mask).
     ``reuse_buffers`` (default False): as ``BatchNormalization``'s, for the output and dx.
     """
 
@@ -52,8 +53,7 @@ class ReLU(_OneOp):
 
     def __init__(self, name: str | None = None):
         super().__init__(name)
-        self._rectified = None  # set by a fused batch norm to the array it just returned
-        self._passed = False
+        self._passed = False  # the last forward passed a fused partner's output on
         self._bufs: dict[str, np.ndarray] = {}
 
     def _buf(self, key, like):
@@ -67,17 +67,20 @@ class ReLU(_OneOp):
 
     def forward(self, x, training=False):
         check_features(self, x)
-        rectified, self._rectified = self._rectified, None
-        self._passed = x is rectified
-        if self._passed:
-            self._y = x
-            return x
+        self._passed = False
         fast = _fast_for(x)
         y = self._buf("y", x) if training else np.empty_like(x)
         if fast is not None:
             fast.relu_forward(x, y)
         else:
             np.maximum(x, 0, out=y)
+        self._y = y
+        return y
+
+    def pass_on(self, y):
+        """Forward where y is already max(x, 0) (the output of the layer fused with this
+        one): y itself, kept as the mask."""
+        self._passed = True
         self._y = y
         return y
 

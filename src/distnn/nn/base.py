@@ -10,7 +10,7 @@ buffers (see ``Sequential``).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -154,6 +154,20 @@ def layer_classes() -> list[type[Layer]]:
                 found.append(sub)
                 todo.append(sub)
     return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
+def torch_family(define: Callable[[Any], dict[str, type]]) -> Callable[[], dict[str, type]]:
+    """A family's torch module classes, ``define(torch)``'s dict, defined at first use and
+    kept (torch is optional: importing a layer module does not import it)."""
+    kept: dict[str, type] = {}
+
+    def classes() -> dict[str, type]:
+        if not kept:
+            import torch
+            kept.update(define(torch))
+        return kept
+    classes.__doc__ = define.__doc__
+    return classes
 
 
 def check_input(layer: Layer, x: np.ndarray) -> None:

@@ -10,12 +10,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..kernels import planner as plan
-from ..kernels.backend import compiled
-from .activations import ReLU
+from . import fusion
 from .base import Layer, check_input
 from .model import ModelMethods
-from .normalization import BatchNormalization, link_bn_relu
+from .normalization import BatchNormalization
 from .sums import _add, _sum_fresh, _sum_into
 
 GradHook = Callable[[Layer], None]
@@ -44,19 +42,14 @@ class _Chain(Layer):
         shape = input_shape
         for layer in self.layers:
             shape = layer.build(shape, rng=rng, dtype=self.dtype)
-        link_bn_relu(self.layers)  # a BatchNormalization + ReLU pair runs as one pass
-        link_add_relu(self.layers)  # and so does an Add + ReLU pair (compiled path)
+        fusion.link_all(self.layers)  # BatchNormalization/Add + ReLU pairs as one pass
         return shape
 
     def forward(self, x, training=False):
-        for layer in self.layers:
-            x = layer.forward(x, training)
-        return x
+        return fusion.forward_steps(self.layers, x, training)
 
     def backward(self, dy):
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy)
-        return dy
+        return fusion.backward_steps(self.layers, dy)
 
     def onnx_node(self, g, x):
         from .onnx_export import emit
@@ -115,21 +108,24 @@ class Add(_Block):
         *branches: each a layer or a list of layers; ``[]`` or ``None`` is the identity.
 
     Attributes:
-        fused_relu: the ``ReLU`` right after this block in a chain (linked when built),
-            else None. Where ``kernels.planner.fuse_add_relu`` allows (compiled backend, two
-            branches, contiguous outputs) the pair runs fused: forward max(sum, 0) in one
-            pass (in training, where branch 0 ends in a batch norm, that batch norm's pass,
-            after branch 1), the ReLU passing it on; backward this block masks dy (the
-            ReLU passes it on) into a new array for its branches and sums their gradients
-            into it, masked in the same pass by the ReLU of a fused pair before it, if its
-            input is that pair's output (that pair then skips its mask). The same bits as unfused;
-            ``set_add_relu_fusion(model, False)`` undoes the link.
+        fused_relu: the ``ReLU`` right after this block in a chain (linked by nn/fusion.py
+            when built), else None. Where the fusion applies (``fusion.add_relu_applies``:
+            the compiled backend and the planner's "add_relu"; two branches, contiguous
+            outputs) the pair runs fused: forward max(sum, 0) in one pass (in training,
+            where branch 0 ends in a batch norm, that batch norm's pass, after branch 1),
+            the chain having the ReLU pass it on; backward this block masks dy (the ReLU
+            passes it on) into a new array for its branches and sums their gradients into
+            it, masked in the same pass by the ReLU of the fused pair before it
+            (``upstream``), if its input is that pair's output (``masked_upstream``: the
+            chain then gives that pair its gradient through ``backward_masked``). The same
+            bits as unfused; ``set_add_relu_fusion(model, False)`` undoes the link.
 
     Example:
         Add([Conv2D(16, 3, padding="same"), BatchNormalization()], [])  # x + f(x)
     """
 
     _merge = "Add"
+    relu_fusion = "add_relu"  # the planner's name for this block + the ReLU after it
 
     def __init__(self, *branches, name: str | None = None):
         super().__init__(*branches, name=name)
@@ -137,7 +133,28 @@ class Add(_Block):
         self._upstream: Add | None = None  # a fused Add whose ReLU's output feeds this one
         self._relu_y = None  # the fused forward's output: the ReLU's mask for backward
         self._x = None  # the input, where it is the upstream pair's fused output
-        self._premasked = None  # dy that the block after this one already masked
+        self.masked_upstream = False  # the last dx came masked by the upstream pair's ReLU
+
+    def fuse_relu(self, relu: Layer | None, upstream: Add | None = None) -> None:
+        """Take the ReLU after this block into its pass (None: run apart); ``upstream``:
+        the fused Add + ReLU pair whose output is this block's input."""
+        self.fused_relu, self._upstream = relu, upstream
+        self._relu_y = self._x = None
+        self.masked_upstream = False
+
+    @property
+    def upstream(self) -> Add | None:
+        return self._upstream
+
+    @property
+    def rectified(self) -> bool:
+        """Whether the last forward ran fused: its output is already max(sum, 0)."""
+        return self._relu_y is not None
+
+    @property
+    def rectified_output(self):
+        """The last fused forward's output (None where it ran apart)."""
+        return self._relu_y
 
     def _build(self, input_shape, rng):
         shapes = self._build_branches(input_shape, rng)
@@ -148,11 +165,10 @@ class Add(_Block):
     def forward(self, x, training=False):
         check_input(self, x)
         up = self._upstream
-        self._x = x if up is not None and up._relu_y is not None and x is up._relu_y else None
-        self._premasked = None
+        fed = up.rectified_output if up is not None else None
+        self._x = x if fed is not None and x is fed else None
         self._relu_y, outs = self._fused(x, training)
         if outs is None:
-            self.fused_relu._rectified = self._relu_y  # the ReLU passes this array on
             return self._relu_y
         # Branch outputs may be arrays their last layer caches for backward: never add into
         # them in place; the first sum makes a fresh array that later ones accumulate into.
@@ -165,74 +181,42 @@ class Add(_Block):
         """(max(sum, 0), None) where the fusion applies, else (None, the branch outputs). In
         training, where branch 0 ends in a batch norm, branch 1 runs first, and that batch
         norm writes the sum and the ReLU in its own pass (``forward_add_relu``)."""
-        fast, branches = compiled(), self.branches
-        if (self.fused_relu is None or fast is None or len(branches) != 2
-                or not plan.fuse_add_relu(x.dtype)):
+        branches = self.branches
+        if (self.fused_relu is None or len(branches) != 2
+                or not fusion.add_relu_applies(x.dtype)):
             return None, [b.forward(x, training) for b in branches]
         bn = branches[0].layers[-1] if branches[0].layers else None
         if training and type(bn) is BatchNormalization:
             r = branches[1].forward(x, training)
-            for layer in branches[0].layers[:-1]:
-                x = layer.forward(x, training)
+            x = fusion.forward_steps(branches[0].layers[:-1], x, training)
             y = bn.forward_add_relu(x, r)
             if y is not None:
                 return y, None
             outs = [bn.forward(x, training), r]
         else:
             outs = [b.forward(x, training) for b in branches]
-        a, b = outs
-        if not (a.shape == b.shape and a.dtype == b.dtype and a.size and a.flags.c_contiguous
-                and b.flags.c_contiguous):
-            return None, outs
-        y = np.empty_like(a)
-        fast.add_relu(a, b, y)
-        return y, None
+        y = fusion.add_relu(*outs)
+        return (None, outs) if y is None else (y, None)
 
     def backward(self, dy):
+        # fused: the ReLU passed dy on unmasked
+        return self._backward(dy, masked=False)
+
+    def backward_masked(self, g):
+        """``backward`` of a fused pair whose dy the fused block after it already masked
+        with this pair's ReLU (in its sum: g, which this block may overwrite)."""
+        return self._backward(g, masked=True)
+
+    def _backward(self, dy, masked: bool):
+        self.masked_upstream = False
         y = self._relu_y
         if y is None:
             return _sum_fresh([b.backward(dy) for b in self.branches])
-        # fused: the ReLU passed dy on unmasked, unless the fused block after this one
-        # masked it in its sum (dy is then that sum, which this block may overwrite)
-        fast = compiled()
-        if dy is self._premasked:
-            g = dy
-        elif (fast is not None and dy.shape == y.shape and dy.dtype == y.dtype
-                and dy.flags.c_contiguous and y.flags.c_contiguous):
-            g = np.empty_like(dy)
-            fast.relu_backward(dy, y, g)
-        else:
-            g = dy * (y > 0)
-        up, x, self._premasked = self._upstream, self._x, None
-        mask = x if up is not None and up._relu_y is x else None
-        dx, masked = _sum_into(g, [b.backward(g) for b in self.branches], mask)
-        if masked:
-            up._premasked = dx
+        g = dy if masked else fusion.relu_mask(dy, y)
+        up, x = self._upstream, self._x
+        mask = x if up is not None and up.rectified_output is x else None
+        dx, self.masked_upstream = _sum_into(g, [b.backward(g) for b in self.branches], mask)
         return dx
-
-
-def link_add_relu(layers, enabled: bool = True) -> None:
-    """Link every Add block in ``layers`` (one chain, in order) that is directly followed
-    by a ReLU, so that the pair may run fused; ``enabled=False`` unlinks them."""
-    layers = list(layers)
-    for i, block in enumerate(layers):
-        if type(block) is Add:
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            block.fused_relu = nxt if enabled and type(nxt) is ReLU else None
-            block._relu_y = block._x = block._premasked = None
-            if type(nxt) is ReLU:
-                nxt._rectified = None
-            up = layers[i - 2] if i >= 2 else None  # a fused pair feeding this block
-            block._upstream = up if type(up) is Add and up.fused_relu is layers[i - 1] else None
-
-
-def set_add_relu_fusion(model: Layer, enabled: bool) -> None:
-    """Fuse (True, the default after building) or unfuse every Add + ReLU pair of a built
-    model; results are the same either way."""
-    for layer in model.walk():
-        chain = getattr(layer, "layers", None)
-        if isinstance(chain, list):
-            link_add_relu(chain, enabled)
 
 
 class Concat(_Block):
@@ -372,27 +356,29 @@ class Sequential(ModelMethods, _Chain):
         before = self.layer_hooks
         if not before:
             return super().forward(x, training)
-        for layer in self.layers:
+
+        def call_hooks(layer):
             if layer in self._has_params:
                 for hook in before:
                     hook("forward", layer)
-            x = layer.forward(x, training)
-        return x
+        return fusion.forward_steps(self.layers, x, training, call_hooks)
 
     def backward(self, dy):
         """Backpropagate dy through all layers; after each top-level layer's backward the
         registered grad hooks are called with that layer (its gradients are then final),
         and before it the layer hooks, with ("backward", layer)."""
         hooks, before = self.grad_hooks, self.layer_hooks
-        for layer in reversed(self.layers):
+
+        def call_before(layer):
             if before and layer in self._has_params:
                 for hook in before:
                     hook("backward", layer)
-            dy = layer.backward(dy)
+
+        def call_after(layer):
             if hooks and layer in self._has_params:
                 for hook in hooks:
                     hook(layer)
-        return dy
+        return fusion.backward_steps(self.layers, dy, call_before, call_after)
 
     # -- interchange --------------------------------------------------------------------
     def to_onnx(self, path) -> str:

@@ -77,10 +77,7 @@ class Conv2D(Layer):
         self._cache = None
 
     def _build(self, input_shape, rng):
-        if len(input_shape) != 3:
-            raise ValueError(f"Conv2D layer {self.name!r} needs per-sample input (C, H, W) but "
-                             f"got {input_shape}; reshape the data to NCHW")
-        c, h, w = input_shape
+        c, h, w = image_input(self, input_shape)
         if c % self.groups:
             raise ValueError(f"Conv2D layer {self.name!r}: groups={self.groups} must divide "
                              f"both the input channels ({c}) and the filters "
@@ -194,6 +191,14 @@ class Conv2D(Layer):
         if padding == "same" and auto == "NOTSET":
             arrays["pads"] = (pads[0], pads[2], pads[1], pads[3])
         return layer, arrays
+
+
+def image_input(layer, input_shape) -> tuple[int, int, int]:
+    """(C, H, W) of a per-sample image shape; a ValueError naming the layer otherwise."""
+    if len(input_shape) != 3:
+        raise ValueError(f"{type(layer).__name__} layer {layer.name!r} needs per-sample input "
+                         f"(C, H, W) but got {input_shape}; reshape the data to NCHW")
+    return tuple(input_shape)
 
 
 def fmt_pair(pair: tuple[int, int]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Layer, check_features
+from .base import Layer, check_features, torch_family
 
 
 def embedding_normal(shape, fan_in, fan_out, rng, dtype):
@@ -353,29 +353,23 @@ def _check_length(layer: Layer, length: int) -> None:
                          f"{layer.max_len} tokens or build it with max_len >= {length}")
 
 
-_TORCH: dict[str, type] = {}
-
-
-def _torch_classes() -> dict[str, type]:
+@torch_family
+def _torch_classes(torch) -> dict[str, type]:
     """The torch modules of this family, defined at first use (torch is optional)."""
-    if not _TORCH:
-        import torch
+    class TokenEmbedding(torch.nn.Embedding):
+        """``nn.Embedding`` taking ids of any dtype, as distnn's ``Embedding``."""
 
-        class TokenEmbedding(torch.nn.Embedding):
-            """``nn.Embedding`` taking ids of any dtype, as distnn's ``Embedding``."""
+        def forward(self, x):
+            return super().forward(x.long())
 
-            def forward(self, x):
-                return super().forward(x.long())
+    class AddPositions(torch.nn.Module):
+        """x + weight[:T] for (N, T, dim) input (learned or fixed positions)."""
 
-        class AddPositions(torch.nn.Module):
-            """x + weight[:T] for (N, T, dim) input (learned or fixed positions)."""
+        def __init__(self, max_len: int, dim: int):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(max_len, dim))
 
-            def __init__(self, max_len: int, dim: int):
-                super().__init__()
-                self.weight = torch.nn.Parameter(torch.zeros(max_len, dim))
+        def forward(self, x):
+            return x + self.weight[:x.shape[1]]
 
-            def forward(self, x):
-                return x + self.weight[:x.shape[1]]
-
-        _TORCH.update(TokenEmbedding=TokenEmbedding, AddPositions=AddPositions)
-    return _TORCH
+    return dict(TokenEmbedding=TokenEmbedding, AddPositions=AddPositions)

@@ -327,10 +327,8 @@ class MeanSquaredError(_DifferenceLoss):
 
 class MeanAbsoluteError(_DifferenceLoss):
     """Absolute error; the per-sample loss is the mean over the features (gradient
-    sign(y_pred - y_true), 0 where they are equal, as torch).
-
-    Shape:
-        y_pred (N, ...) and y_true of the same shape ((N,) and (N, 1) are interchangeable).
+    sign(y_pred - y_true), 0 where they are equal, as torch). Shape: as
+    ``MeanSquaredError``'s.
 
     Example:
         loss, dy = MeanAbsoluteError()(y, targets)
@@ -340,8 +338,7 @@ class MeanAbsoluteError(_DifferenceLoss):
 
     def _total_and_grad(self, diff, features):
         total = float(np.sum(np.abs(diff), dtype=np.float64))
-        np.sign(diff, out=diff)
-        np.multiply(diff, 1.0 / features, out=diff)
+        np.multiply(np.sign(diff, out=diff), 1.0 / features, out=diff)
         return total
 
 

@@ -8,7 +8,6 @@ import numpy as np
 
 from ..kernels import batchnorm as K
 from ..kernels.transformer_ops import layer_norm_backward, layer_norm_forward
-from .activations import ReLU
 from .base import Layer, check_features, check_input
 
 StatReducer = Callable[[np.ndarray], np.ndarray]
@@ -35,11 +34,11 @@ class BatchNormalization(Layer):
             call, and backward the packed [sum(dy), sum(dy*xhat)] with one call; ``grads``
             stay local (they are averaged with the other gradients).
         fused_relu: the ``ReLU`` layer right after this one in a Sequential or block
-            branch (linked when the container is built), else None. The pair then runs as
-            one pass forward (this layer returns max(bn(x), 0) and the ReLU passes it on)
-            and one backward (the ReLU mask is read from this layer's output);
-            parameters, names, checkpoints and results are those of the two layers apart.
-            ``set_bn_relu_fusion(model, False)`` undoes the link.
+            branch (linked by nn/fusion.py when the container is built), else None. The
+            pair then runs as one pass forward (this layer returns max(bn(x), 0) and the
+            chain has the ReLU pass it on) and one backward (the ReLU mask is read from
+            this layer's output); parameters, names, checkpoints and results are those of
+            the two layers apart. ``set_bn_relu_fusion(model, False)`` undoes the link.
         reuse_buffers: (class attribute, default False) in training, write the output, the
             normalized input (where it is kept: the NumPy path and SyncBatchNorm; the
             compiled path keeps x and recomputes it in backward) and dx into arrays kept
@@ -75,6 +74,16 @@ class BatchNormalization(Layer):
         self._bufs: dict[str, np.ndarray] = {}
 
     reuse_buffers = False
+    relu_fusion = "bn_relu"  # the planner's name for this layer + the ReLU after it
+
+    def fuse_relu(self, relu: Layer | None) -> None:
+        """Take the ReLU after this layer into its pass (None: run apart)."""
+        self.fused_relu = relu
+
+    @property
+    def rectified(self) -> bool:
+        """Whether the output is already max(., 0): the fused ReLU is applied here."""
+        return self.fused_relu is not None
 
     def _buf(self, key: str) -> np.ndarray | None:
         return self._bufs.get(key) if self.reuse_buffers else None
@@ -107,7 +116,7 @@ class BatchNormalization(Layer):
             else:
                 y = K.bn_inference(x, mean, var, gamma, beta, self.epsilon)
             self._cache = (False, x, mean, var, y if relu else None)
-            return self._hand_over(y)
+            return y
         source = None  # (x, mean) when the kernel kept no xhat
         if self.stat_reducer is None:
             # xhat is not written on the compiled path: backward recomputes it from x
@@ -129,7 +138,7 @@ class BatchNormalization(Layer):
                 np.maximum(y, 0, out=y)
         self._update_running(mean, var, count)
         self._cache = (True, xhat, invstd, count, relu, source)
-        return self._hand_over(y)
+        return y
 
     def forward_add_relu(self, x, r):
         """Training forward fused with the residual sum after it and the ReLU after that:
@@ -147,12 +156,6 @@ class BatchNormalization(Layer):
         count = K.channel_count(x)
         self._update_running(mean, var, count)
         self._cache = (True, None, invstd, count, False, (x, mean))
-        return y
-
-    def _hand_over(self, y):
-        """Tell the fused ReLU which array is already rectified (it passes that one on)."""
-        if self.fused_relu is not None:
-            self.fused_relu._rectified = y
         return y
 
     def _update_running(self, mean, var, count):
@@ -419,23 +422,3 @@ class RMSNorm(LayerNormalization):
                                   elementwise_affine=self.elementwise_affine)
         self._copy_affine(module)
         return module
-
-
-def link_bn_relu(layers, enabled: bool = True) -> None:
-    """Link every BatchNormalization in ``layers`` (one chain, in order) that is directly
-    followed by a ReLU, so that the pair runs fused; ``enabled=False`` unlinks them."""
-    layers = list(layers)
-    for bn, nxt in zip(layers, layers[1:] + [None]):
-        if type(bn) is BatchNormalization:
-            bn.fused_relu = nxt if enabled and type(nxt) is ReLU else None
-            if type(nxt) is ReLU:
-                nxt._rectified = None
-
-
-def set_bn_relu_fusion(model: Layer, enabled: bool) -> None:
-    """Fuse (True, the default after building) or unfuse every BatchNormalization + ReLU
-    pair of a built model; results are the same either way."""
-    for layer in model.walk():
-        chain = getattr(layer, "layers", None)
-        if isinstance(chain, list):
-            link_bn_relu(chain, enabled)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..kernels import pooling as K
 from .base import Layer, check_input
-from .conv import as_pair, fmt_pair
+from .conv import as_pair, fmt_pair, image_input
 
 
 class _Pool2D(Layer):
@@ -23,10 +23,7 @@ class _Pool2D(Layer):
         self._cache = None
 
     def _build(self, input_shape, rng):
-        if len(input_shape) != 3:
-            raise ValueError(f"{type(self).__name__} layer {self.name!r} needs per-sample input "
-                             f"(C, H, W) but got {input_shape}")
-        c, h, w = input_shape
+        c, h, w = image_input(self, input_shape)
         try:
             _, _, oh, ow = K.pool_output_shape((1, c, h, w), self.pool_size, self.strides,
                                                self.padding)

@@ -18,7 +18,7 @@ import inspect
 
 import numpy as np
 
-from .base import Layer, check_features, check_input
+from .base import Layer, check_features, torch_family, check_input
 from .containers import _Chain
 from .embedding import Embedding
 
@@ -225,14 +225,9 @@ class PaddingMask(_Chain):
     torch_module = Layer.torch_module
 
 
-_TORCH: dict[str, type] = {}
-
-
-def _torch_classes() -> dict[str, type]:
+@torch_family
+def _torch_classes(torch) -> dict[str, type]:
     """This family's torch modules, defined at first use (torch is optional)."""
-    if _TORCH:
-        return _TORCH
-    import torch
     nn = torch.nn
 
     class Patchify(nn.Module):
@@ -261,5 +256,4 @@ def _torch_classes() -> dict[str, type]:
         def forward(self, x):
             return x[:, 0] if self.mode == "cls" else x.mean(dim=1)
 
-    _TORCH.update(Patchify=Patchify, ClassToken=ClassToken, SequencePool=SequencePool)
-    return _TORCH
+    return dict(Patchify=Patchify, ClassToken=ClassToken, SequencePool=SequencePool)

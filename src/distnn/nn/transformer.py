@@ -10,7 +10,7 @@ import numpy as np
 
 from .activations import GELU, ReLU, SiLU
 from .attention import MultiHeadAttention
-from .base import Layer, check_features
+from .base import Layer, check_features, torch_family
 from .core import Dense, Dropout
 from .normalization import LayerNormalization
 
@@ -190,14 +190,9 @@ class TransformerDecoderBlock(_PreLNBlock):
         return self._ff_inference(h)
 
 
-_TORCH: dict[str, type] = {}
-
-
-def _torch_classes() -> dict[str, type]:
+@torch_family
+def _torch_classes(torch) -> dict[str, type]:
     """The blocks' torch modules, defined at first use (torch is optional)."""
-    if _TORCH:
-        return _TORCH
-    import torch
     nn = torch.nn
 
     class Block(nn.Module):
@@ -219,5 +214,4 @@ def _torch_classes() -> dict[str, type]:
         def forward(self, x):
             return nn.functional.gelu(x, approximate="tanh")
 
-    _TORCH.update(Block=Block, TanhGELU=TanhGELU)
-    return _TORCH
+    return dict(Block=Block, TanhGELU=TanhGELU)

@@ -74,10 +74,7 @@ class MasterWorker(Rule):
     """
 
     default_period = 1
-
-    @classmethod
-    def plan_label(cls, period, probability):
-        return f"{cls.name} (every {period})"
+    plan_format = "{name} (every {period})"
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

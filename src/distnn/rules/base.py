@@ -104,11 +104,12 @@ class Rule:
 
     # -- what the rule sends a step, declared for the cost model (costmodel/predict.py) --
     default_period = 1  # the period (sync_every, chunks) when none is given
+    plan_format = "{name}"  # the rule in the cost model's tables, of name, period, probability
 
     @classmethod
     def plan_label(cls, period: int, probability: float) -> str:
-        """The rule in the cost model's tables."""
-        return cls.name
+        """The rule in the cost model's tables (``plan_format``)."""
+        return cls.plan_format.format(name=cls.name, period=period, probability=probability)
 
     @classmethod
     def step_messages(cls, *, size: int, itemsize: int, period: int,

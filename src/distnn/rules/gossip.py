@@ -48,10 +48,7 @@ class Gossip(GroupedReplicas, Rule):
     """
 
     name = "gossip"
-
-    @classmethod
-    def plan_label(cls, period, probability):
-        return f"gossip (p={probability:g})"
+    plan_format = "gossip (p={probability:g})"
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):
@@ -148,12 +145,17 @@ class Gossip(GroupedReplicas, Rule):
 
     def step(self, trainer) -> None:
         self._local_step(trainer)
-        if self._group is not None:
-            if self._group.is_leader:
-                self._gossip(trainer)
-            self._group.share_weights(trainer)
-        else:
-            self._gossip(trainer)
+        self._as_group(trainer, self._gossip)
+
+    def _as_group(self, trainer, work) -> None:
+        """work(trainer) on this rank, or, in a group of ranks, on its leader, whose
+        weights the group then shares."""
+        if self._group is None:
+            work(trainer)
+            return
+        if self._group.is_leader:
+            work(trainer)
+        self._group.share_weights(trainer)
 
     def _gossip(self, trainer) -> None:
         comm = self._peers(trainer)
@@ -176,14 +178,10 @@ class Gossip(GroupedReplicas, Rule):
 
     # -- epoch end: drain, then consensus ---------------------------------------------------
     def end_epoch(self, trainer, epoch: int) -> None:
+        self._as_group(trainer, self._consensus)
         if self._group is not None:
-            if self._group.is_leader:
-                self._consensus(trainer)
-            self._group.share_weights(trainer)
             self._states = gather_states(trainer, local_state(
                 trainer, weights=False, rng=self._rng.bit_generator.state))
-        else:
-            self._consensus(trainer)
 
     def _consensus(self, trainer) -> None:
         comm = self._peers(trainer)

@@ -86,10 +86,7 @@ class LocalSGD(GroupedReplicas, Rule):
 
     name = "localsgd"
     default_period = 8
-
-    @classmethod
-    def plan_label(cls, period, probability):
-        return f"localsgd (every {period})"
+    plan_format = "localsgd (every {period})"
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

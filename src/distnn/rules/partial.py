@@ -47,10 +47,7 @@ class PartialUpdate(Rule):
 
     name = "partial"
     default_period = 4
-
-    @classmethod
-    def plan_label(cls, period, probability):
-        return f"partial ({period} chunks)"
+    plan_format = "partial ({period} chunks)"
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

@@ -96,6 +96,18 @@ class StageOptimizer(dist.DistributedOptimizer):
         self.optimizer.load_state_dict(d)
 
 
+class _StepState:
+    """One step's messages in flight, arrays kept until sent, and its times and sums."""
+
+    def __init__(self, boxes: tuple[dict, dict], n_sums: int):
+        self.inbox, self.gradbox = boxes
+        self.sends: list = []
+        self.upstream: dict = {}
+        self.delta = np.zeros(n_sums + 1)  # the last stage's metric sums, then the loss
+        self.wait = self.compute = 0.0
+        self.sent = 0
+
+
 class Pipeline(Rule):
     """Pipeline parallelism over a Sequential's layers, with data parallelism around it.
 
@@ -213,67 +225,21 @@ class Pipeline(Rule):
 
     def train_batch(self, trainer, batch, sums: np.ndarray) -> float:
         t_step = time.perf_counter()
-        s, S, comm = self.stage, self.stages, self._stage_comm
+        S = self.stages
         n, denom = len(batch.x), self.loss_denominator(batch)
         bounds = np.linspace(0, n, self.micro_batches + 1).round().astype(int)
         pieces = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         m = len(pieces)
-        first, last = s == 0, s == S - 1
-        dtype, grads = self.model.dtype, self.model.gradients_flat()
-        inbox, gradbox, sends, upstream = {}, {}, [], {}
-        for i, (a, b) in enumerate(pieces):  # every receive of the step, posted first
-            if not first:
-                inbox[i] = comm.irecv_(np.empty((b - a, *self.model.input_shape), dtype),
-                                       s - 1, TAG_ACTIVATION + 4 * i)
-            if not last:
-                gradbox[i] = comm.irecv_(np.empty((b - a, *self.model.output_shape), dtype),
-                                         s + 1, TAG_GRADIENT + 4 * i)
+        grads = self.model.gradients_flat()
+        st = _StepState(self._post_receives(pieces), len(sums))
         acc = np.zeros_like(grads) if m > 1 else None
-        delta = np.zeros(len(sums) + 1)  # the last stage's metric sums, then the loss
-        wait = compute = 0.0
-        sent = 0
         try:
             for op, i in (step for step in self.order if step[1] < m):
-                a, b = pieces[i]
                 if op == "F":
-                    if first:
-                        x = batch.x[a:b]
-                    else:
-                        wait += wait_all([inbox[i]], max_sleep=2e-4)
-                        x = inbox.pop(i).wait()
-                    t0 = time.perf_counter()
-                    self._slots.enter(i)
-                    y = self.model.forward(x, True)
-                    self._slots.leave(i)
-                    if last:
-                        loss, upstream[i] = trainer.loss_fn(y, batch.y[a:b], denom=denom)
-                        trainer.metrics.accumulate(delta[:-1], y, batch.y[a:b], loss, denom)
-                        delta[-1] += float(loss)
-                    else:
-                        upstream[i] = y = np.ascontiguousarray(y)  # kept until sent
-                        sends.append(comm.isend_(y, s + 1, TAG_ACTIVATION + 4 * i))
-                        sent += y.nbytes
-                    compute += time.perf_counter() - t0
+                    self._forward_piece(trainer, batch, pieces[i], i, denom, st)
                 else:
-                    if not last:
-                        wait += wait_all([gradbox[i]], max_sleep=2e-4)
-                        dy = gradbox.pop(i).wait()
-                    else:
-                        dy = upstream[i]
-                    t0 = time.perf_counter()
-                    self._slots.enter(i)
-                    dx = self.model.backward(dy)
-                    self._slots.leave(i)
-                    upstream.pop(i, None)
-                    if acc is not None:
-                        np.add(acc, grads, out=acc)
-                    if not first:
-                        dx = np.ascontiguousarray(dx)
-                        upstream[("dx", i)] = dx
-                        sends.append(comm.isend_(dx, s - 1, TAG_GRADIENT + 4 * i))
-                        sent += dx.nbytes
-                    compute += time.perf_counter() - t0
-            wait += wait_all(sends, max_sleep=2e-4)
+                    self._backward_piece(i, st, acc)
+            st.wait += wait_all(st.sends, max_sleep=2e-4)
         except Exception as exc:
             exc.add_note(f"[{self.role(trainer.comm.rank)}]")
             raise
@@ -281,17 +247,77 @@ class Pipeline(Rule):
             grads[...] = acc
         elif m == 0:
             grads[...] = 0  # no samples for this replica: still take part in the all-reduce
+        delta = st.delta
         if S > 1:
-            comm.bcast_(delta, root=S - 1)
+            self._stage_comm.bcast_(delta, root=S - 1)
         sums += delta[:-1]
         c = self.counters
-        c["messages"] += len(sends)
-        c["bytes"] += sent
-        c["wait_s"] += wait
-        c["compute_s"] += compute
+        c["messages"] += len(st.sends)
+        c["bytes"] += st.sent
+        c["wait_s"] += st.wait
+        c["compute_s"] += st.compute
         c["steps"] += 1
         c["step_s"] += time.perf_counter() - t_step
         return float(delta[-1])
+
+    def _post_receives(self, pieces) -> tuple[dict, dict]:
+        """(activations in, gradients in): every receive of the step, posted first."""
+        s, comm, dtype = self.stage, self._stage_comm, self.model.dtype
+        inbox, gradbox = {}, {}
+        for i, (a, b) in enumerate(pieces):
+            if s > 0:
+                inbox[i] = comm.irecv_(np.empty((b - a, *self.model.input_shape), dtype),
+                                       s - 1, TAG_ACTIVATION + 4 * i)
+            if s < self.stages - 1:
+                gradbox[i] = comm.irecv_(np.empty((b - a, *self.model.output_shape), dtype),
+                                         s + 1, TAG_GRADIENT + 4 * i)
+        return inbox, gradbox
+
+    def _forward_piece(self, trainer, batch, piece, i: int, denom, st: _StepState) -> None:
+        """Micro-batch i forward: its input from the batch or the stage before, its output
+        to the stage after, or (last stage) its loss, metrics and loss gradient."""
+        s, (a, b) = self.stage, piece
+        if s == 0:
+            x = batch.x[a:b]
+        else:
+            st.wait += wait_all([st.inbox[i]], max_sleep=2e-4)
+            x = st.inbox.pop(i).wait()
+        t0 = time.perf_counter()
+        self._slots.enter(i)
+        y = self.model.forward(x, True)
+        self._slots.leave(i)
+        if s == self.stages - 1:
+            loss, st.upstream[i] = trainer.loss_fn(y, batch.y[a:b], denom=denom)
+            trainer.metrics.accumulate(st.delta[:-1], y, batch.y[a:b], loss, denom)
+            st.delta[-1] += float(loss)
+        else:
+            st.upstream[i] = y = np.ascontiguousarray(y)  # kept until sent
+            st.sends.append(self._stage_comm.isend_(y, s + 1, TAG_ACTIVATION + 4 * i))
+            st.sent += y.nbytes
+        st.compute += time.perf_counter() - t0
+
+    def _backward_piece(self, i: int, st: _StepState, acc: np.ndarray | None) -> None:
+        """Micro-batch i backward: dy from the stage after (or the loss), dx to the stage
+        before; its gradients added into acc where the step has several micro-batches."""
+        s = self.stage
+        if s < self.stages - 1:
+            st.wait += wait_all([st.gradbox[i]], max_sleep=2e-4)
+            dy = st.gradbox.pop(i).wait()
+        else:
+            dy = st.upstream[i]
+        t0 = time.perf_counter()
+        self._slots.enter(i)
+        dx = self.model.backward(dy)
+        self._slots.leave(i)
+        st.upstream.pop(i, None)
+        if acc is not None:
+            np.add(acc, self.model.gradients_flat(), out=acc)
+        if s > 0:
+            dx = np.ascontiguousarray(dx)
+            st.upstream[("dx", i)] = dx
+            st.sends.append(self._stage_comm.isend_(dx, s - 1, TAG_GRADIENT + 4 * i))
+            st.sent += dx.nbytes
+        st.compute += time.perf_counter() - t0
 
     def end_epoch(self, trainer, epoch: int) -> None:
         # Every stage added the last stage's sums (so its bar and batch logs are right);

@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..nn import fusion
 from .base import RuleArgumentError
 
 __all__ = ["StageModel", "partition", "stage_starts", "layer_costs", "CacheSlots",
@@ -196,17 +197,14 @@ class StageModel:
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         if x.dtype != self.dtype:
             x = x.astype(self.dtype)
-        for layer in self.layers:
-            x = layer.forward(x, training)
-        return x
+        return fusion.forward_steps(self.layers, x, training)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy)
+        def after(layer):
             if self.grad_hooks and id(layer) in self._has_params:
                 for hook in self.grad_hooks:
                     hook(layer)
-        return dy
+        return fusion.backward_steps(self.layers, dy, after=after)
 
 
 class CacheSlots:

@@ -325,8 +325,9 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         raise RunError(f"--output {cfg.predict.output}: --predictions_per_rank writes each "
                        "row's dataset index too: give a .npz or .csv file")
     preflight.check_outputs(cfg, comm)
+    rule = build_rule(cfg, comm) if training else None  # once: the readers ask it too
     if splits is None:
-        splits = load_data(cfg, comm)
+        splits = load_data(cfg, comm, rule)
     preflight.check_weights_file(cfg, comm)
     if cfg.command == PRED and getattr(splits, cfg.predict.split) is None:
         raise RunError(f"--split: dataset {cfg.data.dataset!r} has no {cfg.predict.split!r} "
@@ -345,7 +346,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         from .. import distributed as dist
         dist.sync_batchnorm(model, comm)
     optimizer = agreed(comm, "optimizer", lambda: build_optimizer(cfg, model, comm.size))
-    configured = build_callbacks(cfg, comm.size) if training else []
+    summary = cfg.summary(ranks=comm.size)  # recorded in the history file and TensorBoard
+    configured = build_callbacks(cfg, comm.size, summary) if training else []
     validate = []
     if training and t.validate_every:  # a callback: --resume expects it
         if val is None:
@@ -359,7 +361,6 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         from ..training.profiler import Profiler
         profiler = Profiler(trace=bool(cfg.output.trace), report=cfg.output.profile)
     from ..training import Trainer
-    rule = build_rule(cfg, comm) if training else None
     try:
         trainer = Trainer(model, optimizer, loss=cfg.optim.loss_func,
                           metrics=run_metrics(cfg, train), comm=comm,
@@ -371,7 +372,7 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
             rule.attach_data(train)  # a rule that cuts the data refuses it here, by name
     except ValueError as exc:  # the rule does not fit the model (same on every rank)
         raise rule_error(cfg.parallel, exc) from None
-    trainer.run_info = cfg.summary(ranks=comm.size)  # recorded in the history file
+    trainer.run_info = summary
     run = Run(cfg, comm, splits, model, trainer, train, val, profiler, configured, threads,
               effective=cfg, lr=trainer.lr)
     if cfg.command in (TRAIN, EVAL):

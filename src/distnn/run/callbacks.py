@@ -129,9 +129,10 @@ SCHEDULERS: dict[str, Callable] = {
 }
 
 
-def build_callbacks(cfg: RunConfig, size: int) -> list:
+def build_callbacks(cfg: RunConfig, size: int, summary: dict | None = None) -> list:
     """The callbacks of ``cfg.sched`` (in ``lr_schedulers`` order, then early_stopping and
-    target_metric specs) and the checkpoint of ``cfg.train``."""
+    target_metric specs) and the checkpoint of ``cfg.train``; ``summary``: the run's
+    ``cfg.summary(ranks=size)`` where the caller has it (TensorBoard records it)."""
     from ..training.callbacks import (ProgressFile, RoleFile, TrainingCheckpoint,
                                       parse_early_stopping, parse_target_metric)
     s = cfg.sched
@@ -155,7 +156,7 @@ def build_callbacks(cfg: RunConfig, size: int) -> list:
     if cfg.output.tensorboard:
         from ..training.tensorboard import TensorBoard
         callbacks.append(TensorBoard(cfg.output.tensorboard, cfg.output.tensorboard_every,
-                                     options=cfg.summary(ranks=size)))
+                                     options=summary or cfg.summary(ranks=size)))
     # resume alone keeps checkpointing to the file it resumed.
     path = cfg.train.checkpoint or cfg.train.resume
     if path:

@@ -162,6 +162,20 @@ def _option(key: str) -> Option | None:
     return None
 
 
+def read_toml(path: str, what: str) -> dict:
+    """The TOML file at path as a dict; a ConfigError naming ``what`` (the option that gave
+    the file) where it is missing, unreadable or not TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: file {path!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
+
+
 def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=(),
               keys: str = "the command-line option names (see distnn train --help)",
               what: str = "--config") -> dict[str, Any]:
@@ -170,15 +184,7 @@ def load_toml(path: str, lookup: Callable[[str], Option | None] = _option, keep=
     option of a key (default: distnn's names, dashes or underscores, aliases). Values are
     checked like command-line values. The tables named in ``keep`` (``[space]``) are
     returned as they are, under their name."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{what}: file {path!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path!r}: {exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what}: {path!r} is not valid TOML: {exc}") from None
+    raw = read_toml(path, what)
     flat: dict[str, Any] = {name: raw.pop(name) for name in keep if name in raw}
     for key, value in raw.items():
         items = value.items() if isinstance(value, dict) else [(key, value)]

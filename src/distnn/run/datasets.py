@@ -18,9 +18,11 @@ READER_OPTIONS = ("download", "train_list", "val_list", "test_list", "features_n
                   "context", "tokenizer", "vocab_size")
 
 
-def load_splits(cfg: RunConfig, comm):
+def load_splits(cfg: RunConfig, comm, rule=None):
     """The dataset splits the config asks for (train/val/test; test from
-    ``dataset_test_path`` when given). Reader options go to the readers that take them."""
+    ``dataset_test_path`` when given). Reader options go to the readers that take them;
+    ``rule``: the run's training rule, which says which part of the training files this
+    rank reads (built here from ``cfg`` where not given and needed)."""
     from ..data import DATASETS, load_dataset
     d = cfg.data
     accepted = set(inspect.signature(DATASETS[d.dataset]).parameters)
@@ -30,7 +32,8 @@ def load_splits(cfg: RunConfig, comm):
         reader_options.update(rank=comm.rank, size=comm.size)
         if "train_part" in accepted and cfg.command == TRAIN and comm.size > 1:
             # the training files are split among the ranks that train (the workers)
-            reader_options.update(train_part=build_rule(cfg, comm).shard_of(comm))
+            rule = build_rule(cfg, comm) if rule is None else rule
+            reader_options.update(train_part=rule.shard_of(comm))
     from ..nn.losses import CategoricalCrossEntropy, get_loss
     from ..nn.metrics import get_metric, mean_absolute_error, mean_squared_error
     # mse, mae and bce (losses or metrics) compare the outputs with targets of their
@@ -57,10 +60,10 @@ def load_splits(cfg: RunConfig, comm):
     return splits
 
 
-def load_data(cfg: RunConfig, comm):
+def load_data(cfg: RunConfig, comm, rule=None):
     """``load_splits`` on every rank (a failure on one is an error on all), then datasets
     of which each rank read only its part learn the sizes of the other parts."""
-    splits = agreed(comm, "dataset", lambda: load_splits(cfg, comm))
+    splits = agreed(comm, "dataset", lambda: load_splits(cfg, comm, rule))
     parts = {id(ds): ds for ds in (splits.train, splits.val, splits.test)
              if getattr(ds, "part_sizes", ()) is None}
     if parts:

@@ -262,12 +262,43 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     explicitly given new --learning_rate (``plan.lr``: ``fit(resume_lr=plan.lr)`` sets it
     on the optimizer after the restore; the checkpoint is not changed); refuse explicit
     changes that cannot be honoured. Raises RunError naming the option and the fix."""
-    from ..training.checkpoint import keeps_state, stored_callbacks, unpack
-    from ..training.evaluation import resolve_batch_sizes
+    from ..training.checkpoint import keeps_state, stored_callbacks
+    meta, path = state.meta, state.path
+    notes = _resume_optimizer(cfg, explicit, state, trainer)
+    seed = int(meta.get("seed", cfg.model.random_seed))
+    if seed != cfg.model.random_seed and "random_seed" in explicit:
+        raise RunError(f"--random_seed {cfg.model.random_seed}: {path} was trained with seed "
+                        f"{seed}, which a resumed run keeps; drop --random_seed")
+    lr, base_lr = _resume_lr(cfg, explicit, state, trainer.lr, notes)
+    stored_gbs, local = _resume_batch(cfg, comm, explicit, state, trainer, notes)
+
+    rule_note = getattr(trainer.rule, "resume_note", None)
+    if rule_note is not None:
+        note = rule_note((meta.get("rule") or {}).get("state") or {}, comm.size)
+        if note:
+            notes.append(note)
+
+    stored_cbs = [c["type"] for c in stored_callbacks(meta)]
+    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if keeps_state(cb)]
+    if stored_cbs != mine_cbs:
+        raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
+                        f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "
+                        "with the same --lr_schedulers, --early_stopping and --target_metric")
+    t = cfg.train
+    eff = dataclasses.replace(
+        cfg, train=dataclasses.replace(t, global_batch_size=stored_gbs, batch_size=local),
+        optim=dataclasses.replace(cfg.optim, learning_rate=base_lr),
+        model=dataclasses.replace(cfg.model, random_seed=seed))
+    return ResumePlan(eff, stored_gbs, local, lr, notes)
+
+
+def _resume_optimizer(cfg: RunConfig, explicit: set[str], state, trainer) -> list[str]:
+    """Refuse another model or optimizer than the checkpoint's, or explicitly changed
+    optimizer settings; notes for the settings kept from it."""
+    from ..training.checkpoint import unpack
     meta, path = state.meta, state.path
     run = meta.get("run") or {}
     notes: list[str] = []
-
     stored_model = (meta.get("model") or {}).get("name")
     if stored_model and stored_model != trainer.model.name:
         theirs = run.get("model", stored_model)
@@ -290,28 +321,37 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
                             f"this run asks for {mine_hp.get(key)}; a resumed run keeps the "
                             f"optimizer's settings: drop --{option}, or start a new run")
         notes.append(f"{key}={stored_hp.get(key)} kept from {path}")
+    return notes
 
-    seed = int(meta.get("seed", cfg.model.random_seed))
-    if seed != cfg.model.random_seed and "random_seed" in explicit:
-        raise RunError(f"--random_seed {cfg.model.random_seed}: {path} was trained with seed "
-                        f"{seed}, which a resumed run keeps; drop --random_seed")
 
-    from .callbacks import lr_factor
-    scale = lr_factor(cfg, comm.size)
+def _resume_lr(cfg: RunConfig, explicit: set[str], state, built_lr: float,
+               notes: list[str]) -> tuple[float, float]:
+    """(the rate to set after the restore, the run's base --learning_rate): the
+    checkpoint's scheduled rate, or an explicitly given new one (``built_lr``: the rate
+    the optimizer was built with, --learning_rate times ``lr_factor``)."""
+    path, run = state.path, state.meta.get("run") or {}
     stored_lr = run.get("learning_rate")
     lr = state.lr
     base_lr = stored_lr if stored_lr is not None else cfg.optim.learning_rate
     if "learning_rate" in explicit and (stored_lr is None
                                         or cfg.optim.learning_rate != stored_lr):
-        new = cfg.optim.learning_rate * scale
+        new = built_lr
         notes.append(f"learning rate {new:.6g} applied from --learning_rate (the checkpoint's "
                      f"scheduled rate was {lr:.6g})")
-        lr = new
-        base_lr = cfg.optim.learning_rate
-    elif stored_lr is not None and stored_lr != cfg.optim.learning_rate:
+        return new, cfg.optim.learning_rate
+    if stored_lr is not None and stored_lr != cfg.optim.learning_rate:
         notes.append(f"learning rate {lr:.6g} continues from {path} (run with "
                      f"--learning_rate {stored_lr}; give --learning_rate to change it)")
+    return lr, base_lr
 
+
+def _resume_batch(cfg: RunConfig, comm, explicit: set[str], state, trainer,
+                  notes: list[str]) -> tuple[int, int]:
+    """(the checkpoint's global batch, the per-rank batch from it on this run's ranks);
+    refuses an explicit batch that would change the global one."""
+    from ..training.evaluation import resolve_batch_sizes
+    meta, path = state.meta, state.path
+    run = meta.get("run") or {}
     shards = comm.size
     data_shard = getattr(trainer.rule, "data_shard", None)
     if data_shard is not None:
@@ -349,22 +389,4 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
                            "global)")
             text += "; " + "; ".join(why)
         notes.append(text)
-
-    rule_note = getattr(trainer.rule, "resume_note", None)
-    if rule_note is not None:
-        note = rule_note((meta.get("rule") or {}).get("state") or {}, comm.size)
-        if note:
-            notes.append(note)
-
-    stored_cbs = [c["type"] for c in stored_callbacks(meta)]
-    mine_cbs = [type(cb).__name__ for cb in trainer.callbacks if keeps_state(cb)]
-    if stored_cbs != mine_cbs:
-        raise RunError(f"--lr_schedulers: {path} holds the state of callbacks "
-                        f"{stored_cbs or 'none'}, this run has {mine_cbs or 'none'}; resume "
-                        "with the same --lr_schedulers, --early_stopping and --target_metric")
-
-    eff = dataclasses.replace(
-        cfg, train=dataclasses.replace(t, global_batch_size=stored_gbs, batch_size=local),
-        optim=dataclasses.replace(cfg.optim, learning_rate=base_lr),
-        model=dataclasses.replace(cfg.model, random_seed=seed))
-    return ResumePlan(eff, stored_gbs, local, lr, notes)
+    return stored_gbs, local

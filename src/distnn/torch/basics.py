@@ -108,32 +108,14 @@ def mpi_threads_supported() -> bool:
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
-def gloo_built() -> bool:
+def _not_built() -> bool:
+    """False: distnn communicates over MPI only; Horovod's probes for its other backends
+    and accelerators all answer no."""
     return False
 
 
-def gloo_enabled() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
+gloo_built = gloo_enabled = nccl_built = ddl_built = ccl_built = _not_built
+cuda_built = rocm_built = _not_built
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
