@@ -87,9 +87,9 @@ def _dispatch(parallel_kernel, parallel_at_one: bool = False, small_serial: bool
     twin = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial",
                               f.__defaults__, f.__closure__)
     twin.__qualname__ = f.__qualname__ + "_serial"
-    serial_kernel = nb.njit(cache=True, nogil=True,
-                            fastmath=parallel_kernel.targetoptions.get("fastmath", False)
-                            )(twin)
+    options = parallel_kernel.targetoptions
+    serial_kernel = nb.njit(cache=True, nogil=True, fastmath=options.get("fastmath", False),
+                            error_model=options.get("error_model", "python"))(twin)
 
     if split is not None:
         @functools.wraps(parallel_kernel.py_func)
