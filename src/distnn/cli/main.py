@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "measured rate and the host's sgemm rate.")
     info.add_argument("--model", default="resnet20", metavar="NAME",
                       help="--kernels: the zoo model. Default: resnet20.")
-    info.add_argument("--batch_size", "--batch-size", type=_positive_int, default=64,
+    info.add_argument("--batch_size", "--batch-size", type=at_least(int, 1), default=64,
                       metavar="N", help="--kernels: samples of the step timed. Default: 64.")
     conv = sub.add_parser("convert-imagenet", allow_abbrev=False,
                           help="convert ImageNet TFRecord files into NPZ shards")
