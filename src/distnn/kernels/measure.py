@@ -181,8 +181,10 @@ def choose(family: str, q: registry.Query, trial: Callable[[str], float | None],
         seconds = time_methods(_ordered(registry.eligible(family, q), fixed), trial)
         if seconds:
             chosen = min(seconds, key=seconds.__getitem__)
-    else:  # recording a fixed or planned choice: time that one only
+    elif _state["record"]:  # a fixed or planned choice: time that one only
         seconds = {chosen: s} if (s := trial(chosen)) is not None else {}
+    else:
+        seconds = {}
     entry = {"method": chosen, "fixed": fixed, "seconds": seconds, "flops": flops,
              "family": family, "shape": k.rsplit("|", 1)[1]}
     RECORDS[k] = entry
