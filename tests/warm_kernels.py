@@ -35,8 +35,8 @@ COMMON = ["train", "--dataset", "synthetic", "--num_samples", "64", "--batch_siz
           "--num_epochs", "1", "--steps_per_epoch", "2", "--quiet"]
 
 
-# simplecnn's two runs share most kernels, resnet20's Winograd and vector-direct layers are
-# its own: the two groups take about as long.
+# simplecnn's two runs share most of their kernels; resnet20's Winograd and vector-direct
+# layers are its own.
 GROUPS = [[0, 1], [2]]
 
 
