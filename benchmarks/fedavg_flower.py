@@ -12,14 +12,24 @@ test images after every round.
   fedavg_distnn.json and the initial weights.
 * Flower: ``python benchmarks/fedavg_flower.py flower`` (one process): each client a
   ``flwr.client.NumPyClient`` training a torch module, the server step Flower's
-  ``flwr.server.strategy.FedAvg.aggregate_fit`` (its sample-weighted average). Flower's
-  simulation engine (``flwr.simulation``) needs Ray, which is not installed here, so the
-  clients are called in-process, in the order of the draw.
-* ``python benchmarks/fedavg_flower.py table`` prints the table of both.
+  ``flwr.server.strategy.FedAvg.aggregate_fit`` (its sample-weighted average), the
+  clients called in-process, in the order of the draw.
+* Flower's simulation engine: ``python benchmarks/fedavg_flower.py flower-sim`` runs the
+  same clients through ``flwr.simulation.start_simulation`` (Flower's legacy, Ray-based
+  Virtual Client Engine; Ray is not in the venv: flwr 1.42 pins ``ray==2.55.1``, e.g.
+  ``pip install --target /tmp/raysite --no-deps ray==2.55.1``, then ``pip install --target
+  /tmp/raysite msgpack jsonschema`` (the two requirements of Ray's the venv lacks) and
+  ``PYTHONPATH=/tmp/raysite``), 1 CPU per client actor and at most 2 actors, the server a
+  ``FedAvg`` subclass whose ``configure_fit`` picks the clients of distnn's draw and whose
+  ``evaluate_fn`` measures the test accuracy after every round; writes flower_sim.json.
+  Without an initial.npz from a distnn run it writes one from the same construction
+  (``Sequential(..., rng=3)``, what rank 0 broadcasts).
+* ``python benchmarks/fedavg_flower.py table`` prints the table of all that exist.
 
 Usage:
     mpiexec -n 2 python benchmarks/fedavg_flower.py distnn --rounds 15
     python benchmarks/fedavg_flower.py flower --rounds 15
+    PYTHONPATH=/tmp/raysite python benchmarks/fedavg_flower.py flower-sim --rounds 15
     python benchmarks/fedavg_flower.py table
 """
 from __future__ import annotations
@@ -152,15 +162,128 @@ def run_flower(rounds: int) -> None:
     print(f"flower {flwr.__version__}: {rounds} rounds in {wall:.1f} s; test accuracy {acc}")
 
 
+def initial_weights() -> list:
+    """distnn's initial weights (initial.npz of a distnn run, else the same construction)."""
+    path = OUT / "initial.npz"
+    if not path.exists():
+        from distnn.nn import Dense, Flatten, ReLU, Sequential
+        model = Sequential([Flatten(), Dense(HIDDEN), ReLU(), Dense(10)],
+                           input_shape=(1, 28, 28), rng=SEED)
+        OUT.mkdir(exist_ok=True)
+        np.savez(path, *[p.copy() for layer in model.walk() for p in layer.params.values()])
+    with np.load(path) as z:
+        return [z[f"arr_{i}"] for i in range(4)]
+
+
+def _torch_net():
+    import torch
+    return torch.nn.Sequential(torch.nn.Linear(784, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, 10))
+
+
+def run_flower_sim(rounds: int) -> None:
+    """The same clients through Flower's simulation engine (Ray actors)."""
+    import flwr
+    import ray
+    import torch
+    from flwr.common import ndarrays_to_parameters
+    from flwr.common.typing import FitIns
+    from flwr.server import ServerConfig
+    from flwr.server.strategy import FedAvg as FlowerFedAvg
+    from flwr.simulation import start_simulation
+    from distnn.data.partition import client_partition
+    torch.set_num_threads(1)
+    _, x, y, xt, yt = load()
+    parts = client_partition(y, CLIENTS, "dirichlet", alpha=ALPHA, seed=SEED)
+    w1, b1, w2, b2 = initial_weights()
+    ray_args = {"num_cpus": 2, "include_dashboard": False, "ignore_reinit_error": True,
+                "object_store_memory": 1 << 30}
+    ray.init(**ray_args)
+    data = ray.put({"x": x, "y": y.astype(np.int64), "parts": parts})  # once, zero-copy reads
+
+    class Client(flwr.client.NumPyClient):
+        def __init__(self, cid: int):
+            self.cid = cid
+
+        def fit(self, parameters, config):
+            import torch
+            torch.set_num_threads(1)
+            d = ray.get(data)
+            net = _torch_net()
+            with torch.no_grad():
+                for p, a in zip(net.parameters(), parameters):
+                    p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+            opt = torch.optim.SGD(net.parameters(), lr=LR)
+            xc = torch.from_numpy(d["x"][d["parts"][self.cid]])
+            yc = torch.from_numpy(d["y"][d["parts"][self.cid]])
+            rng = np.random.default_rng([SEED, int(config["round"]), self.cid])
+            for _ in range(LOCAL_EPOCHS):
+                order = rng.permutation(len(xc))
+                for lo in range(0, len(xc), BATCH):
+                    ids = torch.from_numpy(order[lo:lo + BATCH])
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(net(xc[ids]), yc[ids]).backward()
+                    opt.step()
+            return [p.detach().numpy().copy() for p in net.parameters()], len(xc), {}
+
+    def client_fn(context):
+        return Client(int(context.node_config["partition-id"])).to_client()
+
+    draws = rule()
+    draws.n_clients, draws.seed = CLIENTS, SEED  # as the trainer's seed sets it
+
+    class DrawnFedAvg(FlowerFedAvg):
+        """Flower's FedAvg, its client sampling replaced by distnn's draw."""
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            client_manager.wait_for(CLIENTS)
+            by_partition = {int(p.partition_id): p for p in client_manager.all().values()}
+            ins = FitIns(parameters, {"round": server_round - 1})  # distnn's rounds from 0
+            return [(by_partition[cid], ins) for cid in draws.drawn(server_round - 1)]
+
+    net = _torch_net()
+    acc, stamps = [], []
+
+    def evaluate(server_round, arrays, config):
+        if server_round == 0:
+            return None
+        with torch.no_grad():
+            for p, a in zip(net.parameters(), arrays):
+                p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+            a = float((net(torch.from_numpy(xt)).argmax(1).numpy() == yt).mean())
+        acc.append(a)
+        stamps.append(time.perf_counter() - t0)
+        print(f"flower-sim round {server_round}: test accuracy {a:.4f} "
+              f"({stamps[-1]:.1f} s)", flush=True)
+        return 0.0, {"accuracy": a}
+
+    weights = [w1.T, b1, w2.T, b2]  # distnn's Dense keeps (in, out); torch's Linear (out, in)
+    strategy = DrawnFedAvg(fraction_fit=FRACTION, fraction_evaluate=0.0,
+                           min_available_clients=CLIENTS, evaluate_fn=evaluate,
+                           initial_parameters=ndarrays_to_parameters(weights))
+    t0 = time.perf_counter()
+    start_simulation(client_fn=client_fn, num_clients=CLIENTS, strategy=strategy,
+                     config=ServerConfig(num_rounds=rounds),
+                     client_resources={"num_cpus": 1, "num_gpus": 0.0},
+                     ray_init_args=ray_args, keep_initialised=True)
+    wall = time.perf_counter() - t0
+    ray.shutdown()
+    (OUT / "flower_sim.json").write_text(json.dumps(
+        {"accuracy": acc, "wall_s": wall, "round_end_s": stamps, "flwr": flwr.__version__,
+         "ray": ray.__version__, "actors": 2}))
+    print(f"flower-sim {flwr.__version__} (ray {ray.__version__}): {len(acc)} rounds in "
+          f"{wall:.1f} s; test accuracy {acc}")
+
+
 def table() -> None:
     runs = {}
-    for name in ("distnn", "distnn_secure", "flower"):
+    for name in ("distnn", "distnn_secure", "flower", "flower_sim"):
         path = OUT / f"{name}.json"
         if path.exists():
             runs[name] = json.loads(path.read_text())
     names = list(runs)
     label = {"distnn": "distnn fedavg", "distnn_secure": "distnn fedavg, secure agg.",
-             "flower": "Flower FedAvg"}
+             "flower": "Flower FedAvg", "flower_sim": "Flower FedAvg, simulation (Ray)"}
     print("| round | " + " | ".join(
         f"{label[n]}" + (f" ({runs[n]['ranks']} ranks)" if "ranks" in runs[n] else "")
         for n in names) + " |")
@@ -175,7 +298,7 @@ def table() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("side", choices=("distnn", "flower", "table"))
+    ap.add_argument("side", choices=("distnn", "flower", "flower-sim", "table"))
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--secure", action="store_true")
     args = ap.parse_args()
@@ -183,6 +306,8 @@ def main() -> None:
         run_distnn(args.rounds, args.secure)
     elif args.side == "flower":
         run_flower(args.rounds)
+    elif args.side == "flower-sim":
+        run_flower_sim(args.rounds)
     else:
         table()
 
