@@ -16,10 +16,9 @@ test images after every round.
   clients called in-process, in the order of the draw.
 * Flower's simulation engine: ``python benchmarks/fedavg_flower.py flower-sim`` runs the
   same clients through ``flwr.simulation.start_simulation`` (Flower's legacy, Ray-based
-  Virtual Client Engine; Ray is not in the venv: flwr 1.42 pins ``ray==2.55.1``, e.g.
-  ``pip install --target /tmp/raysite --no-deps ray==2.55.1``, then ``pip install --target
-  /tmp/raysite msgpack jsonschema`` (the two requirements of Ray's the venv lacks) and
-  ``PYTHONPATH=/tmp/raysite``), 1 CPU per client actor and at most 2 actors, the server a
+  Virtual Client Engine; Ray comes with the ``fed`` extra, ``flwr[simulation]``, which
+  pins ``ray==2.55.1``; the run recorded in RESULTS.md had Ray installed beside the venv
+  with ``pip install --target``), 1 CPU per client actor and at most 2 actors, the server a
   ``FedAvg`` subclass whose ``configure_fit`` picks the clients of distnn's draw and whose
   ``evaluate_fn`` measures the test accuracy after every round; writes flower_sim.json.
   Without an initial.npz from a distnn run it writes one from the same construction
