@@ -17,15 +17,15 @@ from distnn.run import OPTION_BY_NAME, OPTIONS, build_config, load_toml, option_
 from distnn.run import config as config_module
 from distnn.run.config import (SECTIONS, ConfigError, ModelConfig, OptimizerConfig,
                                ParallelConfig, RunConfig, TrainConfig)
-from distnn.run.kinds import (Bool, CompressionSpec, FileList, Float, Int, KeyValues, List,
-                              Maybe, ModelSpec, Shape, Str)
+from distnn.run.kinds import (Bool, CompressionSpec, FileList, Float, Int, KernelPlan, KeyValues,
+                              List, Maybe, ModelSpec, Shape, Str)
 from distnn.run.options import GROUPS
 
 FIELDS = [(section, f) for section, cls in SECTIONS.items() for f in fields(cls)]
 
 # The Python type a value of each kind has once checked.
 KIND_TYPES = {Int: int, Float: float, Bool: bool, Str: str, ModelSpec: str,
-              CompressionSpec: str, List: tuple[str, ...], Shape: tuple[int, ...],
+              CompressionSpec: str, KernelPlan: str, List: tuple[str, ...], Shape: tuple[int, ...],
               KeyValues: tuple[tuple[str, Any], ...], FileList: str | tuple[str, ...]}
 
 

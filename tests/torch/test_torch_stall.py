@@ -15,5 +15,7 @@ def test_a_late_rank_is_named_with_the_optimizer_phase():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank 0] stall: waited")]
     assert lines, proc.stderr
-    # without stall= the reducer publishes nothing and the wait reads "start"
-    assert "in step 0, optimizer step (collective); not arrived: rank 1" in lines[0], lines
+    # without stall= the reducer publishes nothing and the wait reads "start". (A busy host
+    # can start rank 1 over a second late, a first warning at "start": any line may be it.)
+    assert any("in step 0, optimizer step (collective); not arrived: rank 1" in ln
+               for ln in lines), lines
