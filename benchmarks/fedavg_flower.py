@@ -94,6 +94,21 @@ def run_distnn(rounds: int, secure: bool) -> None:
               f"test accuracy {acc}")
 
 
+def _local_training(net, xc, yc, round_: int, cid: int) -> None:
+    """A Flower client's local epochs: plain SGD over its shard, the shuffles of
+    ``default_rng([SEED, round, client])`` (the same on both Flower sides)."""
+    import torch
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    rng = np.random.default_rng([SEED, round_, cid])
+    for _ in range(LOCAL_EPOCHS):
+        order = rng.permutation(len(xc))
+        for lo in range(0, len(xc), BATCH):
+            ids = torch.from_numpy(order[lo:lo + BATCH])
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(xc[ids]), yc[ids]).backward()
+            opt.step()
+
+
 def run_flower(rounds: int) -> None:
     import flwr
     import torch
@@ -122,17 +137,9 @@ def run_flower(rounds: int) -> None:
 
         def fit(self, parameters, config):
             set_weights(parameters)
-            opt = torch.optim.SGD(net.parameters(), lr=LR)
             xc = torch.from_numpy(x[parts[self.cid]])
             yc = torch.from_numpy(y[parts[self.cid]].astype(np.int64))
-            rng = np.random.default_rng([SEED, self.round, self.cid])
-            for _ in range(LOCAL_EPOCHS):
-                order = rng.permutation(len(xc))
-                for lo in range(0, len(xc), BATCH):
-                    ids = torch.from_numpy(order[lo:lo + BATCH])
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(xc[ids]), yc[ids]).backward()
-                    opt.step()
+            _local_training(net, xc, yc, self.round, self.cid)
             return get_weights(), len(xc), {}
 
     def accuracy() -> float:
@@ -212,17 +219,9 @@ def run_flower_sim(rounds: int) -> None:
             with torch.no_grad():
                 for p, a in zip(net.parameters(), parameters):
                     p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
-            opt = torch.optim.SGD(net.parameters(), lr=LR)
             xc = torch.from_numpy(d["x"][d["parts"][self.cid]])
             yc = torch.from_numpy(d["y"][d["parts"][self.cid]])
-            rng = np.random.default_rng([SEED, int(config["round"]), self.cid])
-            for _ in range(LOCAL_EPOCHS):
-                order = rng.permutation(len(xc))
-                for lo in range(0, len(xc), BATCH):
-                    ids = torch.from_numpy(order[lo:lo + BATCH])
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(net(xc[ids]), yc[ids]).backward()
-                    opt.step()
+            _local_training(net, xc, yc, int(config["round"]), self.cid)
             return [p.detach().numpy().copy() for p in net.parameters()], len(xc), {}
 
     def client_fn(context):
