@@ -78,13 +78,15 @@ def run(job: dict, comm, out: str) -> None:
                    "size": comm.size}, f)
 
 
-def main() -> None:
+def serve(run_job) -> None:
+    """Run every job of argv's JSON list with ``run_job(job, comm, out_dir)``, a failure on
+    one rank aborting all (the test programs of this folder share this loop)."""
     out, jobs = sys.argv[1], json.loads(sys.argv[2])
     comm = dist.init()
     with dist.abort_on_error(comm):
         for job in jobs:
-            run(job, comm, out)
+            run_job(job, comm, out)
 
 
 if __name__ == "__main__":
-    main()
+    serve(run)

@@ -6,11 +6,9 @@ one rank)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 
-from distnn import distributed as dist
 from distnn.data import Preprocess
 from distnn.data.text import TextDataset, corpus_files, read_corpus
 from distnn.models import gpt_mini
@@ -18,6 +16,7 @@ from distnn.nn.containers import Sequential
 from distnn.optim import Adam
 from distnn.rules import get_rule
 from distnn.training import Trainer, TrainingCheckpoint
+from rule_prog import serve  # this folder's shared job loop
 
 CONTEXT, WINDOWS = 8, 48
 
@@ -47,13 +46,5 @@ def run(job: dict, comm, out: str) -> None:
         json.dump({"history": trainer.history.records, "size": comm.size}, f)
 
 
-def main() -> None:
-    out, jobs = sys.argv[1], json.loads(sys.argv[2])
-    comm = dist.init()
-    with dist.abort_on_error(comm):
-        for job in jobs:
-            run(job, comm, out)
-
-
 if __name__ == "__main__":
-    main()
+    serve(run)
