@@ -56,9 +56,12 @@ def run_one(cfg: dict, cluster, out: Path, timeout: float) -> dict:
         cmd, env = cluster.mpiexec(argv, 1), cluster.env(_env())
     out.unlink(missing_ok=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0 or not out.exists():
+    if not out.exists():
         raise RuntimeError(f"{cfg} failed: exit {proc.returncode}\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
+    if proc.returncode != 0:  # gloo's threads abort at teardown now and then, after the result
+        print(f"{cfg['mode']}: exit {proc.returncode} after writing its result (kept)",
+              file=sys.stderr, flush=True)
     return json.loads(out.read_text())
 
 
