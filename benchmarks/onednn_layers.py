@@ -74,8 +74,8 @@ def flops(shape, f, stride, pads, dil) -> float:
 
 
 def layers(models, batch, repeat, rate) -> None:
-    print(f"| model | layer (NxCxHxW>F, stride) | fixed method | fixed ms | onednn ms | "
-          f"fixed % sgemm | onednn % sgemm | fixed/onednn |")
+    print("| model | layer (NxCxHxW>F, stride) | fixed method | fixed ms | onednn ms | "
+          "fixed % sgemm | onednn % sgemm | fixed/onednn |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for name in models:
         seen = set()
