@@ -353,3 +353,27 @@ def test_info_kernels_names_onednn_when_its_library_is_missing(tmp_path, kernel_
     if ONEDNN.reason() is None:  # and with the library found, no line
         proc = _info(kernel_backend)
         assert proc.returncode == 0 and "unavailable" not in proc.stdout, proc.stdout
+
+
+def test_a_measured_run_names_onednn_when_its_library_is_missing(tmp_path, kernel_backend):
+    """``distnn train --kernels measure`` with DISTNN_ONEDNN_LIB naming no library: rank 0
+    prints the one line (the NumPy backend: none) and the run trains on to its end."""
+    import subprocess
+
+    from helpers import COMMAND, child_env
+    missing = tmp_path / "libdnnl.so.3"
+    proc = subprocess.run(
+        [*COMMAND, "train", "--dataset", "synthetic", "--input_shape", "1,8,8",
+         "--num_samples", "64", "--batch_size", "16", "--num_epochs", "1", "--model",
+         "simplecnn", "--kernels", "measure", "--history_file", str(tmp_path / "h.json")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=child_env(DISTNN_KERNELS=kernel_backend, DISTNN_ONEDNN_LIB=str(missing),
+                      DISTNN_KERNEL_PLANS=str(tmp_path / "plans.json")))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "unavailable here" in ln]
+    assert (tmp_path / "h.json").exists()
+    if kernel_backend == "numpy":
+        assert not lines, proc.stdout
+    else:
+        assert len(lines) == 1 and f"onednn (conv2d, conv2d_backward): the oneDNN library " \
+            f"{missing} does not load" in lines[0], proc.stdout
