@@ -45,9 +45,14 @@ PLANS = [
 ]
 
 
+ONEDNN = registry.method("conv2d", "onednn")
+
+
 @pytest.mark.parametrize("name,g,f,on512,on2,elig512,elig2", PLANS, ids=[p[0] for p in PLANS])
 def test_fixed_plan_and_eligibility_for_both_cpu_kinds(name, g, f, on512, on2, elig512, elig2):
-    for cpu, want, elig in ((AVX512, on512, elig512), (AVX2, on2, elig2)):
+    # oneDNN's convolutions take every float32 layer where the library is here
+    extra = ["onednn"] if ONEDNN.reason() is None else []
+    for cpu, want, elig in ((AVX512, on512, elig512 + extra), (AVX2, on2, elig2 + extra)):
         q = registry.Query(g, f, np.float32, cpu)
         assert registry.fixed("conv2d", q) == want, cpu
         got = registry.eligible("conv2d", q)
@@ -112,9 +117,11 @@ def test_every_registered_method_matches_the_float64_reference(method, case, thr
     dy64 = rng.standard_normal((g.n, ws_[0], g.oh, g.ow))
     ref = _reference(x64, w64, b64, g, dy64)
     ran = 0
+    m = registry.method("conv2d", method)
+    if m.reason() is not None:
+        pytest.skip(f"{method}: {m.reason()}")
     for dtype, tol in ((np.float64, 1e-9), (np.float32, 2e-3)):
         q = _host_query(g, ws_[0], dtype)
-        m = registry.method("conv2d", method)
         if not m.supports(q) or (m.compiled and not q.compiled):
             continue
         x, w, b, dy = (a.astype(dtype) for a in (x64, w64, b64, dy64))
@@ -248,3 +255,125 @@ def test_the_kernels_option_checks_its_value(tmp_path):
     with pytest.raises(RunError, match="--kernels plan:.*cannot read the plan file"):
         apply_kernel_plan(f"plan:{tmp_path / 'none.json'}")
     assert apply_kernel_plan("fixed") == "fixed"
+
+
+# -- oneDNN's methods ---------------------------------------------------------------------
+def _need_onednn(kernel_backend):
+    if kernel_backend == "numpy":
+        pytest.skip("oneDNN's methods are compiled ones: the NumPy backend plans without them")
+    if ONEDNN.reason() is not None:
+        pytest.skip(f"onednn: {ONEDNN.reason()}")
+
+
+ONEDNN_CASES = GEOMETRIES + [
+    ("resnet20 16->32 s2", (4, 16, 16, 16), (32, 16, 3, 3), (2, 2), (1,) * 4, (1, 1)),
+    ("7x7 s2 asymmetric", (2, 3, 15, 15), (8, 3, 7, 7), (2, 2), (3, 2, 3, 2), (1, 1)),
+    ("no bias", (2, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1,) * 4, (1, 1))]
+
+
+@pytest.mark.parametrize("case", ONEDNN_CASES, ids=[c[0] for c in ONEDNN_CASES])
+def test_onednn_forward_and_both_backwards_match_the_float64_reference(case, threads,
+                                                                       kernel_backend):
+    """Through the public conv2d entry points (a plan file naming "onednn"): y, dx, dw and
+    db within 1e-5 of the float64 reference (relative to max |value|) in float32, at 1 and 2
+    threads; float64, which oneDNN 3.2 has no CPU convolution for, is never eligible."""
+    _need_onednn(kernel_backend)
+    name, xs, ws_, stride, pads, dil = case
+    rng = np.random.default_rng(11)
+    g = conv_geometry(xs, ws_[2:], stride, pads, dil)
+    x64, w64 = rng.standard_normal(xs), rng.standard_normal(ws_)
+    b64 = None if name == "no bias" else rng.standard_normal(ws_[0])
+    dy64 = rng.standard_normal((g.n, ws_[0], g.oh, g.ow))
+    y0, c0 = conv_numpy.forward(x64, w64, b64, g, None, False)
+    dx0, dw0, db0 = conv_numpy.backward(dy64, c0, w64, None, None, True, True)
+    x, w, dy = (a.astype(np.float32) for a in (x64, w64, dy64))
+    b = None if b64 is None else b64.astype(np.float32)
+    y, cache = C.conv2d_forward(x, w, b, stride, pads, dil, method="onednn")
+    assert registry.backward_name(cache) == "onednn"
+    dw_out = np.full(w.shape, np.nan, np.float32)  # overwritten, not accumulated
+    dx, dw, db = C.conv2d_backward(dy, cache, w, dw_out=dw_out, need_db=True)
+    assert dw is dw_out
+    for got, want, what in zip((y, dx, dw, db), (y0, dx0, dw0, db0), ("y", "dx", "dw", "db")):
+        assert got.dtype == np.float32 and got.shape == want.shape, what
+        scale = float(np.abs(want).max())
+        assert float(np.abs(got - want).max()) <= 1e-5 * scale, what
+    # dx not asked for: none computed, the weight gradient the same
+    none, dw2, _ = C.conv2d_backward(dy, C.conv2d_forward(x, w, b, stride, pads, dil,
+                                                          method="onednn")[1], w,
+                                     need_dx=False, need_db=False)
+    assert none is None
+    np.testing.assert_allclose(dw2, dw, rtol=1e-6, atol=1e-6 * float(np.abs(dw).max()))
+    from distnn.kernels import _onednn
+    q64 = _host_query(g, ws_[0], np.float64)
+    assert ("onednn" in registry.eligible("conv2d", q64)) == _onednn.dtype_supported(
+        np.float64)
+
+
+def test_onednn_is_measured_but_never_the_fixed_plan(plans, kernel_backend, monkeypatch):
+    """The fixed plan never names it; the measuring planner times it on the layer (within
+    a budget that lets every method's first, compiling, run finish on a busy host)."""
+    _need_onednn(kernel_backend)
+    monkeypatch.setattr(measure.time_methods, "__defaults__", (600.0,))
+    for _, g, f, *_ in PLANS:
+        for cpu in (AVX512, AVX2):
+            assert registry.fixed("conv2d", registry.Query(g, f, np.float32, cpu)) != "onednn"
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    C.conv2d_forward(x, w, None, (1, 1), (1,) * 4)
+    (entry,) = measure.RECORDS.values()
+    assert "onednn" in entry["seconds"] and entry["seconds"]["onednn"] > 0
+
+
+def _info(backend: str, **env):
+    import subprocess
+
+    from helpers import COMMAND, child_env
+    return subprocess.run([*COMMAND, "info", "--kernels", "fixed", "--model", "lenet",
+                           "--batch_size", "4"], capture_output=True, text=True, timeout=300,
+                          env=child_env(DISTNN_KERNELS=backend, **env))
+
+
+def test_info_kernels_names_onednn_when_its_library_is_missing(tmp_path, kernel_backend):
+    """``distnn info --kernels`` with DISTNN_ONEDNN_LIB naming no library: one last line
+    says oneDNN's methods are unavailable and why, the table is still there; on the NumPy
+    backend (no compiled method is a candidate) no such line."""
+    missing = tmp_path / "libdnnl.so.3"
+    proc = _info(kernel_backend, DISTNN_ONEDNN_LIB=str(missing))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "unavailable" in ln]
+    assert proc.stdout.count("conv2d ") >= 2  # lenet's two convolutions
+    if kernel_backend == "numpy":
+        assert not lines, proc.stdout
+        return
+    (line,) = lines
+    assert line == proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("kernel methods unavailable here: onednn (conv2d, conv2d_backward): "
+                           f"the oneDNN library {missing} does not load"), line
+    if ONEDNN.reason() is None:  # and with the library found, no line
+        proc = _info(kernel_backend)
+        assert proc.returncode == 0 and "unavailable" not in proc.stdout, proc.stdout
+
+
+def test_a_measured_run_names_onednn_when_its_library_is_missing(tmp_path, kernel_backend):
+    """``distnn train --kernels measure`` with DISTNN_ONEDNN_LIB naming no library: rank 0
+    prints the one line (the NumPy backend: none) and the run trains on to its end."""
+    import subprocess
+
+    from helpers import COMMAND, child_env
+    missing = tmp_path / "libdnnl.so.3"
+    proc = subprocess.run(
+        [*COMMAND, "train", "--dataset", "synthetic", "--input_shape", "1,8,8",
+         "--num_samples", "64", "--batch_size", "16", "--num_epochs", "1", "--model",
+         "simplecnn", "--kernels", "measure", "--history_file", str(tmp_path / "h.json")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=child_env(DISTNN_KERNELS=kernel_backend, DISTNN_ONEDNN_LIB=str(missing),
+                      DISTNN_KERNEL_PLANS=str(tmp_path / "plans.json")))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "unavailable here" in ln]
+    assert (tmp_path / "h.json").exists()
+    if kernel_backend == "numpy":
+        assert not lines, proc.stdout
+    else:
+        assert len(lines) == 1 and f"onednn (conv2d, conv2d_backward): the oneDNN library " \
+            f"{missing} does not load" in lines[0], proc.stdout

@@ -4,7 +4,8 @@ measured rate against the host's sgemm rate.
 One training step (forward and backward) of the zoo model on random data, the planner in
 PLAN's mode (fixed, measure or plan:FILE) with every chosen method timed
 (``kernels.measure.recording``); the sgemm rate is NumPy's BLAS on a 1024^3 float32 product
-at the same threads (best of 5).
+at the same threads (best of 5). A last line names the registered methods that cannot run
+here and why (``registry.unavailable_line``: oneDNN's without its library).
 """
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ def kernel_report(model_name: str, plan: str, batch: int = 64) -> str:
                      f"{ms:>8} {gf:8.1f} {100 * gf / rate:7.0f}%  {others}")
     if not layers:
         lines.append("(no convolution in this model)")
+    from ..kernels import registry
+    missing = registry.unavailable_line(kernels.backend() == "numba")
+    if missing:
+        lines.append(missing)
     return "\n".join(lines)
 
 

@@ -14,7 +14,9 @@ Families: "conv2d" (forward; its caches name the backward that reads them),
 "conv2d_backward" (dx, dw and db of one cache; the methods compute data and weight
 gradients in one pass over dy, so they are one family), "conv2d_grouped" (groups > 1:
 depthwise and grouped). Implementations are imported when a method runs, so importing the
-registry imports no compiled code.
+registry imports no compiled code. Methods bound to a library that may be absent (oneDNN's
+"onednn", the ``onednn`` extra) say why they cannot run (``Method.missing``,
+``unavailable``) and are then never eligible; the fixed plan never names them.
 """
 from __future__ import annotations
 
@@ -81,6 +83,9 @@ class Method:
             need_dx, need_db, ws)`` returns (dx, dw, db)).
         compiled: whether it runs compiled code (the NumPy backend's planner leaves those).
         prepare: query -> the per-layer state ``run`` is given (a dict of work arrays).
+        missing: () -> None where the method can run in this process, else one line why
+            not (a library that is not installed); such a method is never eligible
+            (``unavailable`` lists them).
     """
     family: str
     name: str
@@ -88,6 +93,11 @@ class Method:
     run: Callable
     compiled: bool = True
     prepare: Callable[[Query], dict] = field(default=_no_state)
+    missing: Callable[[], str | None] | None = None
+
+    def reason(self) -> str | None:
+        """Why the method cannot run here (``missing``'s line), or None."""
+        return None if self.missing is None else self.missing()
 
 
 METHODS: dict[str, dict[str, Method]] = {}
@@ -117,7 +127,28 @@ def eligible(family: str, query: Query) -> list[str]:
     """The names of the family's methods that support ``query`` (compiled ones only on
     the compiled backend), in registration order."""
     return [m.name for m in METHODS.get(family, {}).values()
-            if (query.compiled or not m.compiled) and m.supports(query)]
+            if (query.compiled or not m.compiled) and m.reason() is None
+            and m.supports(query)]
+
+
+def unavailable(compiled: bool = True) -> dict[str, tuple[list[str], str]]:
+    """The registered methods that cannot run here: {name: (families, why)} (compiled
+    methods only on the compiled backend, ``compiled``)."""
+    out: dict[str, tuple[list[str], str]] = {}
+    for family, methods in METHODS.items():
+        for m in methods.values():
+            if (compiled or not m.compiled) and (why := m.reason()) is not None:
+                out.setdefault(m.name, ([], why))[0].append(family)
+    return out
+
+
+def unavailable_line(compiled: bool = True) -> str | None:
+    """``unavailable`` as the one line the command prints, or None when all can run."""
+    gone = unavailable(compiled)
+    if not gone:
+        return None
+    return "kernel methods unavailable here: " + "; ".join(
+        f"{name} ({', '.join(families)}): {why}" for name, (families, why) in gone.items())
 
 
 def fixed(family: str, query: Query) -> str:
@@ -200,6 +231,28 @@ register(Method("conv2d", "direct", lambda q: planner.direct_applies(q.geometry)
 register(Method("conv2d", "pointwise", lambda q: planner.pointwise_applies(q.geometry),
                 _pointwise))
 register(Method("conv2d", "im2col", lambda q: True, _im2col))
+
+
+def _onednn_missing() -> str | None:
+    from . import _onednn
+    return _onednn.unavailable_reason()
+
+
+def _onednn_ok(q: Query) -> bool:
+    """oneDNN's convolutions (``_onednn``): any ungrouped geometry, in the dtypes its
+    CPU primitives take (float32; oneDNN 3.2 has no float64 convolution on CPUs)."""
+    from . import _onednn
+    return q.groups == 1 and _onednn.dtype_supported(q.dtype)
+
+
+def _onednn_run(x, w, b, g, ws, keep_columns=None):
+    from . import _onednn
+    from .backend import get_num_threads
+    return _onednn.forward(x, w, b, g, get_num_threads())
+
+
+# never the fixed plan's: "measure" or a plan file chooses it
+register(Method("conv2d", "onednn", _onednn_ok, _onednn_run, missing=_onednn_missing))
 register(Method("conv2d", "flat", lambda q: (q.geometry.sh, q.geometry.sw) == (1, 1),
                 _reference(True), compiled=False))
 register(Method("conv2d", "compact", lambda q: True, _reference(False), compiled=False))
@@ -277,6 +330,14 @@ register(Method("conv2d_backward", "winograd4", _reads("winograd4"), _winograd_b
 register(Method("conv2d_backward", "direct", _reads("direct"), _direct_back(False)))
 register(Method("conv2d_backward", "pointwise", _reads("pointwise"), _pointwise_back))
 register(Method("conv2d_backward", "im2col", _reads("im2col"), _im2col_back))
+def _onednn_back(dy, cache, w, dw_out, db_out, need_dx, need_db, ws=None):
+    from . import _onednn
+    from .backend import get_num_threads
+    return _onednn.backward(dy, cache, w, dw_out, db_out, need_dx, need_db, get_num_threads())
+
+
+register(Method("conv2d_backward", "onednn", _reads("onednn"), _onednn_back,
+                missing=_onednn_missing))
 register(Method("conv2d_backward", "reference", _reads("flat", "compact"), _reference_back,
                 compiled=False))
 FIXED["conv2d_backward"] = _fixed_backward

@@ -287,6 +287,16 @@ def given_options(cfg: RunConfig) -> frozenset[str]:
     return frozenset(out)
 
 
+def _say_unavailable_methods(cfg: RunConfig) -> None:
+    """Under --kernels measure or a plan file: one line naming the kernel methods that
+    cannot run here and why (oneDNN's without its library); the run goes on without them."""
+    from .. import kernels
+    from ..kernels import registry
+    line = registry.unavailable_line(kernels.backend() == "numba")
+    if line and not cfg.output.quiet:
+        print(line, flush=True)
+
+
 def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
               callbacks: Sequence = (), explicit: Iterable[str] | None = None,
               threads: int | None = None) -> Run:
@@ -308,7 +318,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
         comm = dist.init()
     threads = _threads(cfg, comm, threads)
     apply_threads(threads)
-    apply_kernel_plan(cfg.parallel.kernels)
+    if apply_kernel_plan(cfg.parallel.kernels) != "fixed" and comm.rank == 0:
+        _say_unavailable_methods(cfg)
     t = cfg.train
     training = cfg.command == TRAIN
     # Cheap checks first: a bad path or file ends the run before any data is read.
