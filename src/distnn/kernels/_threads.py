@@ -365,8 +365,8 @@ def kernel(k, serial: bool):
 def matmul(a, b, out=None):
     """np.matmul(a, b, out=out), on one BLAS thread when a and b are 2-D, the product is
     small (m*n*k <= the planner's small_gemm) and more than one thread is set: a threaded
-    BLAS call spins until its second thread gets a core, which on a loaded host costs more
-    than it saves."""
+    BLAS call spins until its second thread gets a core, which costs more than a small
+    product's work (on a loaded host, more than a large one's too)."""
     import numpy as np
     if (get_num_threads() > 1 and a.ndim == 2 and b.ndim == 2
             and a.shape[0] * a.shape[1] * b.shape[1] <= planner.LIMITS.small_gemm):

@@ -229,11 +229,13 @@ class Limits:
     keep_columns_bytes: int = 8 << 20
     # threads: element-wise loops in parallel from parallel_min elements; compiled
     # element-wise jobs of the block threads from elementwise_min, in pieces of
-    # elementwise_piece; a threaded BLAS call from small_gemm multiply-adds
+    # elementwise_piece; a threaded BLAS call from small_gemm multiply-adds (2^21: every
+    # GEMM of gpt_mini's blocks runs threaded at 2 threads, 20.1k -> 26.6k tokens/s on an
+    # idle AVX-512 host; with 2^26 they all ran on one BLAS thread)
     parallel_min: int = (1 << 20) + 1
     elementwise_min: int = 1 << 19
     elementwise_piece: int = 1 << 12
-    small_gemm: int = 1 << 26
+    small_gemm: int = 1 << 21
     # the block threads: pieces a thread of ``pieces`` (env DISTNN_PIECES); how long an
     # idle thread looks for its next share, in sched_yield calls, before it sleeps (env
     # DISTNN_SPIN_YIELDS; 0: at once); shares taken as threads come free (False: fixed
