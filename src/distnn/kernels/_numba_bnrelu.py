@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._numba_bn import _jit_bn, channel_stats
+from ._numba_bn import _jit_bn, channel_forward, row_scale_shift
 from ._numba_runtime import _U, _dispatch, _jit, channels, nb
 from ._threads import pieces
 
@@ -24,29 +24,9 @@ from ._threads import pieces
 @_jit
 def bn_relu_forward_train(x, gamma, beta, eps, y, xhat, mean, var, invstd, lo, hi):
     """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta, 0), channels lo to hi."""
-    n_, c_, s_ = x.shape
-    xf = x.ravel()
-    yf = y.ravel()
-    hf = xhat.ravel()
-    keep = hf.size > 0  # an empty xhat: not kept (``bn_backward`` recomputes it from x)
+    # an empty xhat: not kept (``bn_backward`` recomputes it from x)
     for c in nb.prange(lo, hi):
-        m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
-        mean[c] = m
-        var[c] = v
-        invstd[c] = inv
-        mx = x.dtype.type(m)
-        ix = x.dtype.type(inv)
-        g = gamma[c]
-        bb = beta[c]
-        z = x.dtype.type(0)
-        for n in range(n_):
-            b = (n * c_ + c) * s_
-            for k in range(s_):
-                h = (xf[_U(b + k)] - mx) * ix
-                if keep:
-                    hf[_U(b + k)] = h
-                o = h * g + bb
-                yf[_U(b + k)] = z if o <= z else o  # NaN stays NaN
+        channel_forward(x, x, y, xhat, c, eps, gamma, beta, mean, var, invstd, False, True)
 
 
 @_jit
@@ -54,47 +34,15 @@ def bn_add_relu_forward_train(x, r, gamma, beta, eps, y, xhat, mean, var, invstd
     """``_numba.bn_forward_train`` with y = max(gamma * xhat + beta + r, 0): a residual
     branch's last batch norm, the sum with the other branch's output r and the ReLU after
     it in one pass, rounded as the three apart (no FMA contraction); channels lo to hi."""
-    n_, c_, s_ = x.shape
-    xf = x.ravel()
-    rf = r.ravel()
-    yf = y.ravel()
-    hf = xhat.ravel()
-    keep = hf.size > 0
     for c in nb.prange(lo, hi):
-        m, v, inv = channel_stats(xf, c, n_, c_, s_, eps)
-        mean[c] = m
-        var[c] = v
-        invstd[c] = inv
-        mx = x.dtype.type(m)
-        ix = x.dtype.type(inv)
-        g = gamma[c]
-        bb = beta[c]
-        z = x.dtype.type(0)
-        for n in range(n_):
-            b = (n * c_ + c) * s_
-            for k in range(s_):
-                h = (xf[_U(b + k)] - mx) * ix
-                if keep:
-                    hf[_U(b + k)] = h
-                o = (h * g + bb) + rf[_U(b + k)]
-                yf[_U(b + k)] = z if o <= z else o
+        channel_forward(x, r, y, xhat, c, eps, gamma, beta, mean, var, invstd, True, True)
 
 
 @_jit
 def scale_shift_relu(x, scale, shift, y):
     """y = max(x * scale[c] + shift[c], 0) over (N, C, S) (batch norm in inference)."""
-    n_, c_, s_ = x.shape
-    xf = x.ravel()
-    yf = y.ravel()
-    for t in nb.prange(n_ * c_):
-        c = t % c_
-        a = scale[c]
-        b2 = shift[c]
-        z = x.dtype.type(0)
-        b = t * s_
-        for k in range(s_):
-            o = xf[_U(b + k)] * a + b2
-            yf[_U(b + k)] = z if o <= z else o
+    for t in nb.prange(x.shape[0] * x.shape[1]):
+        row_scale_shift(x, y, t, scale, shift, True)
 
 
 # -- backward: the per-channel loops of the kernels below (one loop for every mask)

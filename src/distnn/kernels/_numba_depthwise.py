@@ -18,78 +18,75 @@ from ._numba import _valid_q
 from ._numba_runtime import _U, _dispatch, _jit, _jit_sums, nb
 
 
+@nb.njit(cache=True, nogil=True)
+def _plane_taps(y, yb, x, xb, w, f, sh, sw, pt, pl, dh, dw, adjoint):
+    """Every kernel tap of filter f of w (F, 1, KH, KW) between the output plane at flat
+    index yb of y (N, F, OH, OW) and the input plane at flat index xb of x (N, C, H, W):
+    y += w * x (``_forward``), or with ``adjoint`` x += w * y (``_backward_data``), tap by
+    tap and row by row, over the output columns whose input column is inside the image
+    (``_valid_q``)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    kh, kw = w.shape[2], w.shape[3]
+    oh, ow = y.shape[2], y.shape[3]
+    xf = x.ravel()
+    yf = y.ravel()
+    wf = w.ravel()
+    for i in range(kh):
+        for j in range(kw):
+            off = j * dw - pl
+            q0, q1 = _valid_q(ow, sw, off, w_)
+            wv = wf[_U((f * kh + i) * kw + j)]
+            for p in range(oh):
+                ih = p * sh + i * dh - pt
+                if ih < 0 or ih >= h_:
+                    continue
+                d = yb + p * ow
+                s = xb + ih * w_ + off
+                if adjoint and sw == 1:
+                    for q in range(q0, q1):
+                        xf[_U(s + q)] += wv * yf[_U(d + q)]
+                elif adjoint:
+                    for q in range(q0, q1):
+                        xf[_U(s + q * sw)] += wv * yf[_U(d + q)]
+                elif sw == 1:
+                    for q in range(q0, q1):
+                        yf[_U(d + q)] += wv * xf[_U(s + q)]
+                else:
+                    for q in range(q0, q1):
+                        yf[_U(d + q)] += wv * xf[_U(s + q * sw)]
+
+
 @_jit
 def _forward(x, w, b, use_b, sh, sw, pt, pl, dh, dw, y):
     """y (N, F, OH, OW) = depthwise conv of x (N, C, H, W) by w (F, 1, KH, KW) (+ b)."""
     n_, c_, h_, w_ = x.shape
-    f_, _, kh, kw = w.shape
-    _, _, oh, ow = y.shape
-    m = f_ // c_
-    xf = x.ravel()
-    wf = w.ravel()
+    f_ = w.shape[0]
+    plane = y.shape[2] * y.shape[3]
     yf = y.ravel()
     for t in nb.prange(n_ * f_):
         n = t // f_
         f = t % f_
-        xb = (n * c_ + f // m) * h_ * w_
-        yb = t * oh * ow
         b0 = b[f] if use_b else 0.0
-        for k in range(oh * ow):
-            yf[_U(yb + k)] = b0
-        for i in range(kh):
-            for j in range(kw):
-                off = j * dw - pl
-                q0, q1 = _valid_q(ow, sw, off, w_)
-                wv = wf[_U((f * kh + i) * kw + j)]
-                for p in range(oh):
-                    ih = p * sh + i * dh - pt
-                    if ih < 0 or ih >= h_:
-                        continue
-                    d = yb + p * ow
-                    s = xb + ih * w_ + off
-                    if sw == 1:
-                        for q in range(q0, q1):
-                            yf[_U(d + q)] += wv * xf[_U(s + q)]
-                    else:
-                        for q in range(q0, q1):
-                            yf[_U(d + q)] += wv * xf[_U(s + q * sw)]
+        for k in range(plane):
+            yf[_U(t * plane + k)] = b0
+        _plane_taps(y, t * plane, x, (n * c_ + f // (f_ // c_)) * h_ * w_, w, f, sh, sw, pt,
+                    pl, dh, dw, False)
 
 
 @_jit
 def _backward_data(dy, w, sh, sw, pt, pl, dh, dw, dx):
     """dx (N, C, H, W) = the adjoint of ``_forward`` applied to dy (N, F, OH, OW)."""
-    n_, c_, h_, w_ = dx.shape
-    _, f_, oh, ow = dy.shape
-    kh, kw = w.shape[2], w.shape[3]
+    c_ = dx.shape[1]
+    plane = dx.shape[2] * dx.shape[3]
+    f_ = dy.shape[1]
     m = f_ // c_
     df = dx.ravel()
-    gf = dy.ravel()
-    wf = w.ravel()
-    for t in nb.prange(n_ * c_):
-        n = t // c_
-        c = t % c_
-        xb = t * h_ * w_
-        for k in range(h_ * w_):
-            df[_U(xb + k)] = 0
-        for f in range(c * m, c * m + m):
-            yb = (n * f_ + f) * oh * ow
-            for i in range(kh):
-                for j in range(kw):
-                    off = j * dw - pl
-                    q0, q1 = _valid_q(ow, sw, off, w_)
-                    wv = wf[_U((f * kh + i) * kw + j)]
-                    for p in range(oh):
-                        ih = p * sh + i * dh - pt
-                        if ih < 0 or ih >= h_:
-                            continue
-                        d = yb + p * ow
-                        s = xb + ih * w_ + off
-                        if sw == 1:
-                            for q in range(q0, q1):
-                                df[_U(s + q)] += wv * gf[_U(d + q)]
-                        else:
-                            for q in range(q0, q1):
-                                df[_U(s + q * sw)] += wv * gf[_U(d + q)]
+    for t in nb.prange(dx.shape[0] * c_):
+        for k in range(plane):
+            df[_U(t * plane + k)] = 0
+        for f in range(t % c_ * m, t % c_ * m + m):
+            _plane_taps(dy, (t // c_ * f_ + f) * dy.shape[2] * dy.shape[3], dx, t * plane, w,
+                        f, sh, sw, pt, pl, dh, dw, True)
 
 
 @_jit_sums

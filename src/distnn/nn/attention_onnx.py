@@ -33,21 +33,10 @@ def _bias_after(g, tensor, size):
     return None, tensor
 
 
-def torch_attention(cls, g, start):
-    """Transpose (1, 0, 2) -> MatMul by the packed (E, 3E) in_proj weight (+ its bias) ->
-    the heads' reshapes, scores, Softmax -> Gemm/MatMul by the (E, E) out_proj ->
-    Reshape -> Transpose (1, 0, 2): one MultiHeadAttention (the heads from the reshape
-    that splits q into heads; causal when a constant -inf upper triangle is added to the
-    scores, or when SDPA's is_causal mask comes from a lower Trilu). None where ``start``
-    does not begin an in_proj."""
-    if list(g.attrs(start).get("perm", ())) != [1, 0, 2]:
-        return None
-    inproj = _only_reader(g, start.output[0], "MatMul")
-    w = g.consts.get(inproj.input[1]) if inproj is not None else None
-    if w is None or w.ndim != 2 or w.shape[1] != 3 * w.shape[0]:
-        return None
-    e = w.shape[0]
-    b, t = _bias_after(g, inproj.output[0], 3 * e)
+def _region(g, start, t, e):
+    """(the nodes between the in_proj's output ``t`` and the (E, E) out_proj, that out_proj
+    node): a walk over the readers of ``t`` that refuses an op outside ``_INSIDE``, a second
+    (E, E) projection, or a region without a softmax."""
     region, out, frontier, seen = [], None, [t], set()
     while frontier:
         for n in g.consumers.get(frontier.pop(), []):
@@ -68,13 +57,13 @@ def torch_attention(cls, g, start):
     if out is None or not any(n.op_type == "Softmax" for n in region):
         g.refuse(start, "an (E, 3E) input projection without a softmax and an (E, E) "
                  "output projection after it; not an attention distnn reads")
-    made = {o: n for n in region for o in n.output}
-    head_dims = [int(g.consts[n.input[1]].reshape(-1)[-1]) for n in region
-                 if n.op_type == "Reshape" and n.input[1] in g.consts
-                 and getattr(made.get(n.input[0]), "op_type", None) == "Gather"]
-    if not head_dims or head_dims[0] <= 0 or e % head_dims[0]:
-        g.refuse(start, "no reshape of q into heads with a constant head size")
-    # is_causal=True: SDPA's mask from a lower Trilu of ones (Equal 0 -> Where -inf)
+    return region, out
+
+
+def _causal(g, region) -> bool:
+    """Whether the region masks causally: SDPA's is_causal mask from a lower Trilu of ones
+    (Equal 0 -> Where -inf), or a constant -inf upper triangle added to the scores (any
+    other added mask is refused)."""
     causal = any(n.op_type == "Trilu" and not g.attrs(n).get("upper", 1) for n in region)
     for n in region:
         masks = [g.consts[i] for i in n.input if i in g.consts
@@ -84,6 +73,12 @@ def torch_attention(cls, g, start):
             if not np.array_equal(np.isneginf(m), np.triu(np.ones(m.shape, bool), 1)):
                 g.refuse(n, "an attention mask other than the causal one")
             causal = True
+    return causal
+
+
+def _out_projection(g, out, e):
+    """(wo (E, E) as ``x @ wo``, bo or None, the tensor after them) of the out_proj node
+    (a Gemm with its transB, alpha, beta and bias, or a MatMul with an Add after it)."""
     attrs = g.attrs(out)
     wo = g.consts[out.input[1]]
     bo = None
@@ -94,6 +89,33 @@ def torch_attention(cls, g, start):
     t = out.output[0]
     if bo is None:
         bo, t = _bias_after(g, t, e)
+    return wo, bo, t
+
+
+def torch_attention(cls, g, start):
+    """Transpose (1, 0, 2) -> MatMul by the packed (E, 3E) in_proj weight (+ its bias) ->
+    the heads' reshapes, scores, Softmax -> Gemm/MatMul by the (E, E) out_proj ->
+    Reshape -> Transpose (1, 0, 2): one MultiHeadAttention (the heads from the reshape
+    that splits q into heads; causal when a constant -inf upper triangle is added to the
+    scores, or when SDPA's is_causal mask comes from a lower Trilu). None where ``start``
+    does not begin an in_proj."""
+    if list(g.attrs(start).get("perm", ())) != [1, 0, 2]:
+        return None
+    inproj = _only_reader(g, start.output[0], "MatMul")
+    w = g.consts.get(inproj.input[1]) if inproj is not None else None
+    if w is None or w.ndim != 2 or w.shape[1] != 3 * w.shape[0]:
+        return None
+    e = w.shape[0]
+    b, t = _bias_after(g, inproj.output[0], 3 * e)
+    region, out = _region(g, start, t, e)
+    made = {o: n for n in region for o in n.output}
+    head_dims = [int(g.consts[n.input[1]].reshape(-1)[-1]) for n in region
+                 if n.op_type == "Reshape" and n.input[1] in g.consts
+                 and getattr(made.get(n.input[0]), "op_type", None) == "Gather"]
+    if not head_dims or head_dims[0] <= 0 or e % head_dims[0]:
+        g.refuse(start, "no reshape of q into heads with a constant head size")
+    causal = _causal(g, region)
+    wo, bo, t = _out_projection(g, out, e)
     reshape = _only_reader(g, t, "Reshape")
     back = _only_reader(g, reshape.output[0], "Transpose") if reshape is not None else None
     if back is None or list(g.attrs(back).get("perm", ())) != [1, 0, 2]:

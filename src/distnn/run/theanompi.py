@@ -129,11 +129,11 @@ def train_model_class(modelfile: str, modelclass: str, rule: "str | Rule" = "BSP
                       print_freq=print_freq, verbose=verbose)
 
 
-def _train(modelfile, modelclass, rule, *, comm, epochs, rule_args, model_config, seed,
-           print_freq, verbose) -> dict[str, list]:
-    comm = comm if comm is not None else dist.get_comm()
+def _resolve_rule(rule, rule_args, comm) -> tuple[Rule, str]:
+    """The distnn rule of ``rule`` (a Theano-MPI name or a distnn rule) and the name the
+    messages give it (Theano-MPI's, BSP..., where the distnn rule is one of them); checks
+    that ``comm`` has the ranks it needs."""
     if isinstance(rule, Rule):
-        # messages name Theano-MPI's rule (BSP...) where the distnn rule is one of them
         distnn_rule = rule
         key = {v: k for k, v in RULES.items()}.get(rule.name, rule.name)
     else:
@@ -145,8 +145,12 @@ def _train(modelfile, modelclass, rule, *, comm, epochs, rule_args, model_config
         raise RunError(f"{key}: rank 0 is the server and the others are workers, so it needs "
                        f"at least {distnn_rule.min_ranks} ranks, got {comm.size}; run it "
                        f"under mpiexec -n {distnn_rule.min_ranks + 1}")
-    share, shares = distnn_rule.shard_of(comm)
-    verbose = comm.rank == 0 if verbose is None else verbose
+    return distnn_rule, key
+
+
+def _model_instance(modelfile, modelclass, share, shares, verbose, model_config, comm):
+    """The model class built with Theano-MPI's ``config`` dict (plus ``model_config``) for
+    the share ``share`` of ``shares`` (None: the server), its batches checked."""
     from ..models.files import ModelFileError
     try:
         cls = load_model_class(modelfile, modelclass)
@@ -158,6 +162,34 @@ def _train(modelfile, modelclass, rule, *, comm, epochs, rule_args, model_config
               **(model_config or {})}
     instance = cls(config)
     _check_batches(instance, comm)
+    return instance
+
+
+def _train_epoch(instance, model, distnn_rule, run, recorder, scale, shares, n_subb) -> int:
+    """A worker's training part of an epoch: every batch's sub-batches, each a move, a
+    rule step and a push; returns the last batch number."""
+    batch = 0
+    for batch in range(1, int(instance.data.n_batch_train) + 1):
+        for _ in range(n_subb):
+            instance.train_iter(batch - 1, recorder)
+            recorder.start()
+            model.record_move(scale)
+            distnn_rule.step(run)
+            run.global_step += 1
+            model.push()
+            recorder.end("comm")
+        recorder.print_train_info(batch * shares)
+    return batch
+
+
+def _train(modelfile, modelclass, rule, *, comm, epochs, rule_args, model_config, seed,
+           print_freq, verbose) -> dict[str, list]:
+    comm = comm if comm is not None else dist.get_comm()
+    distnn_rule, key = _resolve_rule(rule, rule_args, comm)
+    share, shares = distnn_rule.shard_of(comm)
+    verbose = comm.rank == 0 if verbose is None else verbose
+    instance = _model_instance(modelfile, modelclass, share, shares, verbose, model_config,
+                               comm)
     try:
         model = ModelClassModel(instance)
     except ValueError as exc:
@@ -184,16 +216,8 @@ def _train(modelfile, modelclass, rule, *, comm, epochs, rule_args, model_config
         if share is None:
             distnn_rule.serve(run, epoch)
         else:
-            for batch in range(1, int(data.n_batch_train) + 1):
-                for _ in range(n_subb):
-                    instance.train_iter(batch - 1, recorder)
-                    recorder.start()
-                    model.record_move(scale)
-                    distnn_rule.step(run)
-                    run.global_step += 1
-                    model.push()
-                    recorder.end("comm")
-                recorder.print_train_info(batch * shares)
+            batch = _train_epoch(instance, model, distnn_rule, run, recorder, scale, shares,
+                                 n_subb)
         recorder.clear_train_info()
         if hasattr(instance, "reset_iter"):
             instance.reset_iter("train")
