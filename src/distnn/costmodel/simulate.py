@@ -27,15 +27,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .collectives import Link
+from .collectives import TOPOLOGIES, Link
 from .predict import Config, ModelCost, data_messages, half_bucket
 
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
            "simgrid_python", "replay_jobs", "config_job", "simulate"]
 
-TOPOLOGIES = ("fat_tree", "torus", "flat")
-# One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
-# and time grow beyond what a planning command should take.
+# The replay runs every rank in one SimGrid actor (sgreplay.Driver); past this many its
+# flows' time and memory grow beyond what a planning command should take.
 MAX_HOSTS = 2048
 # Asynchronous rules are timed in their steady state: rounds after the first SKIP ones.
 STEPS_BEHIND, STEPS_PUSH, MASTER_ROUNDS, SKIP_ROUNDS, SKIP_PUSH = 4, 32, 8, 3, 8
@@ -177,9 +176,9 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
         raise SimulatorError(f"--topology: {topology!r} is not one of "
                              f"{', '.join(TOPOLOGIES)}")
     if not 1 <= hosts <= MAX_HOSTS:
-        raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts (a "
-                             f"thread each), got {hosts}; use the analytic model alone "
-                             "(without --simulate) beyond it")
+        raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts, got "
+                             f"{hosts}; use the analytic model alone (without --simulate) "
+                             "beyond it")
     exe = python or simgrid_python()
     if exe is None:
         raise SimulatorError("--simulate: SimGrid's Python bindings are not installed "
