@@ -24,23 +24,16 @@ per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
 
 Every round of messages a rank starts costs it ``software_latency_s`` first (the per
 message work of the host's stack: the alpha of the analytic model less the wire's), then
-the messages go as SimGrid flows (a message moves once both ends posted it, matched per
-pair of ranks in the order posted, as MPI and SimGrid's mailboxes match them). Jobs run
-one after the other, separated by a barrier of every rank; a job's seconds are the last
-rank's end less the common start.
-
-One SimGrid actor runs every rank (``Driver``): a rank's program is a Python generator
-that yields what it waits for (a time, message ends, a sub-program), its messages are
-host-to-host flows (``Comm.sendto_async``); SimGrid's Python actors are an OS thread each,
-and switching among a thousand of them cost more than the simulation itself.
+the messages go as SimGrid flows (mailbox put/get: a message moves once both ends posted
+it). Jobs run one after the other, separated by a barrier of every rank; a job's seconds
+are the last rank's end less the common start.
 """
-import heapq
 import json
 import random
 import sys
 
 import simgrid
-from simgrid import Actor, Comm, Engine, this_actor
+from simgrid import Actor, Barrier, Comm, Engine, Mailbox, this_actor
 
 # Messages a rank posts at once in a "direct" exchange are compacted to at most this many
 # (same bytes in all, peers spread evenly over the ranks): 1,024 ranks x 1,023 messages
@@ -88,167 +81,6 @@ def platform_xml(p):
             f"{extra}/>\n</platform>\n")
 
 
-class Waitable:
-    """Something a rank can wait for: a message end, a rank's sub-program."""
-    __slots__ = ("done", "waiters", "value")
-
-    def __init__(self):
-        self.done, self.waiters, self.value = False, [], None
-
-
-class Proc(Waitable):
-    """A rank's program (a generator yielding ``("until", t)`` or ``("wait", [...])``)."""
-    __slots__ = ("gen",)
-
-    def __init__(self, gen):
-        super().__init__()
-        self.gen = gen
-
-
-class Driver:
-    """Every rank's program run by one SimGrid actor: the ranks are generators, their
-    messages host-to-host flows (``Comm.sendto_async``) started once both ends posted
-    them (the mailbox's matching: per (sender, receiver) pair, in the order posted), their
-    compute and latencies timers. One actor instead of a thread a rank: the replay's
-    times are those of the actors' replay, without a context switch a message."""
-
-    def __init__(self, hosts):
-        self.hosts = hosts
-        self.ready = []
-        self.timers = []      # heap of (time, seq, proc)
-        self.comms, self.ends = [], []   # running flows and the message ends they finish
-        self.sends, self.recvs = {}, {}  # (src, dst) or box -> posted, unmatched ends
-        self.seq = 0
-
-    # the ranks' primitives
-
-    def spawn(self, gen):
-        proc = Proc(gen)
-        self.ready.append(proc)
-        return proc
-
-    def _flow(self, src, dst, nbytes, ends):
-        self.comms.append(Comm.sendto_async(self.hosts[src], self.hosts[dst], nbytes))
-        self.ends.append(ends)
-
-    def send(self, src, dst, nbytes, box=None):
-        """Post a message of ``nbytes`` from ``src`` to ``dst`` (on ``box``: to whoever
-        receives on it, ``dst`` the receiver's rank); its end for the sender."""
-        end = Waitable()
-        key = box if box is not None else (src, dst)
-        waiting = self.recvs.get(key)
-        if waiting:
-            other = waiting.pop(0)
-            other.value = src
-            self._flow(src, dst, nbytes, (end, other))
-        else:
-            self.sends.setdefault(key, []).append((end, src, nbytes))
-        return end
-
-    def recv(self, src, dst, box=None):
-        """Post the receive of the next message from ``src`` to ``dst`` (on ``box``: from
-        any sender, its rank the end's ``value``)."""
-        end = Waitable()
-        key = box if box is not None else (src, dst)
-        posted = self.sends.get(key)
-        if posted:
-            other, sender, nbytes = posted.pop(0)
-            end.value = sender
-            self._flow(sender, dst, nbytes, (other, end))
-        else:
-            self.recvs.setdefault(key, []).append(end)
-        return end
-
-    def push(self, src, dst, nbytes):
-        """A message to a permanent receiver: it moves at once, the sender's end."""
-        end = Waitable()
-        self._flow(src, dst, nbytes, (end,))
-        return end
-
-    # the loop
-
-    def _finish(self, w):
-        w.done = True
-        for waiter in w.waiters:
-            waiter[0] -= 1
-            if waiter[0] == 0:
-                self.ready.append(waiter[1])
-        w.waiters = []
-
-    def _step(self, proc):
-        try:
-            cmd = next(proc.gen)
-        except StopIteration:
-            self._finish(proc)
-            return
-        if cmd[0] == "until":
-            if cmd[1] <= Engine.clock:
-                self.ready.append(proc)
-            else:
-                heapq.heappush(self.timers, (cmd[1], self.seq, proc))
-                self.seq += 1
-            return
-        pending = [w for w in cmd[1] if not w.done]
-        if not pending:
-            self.ready.append(proc)
-            return
-        waiter = [len(pending), proc]
-        for w in pending:
-            w.waiters.append(waiter)
-
-    def _collect(self, first=-1):
-        """Flow ``first`` (the one a wait returned) and every other that has ended by
-        now: one pass over the running ones (waiting for them one at a time would cost a
-        pass each, a million at 1,024 ranks a round)."""
-        comms, ends = [], []
-        done = []
-        for k, (c, e) in enumerate(zip(self.comms, self.ends)):
-            state = c.state_str
-            if k == first or (state() if callable(state) else state) == "FINISHED":
-                done.append(e)
-            else:
-                comms.append(c)
-                ends.append(e)
-        self.comms, self.ends = comms, ends
-        for e in done:
-            for w in e:
-                self._finish(w)
-
-    def run(self):
-        """Until every program ended and every message moved."""
-        while True:
-            while self.ready:
-                batch, self.ready = self.ready, []
-                for proc in batch:
-                    self._step(proc)
-            if not self.timers and not self.comms:
-                return
-            if self.timers and self.timers[0][0] <= Engine.clock:
-                self._wake()
-                continue
-            if not self.comms:
-                this_actor.sleep_until(self.timers[0][0])
-                self._wake()
-                continue
-            if self.timers:
-                i = Comm.wait_any_for(self.comms, self.timers[0][0] - Engine.clock)
-            else:
-                i = Comm.wait_any(self.comms)
-            if i < 0:
-                self._wake()
-            self._collect(i)  # the flow that ended and the others that ended with it
-
-    def _wake(self):
-        """The first timer's programs (and any other due by now)."""
-        t = self.timers[0][0]
-        while self.timers and self.timers[0][0] <= max(t, Engine.clock):
-            self.ready.append(heapq.heappop(self.timers)[2])
-
-
-def sleep_for(seconds):
-    yield ("until", Engine.clock + seconds)
-
-
 def _torus_offsets(dims, k):
     """``k`` displacements on the torus of ``dims`` standing for all the others in a
     "direct" exchange: in each dimension the displacements spread evenly over the ring
@@ -263,11 +95,12 @@ def _torus_offsets(dims, k):
 
 
 class Rank:
-    """One rank's point-to-point layer (generators run by the ``Driver``); ``dims``: the
-    torus it sits on (None: a full-bisection network)."""
+    """One rank's point-to-point layer: a mailbox per (sender, receiver) pair, so that the
+    messages between two ranks match in the order they were posted; ``dims``: the torus
+    it sits on (None: a full-bisection network)."""
 
-    def __init__(self, driver, me, size, alpha, dims=None):
-        self.d, self.me, self.size, self.alpha, self.dims = driver, me, size, alpha, dims
+    def __init__(self, me, size, alpha, dims=None):
+        self.me, self.size, self.alpha, self.dims = me, size, alpha, dims
 
     def _moved(self, vec, sign):
         """The rank ``sign`` * ``vec`` away on the torus (dimension 0 the fastest)."""
@@ -278,19 +111,25 @@ class Rank:
             radix *= d
         return rank
 
+    @staticmethod
+    def box(src, dst):
+        return Mailbox.by_name(f"{src}>{dst}")
+
     def round(self, sends, recvs):
         """One round: ``sends`` [(peer, bytes)] and ``recvs`` [peer] posted at once, waited
         for together; the stack's latency once before."""
         if not sends and not recvs:
             return
         if self.alpha > 0:
-            yield from sleep_for(self.alpha)
-        ends = [self.d.send(self.me, peer, max(1, int(nbytes))) for peer, nbytes in sends]
-        ends += [self.d.recv(peer, self.me) for peer in recvs]
-        yield ("wait", ends)
+            this_actor.sleep_for(self.alpha)
+        comms = [self.box(self.me, peer).put_async(None, max(1, int(nbytes)))
+                 for peer, nbytes in sends]
+        # the receive's data holder must outlive the wait (SimGrid writes into it)
+        gets = [self.box(peer, self.me).get_async() for peer in recvs]
+        Comm.wait_all(comms + [g[0] for g in gets])
 
     def exchange(self, peer, nbytes):
-        yield from self.round([(peer, nbytes)], [peer])
+        self.round([(peer, nbytes)], [peer])
 
     # MPICH's all-reduce algorithms (src/mpi/coll/allreduce), the data left out
 
@@ -301,9 +140,9 @@ class Rank:
         rem = self.size - p
         if self.me < 2 * rem:
             if self.me % 2 == 0:
-                yield from self.round([(self.me + 1, nbytes)], [])
+                self.round([(self.me + 1, nbytes)], [])
                 return p, -1
-            yield from self.round([], [self.me - 1])
+            self.round([], [self.me - 1])
             return p, self.me // 2
         return p, self.me - rem
 
@@ -311,63 +150,63 @@ class Rank:
         rem = self.size - p
         if self.me < 2 * rem:
             if self.me % 2 == 0:
-                yield from self.round([], [self.me + 1])
+                self.round([], [self.me + 1])
             else:
-                yield from self.round([(self.me - 1, nbytes)], [])
+                self.round([(self.me - 1, nbytes)], [])
 
     def _real(self, newrank, p):
         rem = self.size - p
         return newrank * 2 + 1 if newrank < rem else newrank + rem
 
     def allreduce_recursive_doubling(self, nbytes):
-        p, new = yield from self._fold(nbytes)
+        p, new = self._fold(nbytes)
         if new >= 0:
             mask = 1
             while mask < p:
-                yield from self.exchange(self._real(new ^ mask, p), nbytes)
+                self.exchange(self._real(new ^ mask, p), nbytes)
                 mask <<= 1
-        yield from self._unfold(p, nbytes)
+        self._unfold(p, nbytes)
 
     def allreduce_rabenseifner(self, nbytes):
         """Reduce-scatter by recursive halving (halves of the buffer, the nearest partner
         first), then all-gather by recursive doubling back up."""
-        p, new = yield from self._fold(nbytes)
+        p, new = self._fold(nbytes)
         if new >= 0:
             part, mask, sizes = nbytes, 1, []
             while mask < p:
                 part /= 2
                 sizes.append(part)
-                yield from self.exchange(self._real(new ^ mask, p), part)
+                self.exchange(self._real(new ^ mask, p), part)
                 mask <<= 1
             mask >>= 1
             for part in reversed(sizes):
-                yield from self.exchange(self._real(new ^ mask, p), part)
+                self.exchange(self._real(new ^ mask, p), part)
                 mask >>= 1
-        yield from self._unfold(p, nbytes)
+        self._unfold(p, nbytes)
 
     def allreduce_ring(self, nbytes):
         """Reduce-scatter then all-gather around the ring: 2(P-1) rounds of n/P."""
         nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
         for _ in range(2 * (self.size - 1)):
-            yield from self.round([(nxt, nbytes / self.size)], [prv])
+            self.round([(nxt, nbytes / self.size)], [prv])
 
     def allgather_ring(self, part):
         nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
         for _ in range(self.size - 1):
-            yield from self.round([(nxt, part)], [prv])
+            self.round([(nxt, part)], [prv])
 
     def bcast(self, nbytes):
         """Binomial tree from rank 0 (MPICH's short-message broadcast)."""
         mask = 1
         while mask < self.size:
             if self.me & mask:
-                yield from self.round([], [self.me - mask])
+                self.round([], [self.me - mask])
                 break
             mask <<= 1
         mask >>= 1
         while mask > 0:
             if self.me + mask < self.size:
-                yield from self.round([(self.me + mask, nbytes)], [])
+                self.round([(self.me + mask, nbytes)], [])
             mask >>= 1
 
     def direct(self, part):
@@ -379,73 +218,73 @@ class Rank:
         if self.dims is not None and others > k:
             vecs = _torus_offsets(self.dims, k)
             scale = others / len(vecs)
-            yield from self.round([(self._moved(v, 1), part * scale) for v in vecs],
-                                  [self._moved(v, -1) for v in vecs])
+            self.round([(self._moved(v, 1), part * scale) for v in vecs],
+                       [self._moved(v, -1) for v in vecs])
             return
         offsets = sorted({1 + j * others // k for j in range(k)})
         scale = others / len(offsets)
-        yield from self.round([((self.me + o) % self.size, part * scale) for o in offsets],
-                              [(self.me - o) % self.size for o in offsets])
+        self.round([((self.me + o) % self.size, part * scale) for o in offsets],
+                   [(self.me - o) % self.size for o in offsets])
 
     def allreduce(self, nbytes, algorithm):
-        yield from getattr(self, f"allreduce_{algorithm}")(nbytes)
+        getattr(self, f"allreduce_{algorithm}")(nbytes)
 
 
 def _spmd(rank, job, t0):
     for op in job["ops"]:
         kind = op[0]
         if kind == "compute":
-            yield from sleep_for(op[1])
+            this_actor.sleep_for(op[1])
         elif kind == "at":
             if Engine.clock < t0 + op[1]:
-                yield ("until", t0 + op[1])
+                this_actor.sleep_until(t0 + op[1])
         elif kind == "allreduce":
-            yield from rank.allreduce(op[1], op[2])
+            rank.allreduce(op[1], op[2])
         elif kind == "direct":
-            yield from rank.direct(op[1])
+            rank.direct(op[1])
         elif kind == "allgather_ring":
-            yield from rank.allgather_ring(op[1])
+            rank.allgather_ring(op[1])
         elif kind == "bcast":
-            yield from rank.bcast(op[1])
+            rank.bcast(op[1])
         elif kind == "behind":
-            yield from _behind(rank, *op[1:])
+            _behind(rank, *op[1:])
         else:
             raise ValueError(f"unknown op {kind!r}")
 
 
 def _behind(rank, steps, compute_s, nbytes, algorithm):
-    """Each step's all-reduce runs beside the rank's program while the next step
-    computes; a step waits for the one before it to finish first."""
+    """Each step's all-reduce runs in a second actor on the rank's host while the next
+    step computes; a step waits for the one before it to finish first."""
     comm = None
     for _ in range(int(steps)):
-        yield from sleep_for(compute_s)
+        this_actor.sleep_for(compute_s)
         if comm is not None:
-            yield ("wait", [comm])
-        comm = rank.d.spawn(rank.allreduce(nbytes, algorithm))
+            comm.join()
+        comm = Actor.create(f"ar{rank.me}", this_actor.get_host(),
+                            rank.allreduce, nbytes, algorithm)
     if comm is not None:
-        yield ("wait", [comm])
+        comm.join()
 
 
 def _master(rank, job, marks):
     """The master receives one request at a time (it probes, then receives that one) and
     answers each with a send it does not wait for (rules/_p2p.py ``serve_clients``)."""
-    n, d = max(1, int(job["bytes"])), rank.d
+    n, box = job["bytes"], Mailbox.by_name("to-master")
     if rank.me == 0:
         replies = []
         for _ in range(job["rounds"] * (rank.size - 1)):
-            got = d.recv(None, 0, box="to-master")
-            yield ("wait", [got])
-            yield from sleep_for(rank.alpha)
-            replies.append(d.send(0, got.value, n))
-        yield ("wait", replies)
+            worker = box.get()
+            this_actor.sleep_for(rank.alpha)
+            replies.append(rank.box(0, worker).put_async(None, max(1, int(n))))
+        Comm.wait_all(replies)
         return
     for r in range(job["rounds"]):
         if r == job.get("skip", 0):
             marks[rank.me] = Engine.clock
-        yield from sleep_for(job["work_s"])
-        yield from sleep_for(rank.alpha)
-        yield ("wait", [d.send(rank.me, 0, n, box="to-master")])
-        yield ("wait", [d.recv(0, rank.me)])
+        this_actor.sleep_for(job["work_s"])
+        this_actor.sleep_for(rank.alpha)
+        box.put(rank.me, max(1, int(n)))
+        rank.box(0, rank.me).get()
 
 
 def _push(rank, job, draws, marks):
@@ -453,17 +292,17 @@ def _push(rank, job, draws, marks):
     for step in range(job["steps"]):
         if step == job.get("skip", 0):
             marks[rank.me] = Engine.clock
-        yield from sleep_for(job["compute_s"])
+        this_actor.sleep_for(job["compute_s"])
         if draws[step] >= job["p"]:
             continue
         if pending is not None:
-            yield ("wait", [pending])
+            pending.wait()
         peer = (rank.me + 1 + int(draws[step] / job["p"] * (rank.size - 1))) % rank.size
-        yield from sleep_for(rank.alpha)
-        # the peer's inbox has a permanent receiver: the push moves without a get
-        pending = rank.d.push(rank.me, peer, max(1, int(job["bytes"])))
+        this_actor.sleep_for(rank.alpha)
+        # the peer's inbox has it as permanent receiver: the push moves without a get
+        pending = Mailbox.by_name(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
     if pending is not None:
-        yield ("wait", [pending])
+        pending.wait()
 
 
 def main():
@@ -478,7 +317,7 @@ def main():
                 "--cfg=network/TCP-gamma:1e15", "--cfg=contexts/factory:thread"])
     e.load_platform(path)
     all_hosts = sorted(e.all_hosts, key=lambda h: int(h.name[1:]))
-    jobs = spec["jobs"]
+    jobs, barrier = spec["jobs"], Barrier(hosts)
     ends = [[0.0] * hosts for _ in jobs]
     marks = [[None] * hosts for _ in jobs]  # a rank's time once its ``skip`` rounds ended
     starts, finished = [0.0] * len(jobs), [0] * len(jobs)
@@ -487,32 +326,29 @@ def main():
             rng = random.Random(job.get("seed", 0))
             job["_draws"] = [[rng.random() for _ in range(job["steps"])] for _ in range(hosts)]
 
-    def program(rank, j, job, t0):
-        if job["kind"] == "spmd":
-            yield from _spmd(rank, job, t0)
-        elif job["kind"] == "master":
-            yield from _master(rank, job, marks[j])
-        elif job["kind"] == "push":
-            yield from _push(rank, job, job["_draws"][rank.me], marks[j])
-        else:
-            raise ValueError(f"unknown job kind {job['kind']!r}")
-        ends[j][rank.me] = Engine.clock
-        finished[j] += 1
+    dims = (tuple(int(x) for x in _torus_dims(hosts).split(","))
+            if p["topology"] == "torus" else None)
 
-    def driver():
-        d = Driver(all_hosts)
-        dims = (tuple(int(x) for x in _torus_dims(hosts).split(","))
-                if p["topology"] == "torus" else None)
-        ranks = [Rank(d, me, hosts, spec["software_latency_s"], dims) for me in range(hosts)]
-        for j, job in enumerate(jobs):  # a job starts once every rank ended the one before
-            t0 = starts[j] = Engine.clock
-            for rank in ranks:
-                d.spawn(program(rank, j, job, t0))
-            d.run()
-            if finished[j] != hosts:
-                return
+    def actor(me):
+        rank = Rank(me, hosts, spec["software_latency_s"], dims)
+        Mailbox.by_name(f"push>{me}").set_receiver(Actor.self())
+        for j, job in enumerate(jobs):
+            barrier.wait()
+            t0 = Engine.clock
+            starts[j] = t0
+            if job["kind"] == "spmd":
+                _spmd(rank, job, t0)
+            elif job["kind"] == "master":
+                _master(rank, job, marks[j])
+            elif job["kind"] == "push":
+                _push(rank, job, job["_draws"][me], marks[j])
+            else:
+                raise ValueError(f"unknown job kind {job['kind']!r}")
+            ends[j][me] = Engine.clock
+            finished[j] += 1
 
-    Actor.create("driver", all_hosts[0], driver)
+    for me, host in enumerate(all_hosts):
+        Actor.create(f"rank{me}", host, actor, me)
     e.run()
     stuck = [job["name"] for j, job in enumerate(jobs) if finished[j] != hosts]
     if stuck:  # a rank waits for a message nobody sends: a bug of the replay, not a time

@@ -33,8 +33,8 @@ from .predict import Config, ModelCost, data_messages, half_bucket
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
            "simgrid_python", "replay_jobs", "config_job", "simulate"]
 
-# The replay runs every rank in one SimGrid actor (sgreplay.Driver); past this many its
-# flows' time and memory grow beyond what a planning command should take.
+# One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
+# and time grow beyond what a planning command should take.
 MAX_HOSTS = 2048
 # Asynchronous rules are timed in their steady state: rounds after the first SKIP ones.
 STEPS_BEHIND, STEPS_PUSH, MASTER_ROUNDS, SKIP_ROUNDS, SKIP_PUSH = 4, 32, 8, 3, 8
