@@ -155,8 +155,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.simulate:
         from ..costmodel.simulate import MAX_HOSTS, simgrid_python
         if max(hosts) > MAX_HOSTS:
-            raise RunError(f"--hosts: the simulator holds at most {MAX_HOSTS} hosts, got "
-                           f"{max(hosts)}; drop --simulate beyond it")
+            raise RunError(f"--hosts: the simulator holds at most {MAX_HOSTS} hosts (a "
+                           f"thread each), got {max(hosts)}; drop --simulate beyond it")
         if not 0 <= 2 * args.hop_latency_us <= args.latency_us:
             raise RunError(f"--hop_latency_us: must be in [0, --latency_us/2] = [0, "
                            f"{args.latency_us / 2:g}], got {args.hop_latency_us:g}")

@@ -176,9 +176,9 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
         raise SimulatorError(f"--topology: {topology!r} is not one of "
                              f"{', '.join(TOPOLOGIES)}")
     if not 1 <= hosts <= MAX_HOSTS:
-        raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts, got "
-                             f"{hosts}; use the analytic model alone (without --simulate) "
-                             "beyond it")
+        raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts (a "
+                             f"thread each), got {hosts}; use the analytic model alone "
+                             "(without --simulate) beyond it")
     exe = python or simgrid_python()
     if exe is None:
         raise SimulatorError("--simulate: SimGrid's Python bindings are not installed "
