@@ -43,6 +43,8 @@ def _cost(model: str, compute_s: float | None, batch: int):
 
 
 def run(args) -> None:
+    from dataclasses import replace
+
     from distnn.costmodel.predict import DEFAULT_CONFIGS, predict
     from distnn.costmodel.simulate import FABRICS, simulate
     cost = _cost(args.model, args.compute_s, args.batch)
@@ -58,9 +60,10 @@ def run(args) -> None:
                 sims = simulate(DEFAULT_CONFIGS, cost, hosts, fabric.link,
                                 topology=topology, hop_latency_s=fabric.hop_s)
                 wall = time.perf_counter() - t
+                link = replace(fabric.link, topology=topology, hop_s=fabric.hop_s)
                 with out.open("a") as f:
                     for s in sims:
-                        a = predict(s.config, cost, hosts, fabric.link)
+                        a = predict(s.config, cost, hosts, link)
                         f.write(json.dumps({
                             "model": args.model, "compute_s": cost.compute_s,
                             "topology": topology, "gbits": gbits, "fabric": fabric.name,

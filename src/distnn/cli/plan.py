@@ -92,7 +92,8 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
                    "and the rule, compression and bucket size it would pick.")
     p.add_argument("--topology", default="fat_tree", choices=("fat_tree", "torus", "flat"),
                    help="The simulated network (--simulate): a two-level full-bisection fat "
-                   "tree, a 2-D/3-D torus, or one crossbar. Default: fat_tree.")
+                   "tree, a 2-D/3-D torus, or one crossbar; the analytic step next to the "
+                   "simulated one counts a torus's hops and shared links. Default: fat_tree.")
     p.add_argument("--hop_latency_us", "--hop-latency-us", type=float, default=0.5,
                    metavar="US", help="Latency of each link a simulated message crosses "
                    "(--simulate); --latency_us stays the end-to-end latency of two "
@@ -250,6 +251,8 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
     """``--simulate``: the SimGrid replay of every configuration (and of the data rule at
     the bucket sizes that make other buckets) next to the analytic model; prints a table
     per link rate and the simulator's pick; returns the rows for --json."""
+    from dataclasses import replace
+
     from ..costmodel.predict import DEFAULT_CONFIGS, Link, pick, predict
     from ..costmodel.simulate import SimulatorError, simulate
     configs = DEFAULT_CONFIGS + _bucket_variants(cost, DEFAULT_CONFIGS)
@@ -262,6 +265,8 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
           "a link crossed; one step (a period for the periodic rules) per configuration.")
     for gbits in rates:
         link = Link(gbits, args.latency_us * 1e-6)
+        # the analytic side on the same network: a torus's hops and shared links
+        on_topology = replace(link, topology=args.topology, hop_s=hop)
         sims = {}
         for h in [h for h in hosts if h > 1]:
             t = time.perf_counter()
@@ -278,7 +283,7 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
         for i, cfg in enumerate(configs):
             cells = []
             for h, (got, wall) in sims.items():
-                a, s = predict(cfg, cost, h, link), got[i]
+                a, s = predict(cfg, cost, h, on_topology), got[i]
                 err = a.step_s / s.step_s - 1
                 cells.append(f"{a.step_s * 1e3:.2f} / {s.step_s * 1e3:.2f} "
                              f"({s.efficiency:.0%}, {err:+.0%})")

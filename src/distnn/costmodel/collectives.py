@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 # MPICH's defaults (src/mpi/coll/allreduce, allgather, ialltoall: MPI_T cvars of the same
 # names; ``mpivars`` of the mpich wheel lists them).
@@ -21,17 +22,32 @@ ALLTOALL_THROTTLE = 32               # MPIR_CVAR_ALLTOALL_THROTTLE
 REDUCE_SCATTER_LONG_MSG_SIZE = 524288  # MPIR_CVAR_REDUCE_SCATTER_COMMUTATIVE_LONG_MSG_SIZE
 
 
+TOPOLOGIES = ("fat_tree", "torus", "flat")
+
+
 @dataclass(frozen=True)
 class Link:
-    """One host's link: ``gbits`` Gbit/s each way, ``latency_s`` per message (alpha)."""
+    """One host's link: ``gbits`` Gbit/s each way, ``latency_s`` per message (alpha) to a
+    neighbour. ``topology``: a full-bisection network (``fat_tree``, ``flat``: a message
+    crosses the sender's link and the receiver's, whatever the pair) or a ``torus``
+    (``torus_dims``): a message crosses one link per hop, ``hop_s`` each (alpha holds two:
+    a neighbour's message is ``alpha - hop_s``), and a link carries every message routed
+    over it."""
     gbits: float
     latency_s: float = 50e-6
+    topology: str = "fat_tree"
+    hop_s: float = 0.0
 
     def __post_init__(self):
         if not self.gbits > 0:
             raise ValueError(f"link gbits must be > 0, got {self.gbits!r}")
         if not self.latency_s >= 0:
             raise ValueError(f"link latency_s must be >= 0, got {self.latency_s!r}")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"link topology: {self.topology!r} is not one of "
+                             f"{', '.join(TOPOLOGIES)}")
+        if not self.hop_s >= 0:
+            raise ValueError(f"link hop_s must be >= 0, got {self.hop_s!r}")
 
     @property
     def bytes_per_s(self) -> float:
@@ -46,6 +62,119 @@ def _pof2(p: int) -> int:
     return 1 << (p.bit_length() - 1)
 
 
+# The torus: SimGrid's TORUS cluster (what ``simulate`` replays on). Rank r sits at the
+# mixed-radix coordinates of r (dimension 0 the fastest); a message goes dimension by
+# dimension, lowest first, each the shorter way round (SimGrid's TorusZone routing, its
+# tie at half a ring included); one link each way between neighbours of a dimension.
+
+
+def torus_dims(hosts: int) -> tuple[int, ...]:
+    """Near-equal dimensions whose product is ``hosts``: 3-D from 64 hosts, else 2-D
+    (the prime factors, largest first, each to the smallest dimension so far); the same
+    as ``sgreplay._torus_dims``."""
+    dims = [1, 1, 1] if hosts >= 64 else [1, 1]
+    n, f, primes = hosts, 2, []
+    while n > 1:
+        while n % f == 0:
+            primes.append(f)
+            n //= f
+        f += 1
+    for q in sorted(primes, reverse=True):
+        dims[dims.index(min(dims))] *= q
+    return tuple(sorted(dims))
+
+
+def _forward(a: int, b: int, d: int) -> bool:
+    """Whether the route from coordinate ``a`` to ``b`` in a ring of ``d`` goes up."""
+    return (a < b <= a + d // 2) or (a > d // 2 and (a + d // 2) % d >= b)
+
+
+def _ring_links(a: int, b: int, d: int) -> list[tuple[int, int]]:
+    """The links (position, +1 or -1) a route from ``a`` to ``b`` crosses in a ring."""
+    out, step = [], 1 if _forward(a, b, d) else -1
+    while a != b:
+        out.append((a, step))
+        a = (a + step) % d
+    return out
+
+
+def torus_round(pairs: tuple[tuple[int, int], ...], hosts: int) -> tuple[int, int]:
+    """(messages on the busiest link, links the longest route crosses) of one round in
+    which every (src, dst) of ``pairs`` sends a message at once on the torus of
+    ``hosts``: under max-min sharing the round's bytes take that many times a lone
+    message's."""
+    dims = torus_dims(hosts)
+    load: dict = {}
+    longest = 0
+    for src, dst in pairs:
+        cur, hops, radix = list(_coords(src, dims)), 0, 1
+        target = _coords(dst, dims)
+        for j, d in enumerate(dims):
+            for pos, step in _ring_links(cur[j], target[j], d):
+                cur[j] = pos
+                key = (tuple(cur), j, step)
+                load[key] = load.get(key, 0) + 1
+                hops += 1
+            cur[j] = target[j]
+            radix *= d
+        longest = max(longest, hops)
+    return max(load.values(), default=0), longest
+
+
+def _coords(rank: int, dims) -> tuple[int, ...]:
+    out = []
+    for d in dims:
+        out.append(rank % d)
+        rank //= d
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _doubling_round(hosts: int, mask: int) -> tuple[int, int]:
+    """``torus_round`` of the recursive doubling (halving) round of ``mask`` over the p'
+    ranks that stay after MPICH's fold."""
+    p = _pof2(hosts)
+    rem = hosts - p
+
+    def real(new):
+        return new * 2 + 1 if new < rem else new + rem
+    return torus_round(tuple((real(r), real(r ^ mask)) for r in range(p)), hosts)
+
+
+@lru_cache(maxsize=None)
+def _fold_round(hosts: int) -> tuple[int, int]:
+    p = _pof2(hosts)
+    return torus_round(tuple((2 * r, 2 * r + 1) for r in range(hosts - p)), hosts)
+
+
+@lru_cache(maxsize=None)
+def torus_all_to_all(hosts: int) -> tuple[float, int]:
+    """(messages on the busiest link, links the longest route crosses) when every rank
+    sends one message to every other at once: by the torus's symmetry a link of
+    dimension j at ring position x carries P/d_j times the (a, b) routes of its ring
+    that cross it (the other coordinates of source and destination free)."""
+    dims = torus_dims(hosts)
+    busiest = 0.0
+    for d in dims:
+        count: dict = {}
+        for a in range(d):
+            for b in range(d):
+                for key in _ring_links(a, b, d):
+                    count[key] = count.get(key, 0) + 1
+        busiest = max(busiest, hosts / d * max(count.values(), default=0))
+    return busiest, sum(d // 2 for d in dims)
+
+
+def _round_time(nbytes: float, link: Link, round_: tuple[int, int] | None) -> float:
+    """One message of ``nbytes`` (alpha + n / beta), on a torus in a round whose busiest
+    link carries ``round_[0]`` messages and whose longest route crosses ``round_[1]``."""
+    if round_ is None:
+        return link.send(nbytes)
+    shared, hops = round_
+    return (link.latency_s + (hops - 2) * link.hop_s +
+            max(1, shared) * nbytes / link.bytes_per_s)
+
+
 def allreduce_time(nbytes: float, hosts: int, link: Link, *, itemsize: int = 4,
                    builtin_op: bool = True) -> tuple[float, str]:
     """Seconds of one all-reduce of ``nbytes`` per rank over ``hosts`` ranks, and MPICH's
@@ -58,10 +187,28 @@ def allreduce_time(nbytes: float, hosts: int, link: Link, *, itemsize: int = 4,
         return 0.0, "none"
     p = _pof2(hosts)
     steps = p.bit_length() - 1
+    if link.topology == "torus":
+        return _torus_allreduce(nbytes, hosts, link, itemsize, builtin_op)
     fold = 2 * link.send(nbytes) if hosts != p else 0.0
     if nbytes <= ALLREDUCE_SHORT_MSG_SIZE or not builtin_op or nbytes / itemsize < p:
         return steps * link.send(nbytes) + fold, "recursive doubling"
     t = 2 * steps * link.latency_s + 2 * (p - 1) / p * nbytes / link.bytes_per_s
+    return t + fold, "reduce-scatter + all-gather"
+
+
+def _torus_allreduce(nbytes, hosts, link, itemsize, builtin_op) -> tuple[float, str]:
+    """``allreduce_time`` on a torus: each round of recursive doubling (halving) is
+    ``_round_time`` of its partners' routes (rank XOR 2^k: 2^k apart, many links and
+    links shared between pairs once 2^k spans a dimension)."""
+    p = _pof2(hosts)
+    masks = [1 << k for k in range(p.bit_length() - 1)]
+    fold = 2 * _round_time(nbytes, link, _fold_round(hosts)) if hosts != p else 0.0
+    if nbytes <= ALLREDUCE_SHORT_MSG_SIZE or not builtin_op or nbytes / itemsize < p:
+        return sum(_round_time(nbytes, link, _doubling_round(hosts, m))
+                   for m in masks) + fold, "recursive doubling"
+    # halving: the nearest partner first with half the buffer, then back up
+    t = sum(2 * _round_time(nbytes / (2 * m), link, _doubling_round(hosts, m))
+            for m in masks)
     return t + fold, "reduce-scatter + all-gather"
 
 
@@ -171,6 +318,8 @@ def direct_time(part_bytes: float, hosts: int, link: Link) -> tuple[float, str]:
     the latency once, ``alpha + (P-1) c/beta``."""
     if hosts <= 1 or part_bytes <= 0:
         return 0.0, "none"
+    if link.topology == "torus":  # the busiest link's messages, not the rank's P-1
+        return _round_time(part_bytes, link, torus_all_to_all(hosts)), "direct"
     return link.latency_s + (hosts - 1) * part_bytes / link.bytes_per_s, "direct"
 
 

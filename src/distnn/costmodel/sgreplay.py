@@ -81,12 +81,35 @@ def platform_xml(p):
             f"{extra}/>\n</platform>\n")
 
 
+def _torus_offsets(dims, k):
+    """``k`` displacements on the torus of ``dims`` standing for all the others in a
+    "direct" exchange: in each dimension the displacements spread evenly over the ring
+    (as those of all the other ranks do, which is what loads its links), each dimension
+    in another order; none the rank itself."""
+    out = []
+    for i in range(k):
+        vec = tuple((((i * (2 * j + 1)) + j) % k) * d // k for j, d in enumerate(dims))
+        if any(vec):
+            out.append(vec)
+    return out
+
+
 class Rank:
     """One rank's point-to-point layer: a mailbox per (sender, receiver) pair, so that the
-    messages between two ranks match in the order they were posted."""
+    messages between two ranks match in the order they were posted; ``dims``: the torus
+    it sits on (None: a full-bisection network)."""
 
-    def __init__(self, me, size, alpha):
-        self.me, self.size, self.alpha = me, size, alpha
+    def __init__(self, me, size, alpha, dims=None):
+        self.me, self.size, self.alpha, self.dims = me, size, alpha, dims
+
+    def _moved(self, vec, sign):
+        """The rank ``sign`` * ``vec`` away on the torus (dimension 0 the fastest)."""
+        rank, radix, rest = 0, 1, self.me
+        for d, v in zip(self.dims, vec):
+            rank += (rest % d + sign * v) % d * radix
+            rest //= d
+            radix *= d
+        return rank
 
     @staticmethod
     def box(src, dst):
@@ -192,6 +215,12 @@ class Rank:
         if others <= 0:
             return
         k = min(others, DIRECT_PEERS)
+        if self.dims is not None and others > k:
+            vecs = _torus_offsets(self.dims, k)
+            scale = others / len(vecs)
+            self.round([(self._moved(v, 1), part * scale) for v in vecs],
+                       [self._moved(v, -1) for v in vecs])
+            return
         offsets = sorted({1 + j * others // k for j in range(k)})
         scale = others / len(offsets)
         self.round([((self.me + o) % self.size, part * scale) for o in offsets],
@@ -297,8 +326,11 @@ def main():
             rng = random.Random(job.get("seed", 0))
             job["_draws"] = [[rng.random() for _ in range(job["steps"])] for _ in range(hosts)]
 
+    dims = (tuple(int(x) for x in _torus_dims(hosts).split(","))
+            if p["topology"] == "torus" else None)
+
     def actor(me):
-        rank = Rank(me, hosts, spec["software_latency_s"])
+        rank = Rank(me, hosts, spec["software_latency_s"], dims)
         Mailbox.by_name(f"push>{me}").set_receiver(Actor.self())
         for j, job in enumerate(jobs):
             barrier.wait()

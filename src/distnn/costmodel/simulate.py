@@ -27,13 +27,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .collectives import Link
+from .collectives import TOPOLOGIES, Link
 from .predict import Config, ModelCost, data_messages, half_bucket
 
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
            "simgrid_python", "replay_jobs", "config_job", "simulate"]
 
-TOPOLOGIES = ("fat_tree", "torus", "flat")
 # One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
 # and time grow beyond what a planning command should take.
 MAX_HOSTS = 2048
