@@ -218,9 +218,14 @@ class SessionBatch:
                                     stdout=sink, stderr=subprocess.STDOUT, text=True,
                                     env=child_env(), start_new_session=True)
             finished, timed_out = 0, False
-            deadline = time.monotonic() + cases[0][1]
+            last = time.monotonic()
+            deadline = last + cases[0][1]
             while True:
                 running = proc.poll() is None
+                now = time.monotonic()
+                if now - last > 5:  # this process was stopped (SIGSTOP, ^Z), and likely
+                    deadline += now - last  # the job with it: that time does not count
+                last = now
                 while finished < len(cases) and self.done(key, cases[finished][0], out):
                     finished += 1
                     if finished < len(cases):
