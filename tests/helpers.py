@@ -83,6 +83,36 @@ def run_distnn(*args, cwd, ranks: int = 1, timeout: float = 300, **env: str):
                           text=True, timeout=timeout, cwd=cwd, env=child_env(**env))
 
 
+def distnn_in_process(*args):
+    """``distnn ARGS`` run in this process through the command's own entry
+    (``distnn.cli.main.main(argv)``): its exit status (``SystemExit`` included), stdout and
+    stderr, as ``run_distnn`` gives them, without the start of a process (Python, numpy,
+    distnn: 1-2 CPU-s). For refusals of the options, which happen before a run joins MPI; a
+    command that gets as far as making its communicator fails the test (that case needs a
+    real process: ``run_distnn``). Keep one real-process test of each family of refusals,
+    so that the command's path and "on every rank" stay covered."""
+    import importlib
+    import io
+    import subprocess
+    from unittest import mock
+
+    cli = importlib.import_module("distnn.cli.main")  # the module (distnn.cli.main is also
+    #                                                    the package's name for its function)
+
+    def no_communicator(*_, **__):
+        raise AssertionError(f"distnn {' '.join(map(str, args))} got past the option checks "
+                             "in process: run it as a real process (run_distnn)")
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.object(cli, "make_comm", no_communicator), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess([*COMMAND, *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
+
+
 @contextlib.contextmanager
 def reaped(proc):
     """``proc`` (a ``subprocess.Popen``), killed and drained on the way out if it still
@@ -134,3 +164,100 @@ def __getattr__(name: str):
     if name == "needs_fashion_mnist":
         return pytest.mark.skipif(not have_fashion_mnist(), reason="Fashion-MNIST not found")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class SessionBatch:
+    """Test cases of many tests that share a program and a rank count, run in one launch
+    per key (one mpiexec start instead of one per test): tests register their cases when
+    their module is imported (``add``), the first test that needs a key's results launches
+    every case of that key (``run``), each test then asserts on its own results.
+
+    ``command(key, cases, out)`` is the command line that runs ``cases`` (in order) and
+    writes their results under ``out``; ``done(key, case, out)`` says whether a case's
+    results are all written; ``label(key)`` names the launch in messages. A case has its
+    own timeout, counted from the end of the case before it (from the launch for the
+    first): a case that fails or hangs fails the tests that read it, with the launch's
+    output; the launch is then ended, and the cases after it run again in a launch of
+    their own, so that they pass or fail on their own."""
+
+    def __init__(self, command, done, label=str):
+        self.command, self.done, self.label = command, done, label
+        self.cases: dict = {}      # key -> {name: (case, timeout, module)}
+        self.outcome: dict = {}    # key -> {name: None (written) or the failure's message}
+        self.out: dict = {}        # key -> the folder of its results
+
+    def add(self, key, name: str, case: dict, timeout: float, module: str = "") -> None:
+        cases = self.cases.setdefault(key, {})
+        if name in cases and cases[name][0] != case:
+            raise ValueError(f"two different batched cases are named {name!r}")
+        cases[name] = (case, timeout, module)
+
+    def run(self, key, out: Path, modules=None) -> dict:
+        """Every case of ``key`` (of ``modules`` only, when given) run under ``out``, once
+        a session; {name: None, or why it failed}."""
+        if key not in self.outcome:
+            names = [n for n, (_, _, m) in self.cases.get(key, {}).items()
+                     if modules is None or m in modules]
+            out.mkdir(parents=True, exist_ok=True)
+            self.out[key] = out
+            self.outcome[key] = {}
+            launch = 0
+            while names:
+                launch += 1
+                names = self._launch(key, names, out, launch)
+        return self.outcome[key]
+
+    def _launch(self, key, names: list[str], out: Path, launch: int) -> list[str]:
+        """Runs ``names`` in one launch; returns the names still to run (after a failure)."""
+        import subprocess
+        import time
+        cases = [self.cases[key][n] for n in names]
+        log = out / f"launch{launch}.log"
+        with open(log, "w") as sink:
+            proc = subprocess.Popen(self.command(key, [c for c, _, _ in cases], out),
+                                    stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                    env=child_env(), start_new_session=True)
+            finished, timed_out = 0, False
+            last = time.monotonic()
+            deadline = last + cases[0][1]
+            while True:
+                running = proc.poll() is None
+                now = time.monotonic()
+                if now - last > 5:  # this process was stopped (SIGSTOP, ^Z), and likely
+                    deadline += now - last  # the job with it: that time does not count
+                last = now
+                while finished < len(cases) and self.done(key, cases[finished][0], out):
+                    finished += 1
+                    if finished < len(cases):
+                        deadline = time.monotonic() + cases[finished][1]
+                if not running:
+                    break
+                if finished < len(cases) and time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.1)
+            if proc.poll() is None:  # hung, or still ending after the last case
+                if not timed_out:
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        timed_out = True
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+        for name in names[:finished]:
+            self.outcome[key][name] = None
+        text = log.read_text(errors="replace")
+        if finished == len(cases):
+            if proc.returncode != 0:  # every case wrote its results, then the launch failed
+                for name in names:
+                    self.outcome[key][name] = (f"the batched launch exited with "
+                                               f"{proc.returncode} after its last case:\n"
+                                               f"{text[-6000:]}")
+            return []
+        why = (f"timed out after {cases[finished][1]:g} s" if timed_out
+               else f"the launch exited with {proc.returncode}")
+        self.outcome[key][names[finished]] = (
+            f"batched case {names[finished]!r} ({self.label(key)}) failed: {why}; it ran after "
+            f"{finished} other case(s) of its launch, whose output ends:\n{text[-6000:]}")
+        return names[finished + 1:]

@@ -8,17 +8,19 @@ import pickle
 import numpy as np
 import pytest
 
-from mpijobs import mpirun
+from mpijobs import Program
 from helpers import needs_mpi
 from distnn.distributed import Compression, DistributedOptimizer, LocalComm
 from distnn.distributed.adasum import combine, reference
 
 
+PROGRAMS = {n: Program(n, "adasum_prog.py", owner=f"test_adasum.np{n}") for n in (2, 3, 4)}
+
+
 @needs_mpi
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_adasum_matches_the_reference(tmp_path, n):
-    proc = mpirun(n, "adasum_prog.py", str(tmp_path), timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_adasum_matches_the_reference(prog_batch, n):
+    tmp_path, _ = PROGRAMS[n].run(prog_batch)  # in the folder's launch on n ranks
     results = [pickle.load(open(tmp_path / f"rank{r}.pkl", "rb")) for r in range(n)]
     for res in results:
         v = res["vectors"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from compressed_overlap_prog import CASES
-from mpijobs import run_prog
+from mpijobs import Program
 
 from distnn.distributed import LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.compressed_buckets import BucketedCompression
@@ -19,11 +19,14 @@ from distnn.distributed.lossy import CompressedReduction
 from distnn.distributed.reducer import Reducer
 
 
+PROGRAMS = {n: Program(n, "compressed_overlap_prog.py", owner=f"test_compressed_overlap.np{n}",
+                      timeout=300) for n in (2, 3)}
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def ranks(request, tmp_path_factory):
-    """Every rank's results of progs/compressed_overlap_prog.py."""
-    out = tmp_path_factory.mktemp(f"overlap_np{request.param}")
-    run_prog(request.param, "compressed_overlap_prog.py", out)
+def ranks(request, prog_batch):
+    """Every rank's results of progs/compressed_overlap_prog.py (the folder's launch)."""
+    out, _ = PROGRAMS[request.param].run(prog_batch)
     results = []
     for r in range(request.param):
         with open(out / f"rank{r}.pkl", "rb") as f:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from compression_prog import sparse_pairs
-from mpijobs import run_prog
+from mpijobs import Program
 
 from distnn.distributed import Compression, LocalComm, PowerSGD, Threshold, TopK
 from distnn.distributed.lossy import CompressedReduction, parse_compression
@@ -16,10 +16,13 @@ from distnn.distributed.sparse import (decode, encode, payload_bytes, sparse_all
                                        sparse_is_cheaper)
 
 
+PROGRAMS = {n: Program(n, "compression_prog.py", owner=f"test_compression.np{n}",
+                      timeout=300) for n in (2, 3)}
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def results(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"compression_np{request.param}")
-    run_prog(request.param, "compression_prog.py", out)
+def results(request, prog_batch):
+    out, _ = PROGRAMS[request.param].run(prog_batch)  # in the folder's launch on n ranks
     with open(out / "results.pkl", "rb") as f:
         return pickle.load(f)
 
@@ -148,8 +151,11 @@ def test_adasum_with_compression_is_refused():
                              compression="topk:0.1")
 
 
-def test_vgg11bn_bytes_per_step_at_most_a_fiftieth_of_dense(tmp_path):
-    run_prog(2, "compression_bytes_prog.py", tmp_path, timeout=400)
+BYTES = Program(2, "compression_bytes_prog.py", owner="test_compression.bytes", timeout=400)
+
+
+def test_vgg11bn_bytes_per_step_at_most_a_fiftieth_of_dense(prog_batch):
+    tmp_path, _ = BYTES.run(prog_batch)
     with open(tmp_path / "bytes.pkl", "rb") as f:
         out = pickle.load(f)
     for spec, (sent, dense, n_params) in out.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpijobs import mpirun
+from mpijobs import Program
 from helpers import needs_mpi
 
 from distnn.distributed import LocalComm
@@ -59,14 +59,17 @@ def test_backoff_yields_the_core_first_then_sleeps_doubling(monkeypatch):
     assert len(yields) == 4 and backoff.delay == 1e-5
 
 
+PROGRAMS = {n: Program(n, "coordination_prog.py", owner=f"test_coordination.np{n}",
+                      timeout=60) for n in (2, 3)}
+
+
 @needs_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
-def test_every_rank_raises_the_first_failing_ranks_error(n):
-    proc = mpirun(n, "coordination_prog.py", timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in lines) == list(range(n)), proc.stdout + proc.stderr
+def test_every_rank_raises_the_first_failing_ranks_error(prog_batch, n):
+    _, printed = PROGRAMS[n].run(prog_batch)  # in the folder's launch on n ranks
+    lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in lines) == list(range(n)), printed
     for r in lines:
         assert r["one"] == ["bad value on rank 1", 1, [1]]
         assert r["all"] == ["bad value on rank 0", 0, list(range(n))]

@@ -8,18 +8,17 @@ import pickle
 
 import pytest
 
-from mpijobs import mpirun
-from helpers import MPIEXEC, have_mpi4py
+from mpijobs import Program
+
+
+PROGRAMS = {n: Program(n, "oneround_prog.py", owner=f"test_oneround.np{n}") for n in (2, 3)}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def ranks(request, tmp_path_factory):
+def ranks(request, prog_batch):
     n = request.param
-    if MPIEXEC is None or not have_mpi4py():
-        pytest.skip("needs mpiexec and mpi4py")
-    out = tmp_path_factory.mktemp(f"direct_np{n}")
-    proc = mpirun(n, "oneround_prog.py", str(out), timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out, _ = PROGRAMS[n].run(prog_batch)  # in the folder's launch on n ranks (it skips
+    #                                       without mpiexec and mpi4py)
     with open(out / "results.pkl", "rb") as f:
         everyone = pickle.load(f)
     assert [res["size"] for res in everyone] == [n] * n

@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from mpijobs import mpirun
+from mpijobs import Program
 from helpers import needs_mpi
 
 from distnn.distributed import LocalComm
@@ -50,12 +50,16 @@ def test_values_beyond_the_fixed_point_are_refused():
         encode(np.array([2.0 ** 40]))
 
 
+K = 5
+PROGRAMS = {n: Program(n, "secagg_prog.py", str(K), owner=f"test_secagg.np{n}")
+            for n in (2, 3)}
+
+
 @needs_mpi
 @pytest.mark.parametrize("n", [2, 3])
-def test_nothing_unmasked_crosses_mpi_and_the_sum_is_exact(tmp_path, n):
-    k = 5
-    proc = mpirun(n, "secagg_prog.py", str(tmp_path), str(k), timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_nothing_unmasked_crosses_mpi_and_the_sum_is_exact(prog_batch, n):
+    k = K
+    tmp_path, _ = PROGRAMS[n].run(prog_batch)  # in the folder's launch on n ranks
     ranks = [pickle.load(open(tmp_path / f"rank{r}.pkl", "rb")) for r in range(n)]
     for res in ranks:
         np.testing.assert_array_equal(res["secure"], res["plain"])

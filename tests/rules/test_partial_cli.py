@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rulejobs import run_cli
-from helpers import needs_mpi
+from helpers import distnn_in_process, needs_mpi
 
 from distnn.rules.partial import chunk_edges
 
@@ -83,6 +83,7 @@ def test_more_chunks_than_weights_is_refused_on_every_rank(tmp_path):
 
 
 def test_zero_chunks_is_refused():
-    proc = run_cli(0, "train", "--parallel", "partial", "--partial_chunks", "0", "--quiet")
+    # in process (the command's entry); the 2-rank refusal above is a real launch
+    proc = distnn_in_process("train", "--parallel", "partial", "--partial_chunks", "0", "--quiet")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "partial_chunks" in proc.stderr and "0" in proc.stderr, proc.stderr

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rulejobs import run_cli, run_jobs
-from helpers import needs_mpi
+from rulejobs import Jobs, run_cli
+from helpers import distnn_in_process, needs_mpi
 
 from distnn.rules.localsgd import sync_weights
 
@@ -51,11 +51,14 @@ def jobs(n: int) -> list[dict]:
     ]
 
 
+BATCHED = {n: Jobs(n, jobs(n), f"test_pydtnn_sync.np{n}") for n in (2, 3)}
+
+
 @pytest.fixture(scope="module", params=[2, 3])
-def ranks(request, tmp_path_factory):
-    """Every job of ``jobs(n)`` in one mpiexec launch."""
+def ranks(request, rule_batch):
+    """Every job of ``jobs(n)``, in the folder's launch on n ranks."""
     n = request.param
-    return n, run_jobs(n, jobs(n), tmp_path_factory.mktemp(f"sync{n}"))
+    return n, BATCHED[n].results(rule_batch)
 
 
 def _job(ranks, name):
@@ -218,7 +221,7 @@ def test_pydtnn_parallel_pipeline_through_the_command(tmp_path, n):
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
-@pytest.mark.parametrize("args,says", [
+NOT_BUILT = [
     (["--encryption", "tenseal"], "--encryption tenseal encrypts --parallel fedavg's"),
     (["--encryption", "polyhe_x"], "must be one of ckks, none, tenseal; got 'polyhe_x'"),
     (["--model-sync-freq", "-1"], "--model-sync-freq -1: PyDTNN's independent replicas"),
@@ -226,9 +229,16 @@ def test_pydtnn_parallel_pipeline_through_the_command(tmp_path, n):
     (["--final-model-sync", "false"], "--final-model-sync false"),
     (["--parallel-pipeline", "--model-sync-freq", "2"], "give one of them"),
     (["--sync_weighting", "avg"], "--sync_weighting avg sets localsgd's averages"),
-])
+]
+
+
+@pytest.mark.parametrize("args,says", NOT_BUILT)
 def test_what_is_not_built_is_refused_by_name(args, says):
-    proc = run_cli(0, *COMMON, *args)
+    # through the command's entry in this process, but the first case and the last one
+    # (refused once the run has its communicator, after MPI's start): real processes
+    real = NOT_BUILT.index((args, says)) in (0, len(NOT_BUILT) - 1)
+    run = (lambda *a: run_cli(0, *a)) if real else distnn_in_process
+    proc = run(*COMMON, *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and says in lines[0], proc.stderr

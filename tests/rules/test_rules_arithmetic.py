@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rulejobs import run_jobs
+from rulejobs import Jobs
 from helpers import needs_mpi
 
 sys.path.insert(0, str(Path(__file__).parent / "progs"))
@@ -77,15 +77,19 @@ JOBS = {
 }
 
 
-@pytest.fixture(scope="module")
-def np2(tmp_path_factory):
-    """Every 2-rank job of JOBS in one mpiexec launch."""
-    return 2, run_jobs(2, JOBS[2], tmp_path_factory.mktemp("arith2"))
+# the jobs of JOBS[n] in the folder's launch on n ranks
+BATCHED = {n: Jobs(n, JOBS[n], f"test_rules_arithmetic.np{n}") for n in (2, 3)}
 
 
 @pytest.fixture(scope="module")
-def np3(tmp_path_factory):
-    return 3, run_jobs(3, JOBS[3], tmp_path_factory.mktemp("arith3"))
+def np2(rule_batch):
+    """Every 2-rank job of JOBS, in the folder's 2-rank launch."""
+    return 2, BATCHED[2].results(rule_batch)
+
+
+@pytest.fixture(scope="module")
+def np3(rule_batch):
+    return 3, BATCHED[3].results(rule_batch)
 
 
 def _job(results, name):

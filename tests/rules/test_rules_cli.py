@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rulejobs import run_cli
-from helpers import have_fashion_mnist, needs_mpi
+from helpers import distnn_in_process, have_fashion_mnist, needs_mpi
 
 
 @needs_mpi
@@ -43,6 +43,7 @@ def test_master_rules_refuse_a_single_process(tmp_path):
 
 
 def test_unknown_rule_names_the_choices():
-    proc = run_cli(0, "train", "--parallel", "ring", "--quiet")
+    # in process (the command's entry); the refusal above is a real process
+    proc = distnn_in_process("train", "--parallel", "ring", "--quiet")
     assert proc.returncode == 2
     assert "gossip" in proc.stderr and "'ring'" in proc.stderr

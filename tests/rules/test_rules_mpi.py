@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rulejobs import PROG, run_jobs
+from rulejobs import PROG, Jobs
 from helpers import MPIEXEC, child_env, needs_mpi
 
 pytestmark = needs_mpi
@@ -23,11 +23,15 @@ JOBS = [
 ]
 
 
+# every job on 2, 3 and 4 ranks, in the folder's launch for that number of ranks
+BATCHED = {n: Jobs(n, [{**COMMON, **job} for job in JOBS], f"test_rules_mpi.np{n}",
+                   timeout=120) for n in (2, 3, 4)}
+
+
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")
-def runs(request, tmp_path_factory):
+def runs(request, rule_batch):
     n = request.param
-    jobs = [{**COMMON, **job} for job in JOBS]
-    return n, run_jobs(n, jobs, tmp_path_factory.mktemp(f"mpi{n}"), timeout=120)
+    return n, BATCHED[n].results(rule_batch)
 
 
 def test_every_rank_ends_with_the_reported_model(runs):

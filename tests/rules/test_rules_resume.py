@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rulejobs import run_jobs
+from rulejobs import OUT, Jobs
 from helpers import needs_mpi
 
 pytestmark = needs_mpi
@@ -19,17 +19,23 @@ RULES = {
 COMMON = {"n": 45, "batch": 4, "lr": 0.1, "momentum": 0.9, "shuffle": True}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("resume")
+def _jobs():
     jobs = []
     for rule, options in RULES.items():
-        ckpt = str(out / f"{rule}.ckpt.npz")
+        ckpt = f"{OUT}/test_rules_resume.{rule}.ckpt.npz"
         base = {**COMMON, "rule": rule, "options": options}
         jobs += [{**base, "name": f"{rule}_straight", "epochs": 2},
                  {**base, "name": f"{rule}_first", "epochs": 1, "checkpoint": ckpt},
                  {**base, "name": f"{rule}_resumed", "epochs": 2, "resume": ckpt}]
-    return run_jobs(3, jobs, out)
+    return jobs
+
+
+BATCHED = Jobs(3, _jobs(), "test_rules_resume")  # in the folder's 3-rank launch
+
+
+@pytest.fixture(scope="module")
+def runs(rule_batch):
+    return BATCHED.results(rule_batch)
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
