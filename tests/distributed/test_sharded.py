@@ -96,6 +96,28 @@ def test_each_rank_holds_its_slice_only(sharded):
 
 
 @pytest.mark.mpi
+def test_a_model_built_sliced_allocates_its_slice_only_and_trains_as_dense(sharded):
+    """build_sliced: each rank allocates only its slice of the parameters (from rank 0's
+    initial weights, though the other ranks' generators draw others) and stage 3 trains
+    it to dense data's weights, on the world and on a sub-communicator."""
+    n = sharded["size"]
+    sliced = sharded["sliced"]
+    for opt in ("adam", "sgd_momentum", "adam_residual"):
+        ref = dense(sharded, opt)
+        for ranks in (n, n - 1):
+            case = sliced[f"{opt}/{ranks}"]
+            assert close(case["w"], ref) < TOL, (opt, ranks, close(case["w"], ref))
+            total = ref.size
+            cut = [len(a) for a in np.array_split(np.arange(total), ranks)]
+            for r, h in enumerate(case["held"]):
+                assert h["slice"] == cut[r]
+                assert h["params_flat"] == 0 and h["grads_flat"] == 0  # no whole buffer
+                assert h["placeholders"], (opt, ranks, r)  # no layer holds its own values
+                assert h["params"] == 8 * cut[r] and h["grads"] == 8 * cut[r], h
+    assert close(sliced["adam/resumed"]["w"], dense(sharded, "adam")) < TOL
+
+
+@pytest.mark.mpi
 def test_a_sharded_checkpoint_resumes_exactly_on_any_number_of_ranks(sharded):
     n = sharded["size"]
     resumed = sharded["resume"]
