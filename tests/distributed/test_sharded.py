@@ -210,3 +210,27 @@ def test_a_dense_checkpoint_resumes_sharded_and_a_sharded_one_asks_for_shard(tmp
     with pytest.raises(CheckpointError, match="holds sharded training state .stage 2 on 1 "
                                               "ranks.; resume it with --shard"):
         prog.train(LocalComm(), "adam", 0, resume=sharded_ck)
+
+
+RUN = {"model": "simplemlp", "dataset": "synthetic", "num_samples": 40, "batch_size": 8,
+       "num_epochs": 1, "dtype": "float64", "validation_split": 0.0, "quiet": True}
+
+
+def test_the_run_builds_a_shard_3_model_sliced_and_trains_it_as_dense():
+    """``build_run`` (what ``distnn train`` runs) with ``--shard 3`` builds the zoo model
+    holding its slice only (no whole buffer even before the first step), and its run ends
+    with dense data's weights."""
+    from distnn.run import build_config, build_run
+    weights, start = [], np.empty(0)
+    for shard in (0, 3):
+        run = build_run(build_config("train", {**RUN, "shard": shard}), LocalComm())
+        model = run.model
+        if shard:
+            assert model.param_slice is not None and model.param_slice.total == start.size
+            assert model.parameters_flat().size == 0 and model.gradients_flat().size == 0
+        else:
+            start = model.parameters_flat().copy()
+        run.fit()
+        weights.append(model.parameters_flat().copy())
+    assert close(weights[1], weights[0]) < TOL and not np.allclose(weights[0], start)
+
