@@ -234,3 +234,19 @@ def test_the_run_builds_a_shard_3_model_sliced_and_trains_it_as_dense():
         weights.append(model.parameters_flat().copy())
     assert close(weights[1], weights[0]) < TOL and not np.allclose(weights[0], start)
 
+
+@needs_mpi
+@pytest.mark.mpi
+def test_distnn_train_shard_3_on_3_ranks_ends_with_dense_weights(tmp_path):
+    args = [f"--{k}={v}" for k, v in RUN.items() if k != "quiet"] + ["--quiet"]
+    saved = []
+    for shard in (0, 3):
+        out = tmp_path / f"w{shard}.npz"
+        proc = run_distnn("train", *args, "--shard", shard, "--save_weights", out,
+                          cwd=tmp_path, ranks=3, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with np.load(out) as f:
+            saved.append({k: f[k] for k in f.files})
+    assert saved[0].keys() == saved[1].keys() and saved[0]
+    for k in saved[0]:
+        assert close(saved[1][k], saved[0][k]) < TOL, k
