@@ -31,9 +31,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-KINDS = ("dense", "stage1", "stage2", "stage3", "pipeline", "torch-fsdp2", "torch-zero")
+KINDS = ("dense", "stage1", "stage2", "stage3", "stage3-sliced", "pipeline", "torch-fsdp2",
+         "torch-zero")
 IDEAL = {"dense": lambda n: 16.0, "stage1": lambda n: 8 + 8 / n,
          "stage2": lambda n: 4 + 12 / n, "stage3": lambda n: 16 / n,
+         "stage3-sliced": lambda n: 16 / n,
          "pipeline": lambda n: 16 / n}  # n stages of equal parameter counts
 MB = 1 << 20
 
@@ -77,14 +79,19 @@ def distnn_worker(kind: str, width: int, layers: int, batch: int, steps: int) ->
     body = []
     for i in range(layers):
         body += [Dense(width)] + ([ReLU()] if i + 1 < layers else [])
-    model = Sequential(body, input_shape=(width,), dtype=np.float32, rng=0)
-    psi = model.parameters_flat().size
+    if kind == "stage3-sliced":  # each rank allocates only its slice (distributed.build_sliced)
+        model = dist.build_sliced(Sequential(body, dtype=np.float32), (width,), rng=0,
+                                  comm=comm)
+        psi = model.param_slice.total
+    else:
+        model = Sequential(body, input_shape=(width,), dtype=np.float32, rng=0)
+        psi = model.parameters_flat().size
     if kind == "pipeline":
         return _pipeline_worker(comm, model, width, batch, steps)
     if kind == "dense":
         opt = dist.DistributedOptimizer(Adam(model, lr=1e-4), model, comm=comm, op="average")
     else:
-        opt = dist.ShardedOptimizer("adam", model, stage=int(kind[-1]), comm=comm,
+        opt = dist.ShardedOptimizer("adam", model, stage=int(kind[5]), comm=comm,
                                     op="average", defaults={"lr": 1e-4})
         opt.shard()
     rng = np.random.default_rng([1, comm.rank])
@@ -297,19 +304,24 @@ def main(argv=None) -> None:
 
 
 def limit_rows(results: dict, args) -> None:
-    s3, dense = results.get(("stage3", 4)), results.get(("dense", 4))
-    if not s3 or not dense:
-        print("--limit needs the dense and stage3 runs on 4 ranks")
+    """The 4-rank runs under ``ulimit -v``: a quarter of the way from the lowest measured
+    stage-3 address-space peak (the sliced build's when it ran) to dense's."""
+    dense = results.get(("dense", 4))
+    low_kind = next((k for k in ("stage3-sliced", "stage3") if results.get((k, 4))), None)
+    if not dense or low_kind is None:
+        print("--limit needs the dense and stage3 (or stage3-sliced) runs on 4 ranks")
         return
-    low = max(r["vmpeak"] for r in s3)
+    low = max(r["vmpeak"] for r in results[(low_kind, 4)])
     high = min(r["vmpeak"] for r in dense)
     limit_kb = int((low + (high - low) * 0.25) / 1024)
     print(f"\nulimit -v {limit_kb} KiB ({limit_kb / 1024:,.0f} MiB) per rank, 4 ranks "
-          f"(stage 3's measured address-space peak {low / MB:,.0f} MiB, dense's "
+          f"({low_kind}'s measured address-space peak {low / MB:,.0f} MiB, dense's "
           f"{high / MB:,.0f} MiB):\n")
     print("| kind | ranks | result | exit status | last error line |")
     print("|---|---:|---|---:|---|")
-    for kind in ("dense", "stage3"):
+    for kind in ("dense", "stage3", "stage3-sliced"):
+        if not results.get((kind, 4)):
+            continue
         res, proc = launch(kind, 4, args, limit_kb=limit_kb, port=29600)
         err = [ln for ln in proc.stderr.splitlines() if "Error" in ln][-1:] or [""]
         print(f"| {kind} | 4 | {'trained ' + str(args.steps) + ' steps' if res else 'failed'} "

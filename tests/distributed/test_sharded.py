@@ -96,6 +96,28 @@ def test_each_rank_holds_its_slice_only(sharded):
 
 
 @pytest.mark.mpi
+def test_a_model_built_sliced_allocates_its_slice_only_and_trains_as_dense(sharded):
+    """build_sliced: each rank allocates only its slice of the parameters (from rank 0's
+    initial weights, though the other ranks' generators draw others) and stage 3 trains
+    it to dense data's weights, on the world and on a sub-communicator."""
+    n = sharded["size"]
+    sliced = sharded["sliced"]
+    for opt in ("adam", "sgd_momentum", "adam_residual"):
+        ref = dense(sharded, opt)
+        for ranks in (n, n - 1):
+            case = sliced[f"{opt}/{ranks}"]
+            assert close(case["w"], ref) < TOL, (opt, ranks, close(case["w"], ref))
+            total = ref.size
+            cut = [len(a) for a in np.array_split(np.arange(total), ranks)]
+            for r, h in enumerate(case["held"]):
+                assert h["slice"] == cut[r]
+                assert h["params_flat"] == 0 and h["grads_flat"] == 0  # no whole buffer
+                assert h["placeholders"], (opt, ranks, r)  # no layer holds its own values
+                assert h["params"] == 8 * cut[r] and h["grads"] == 8 * cut[r], h
+    assert close(sliced["adam/resumed"]["w"], dense(sharded, "adam")) < TOL
+
+
+@pytest.mark.mpi
 def test_a_sharded_checkpoint_resumes_exactly_on_any_number_of_ranks(sharded):
     n = sharded["size"]
     resumed = sharded["resume"]
@@ -188,3 +210,43 @@ def test_a_dense_checkpoint_resumes_sharded_and_a_sharded_one_asks_for_shard(tmp
     with pytest.raises(CheckpointError, match="holds sharded training state .stage 2 on 1 "
                                               "ranks.; resume it with --shard"):
         prog.train(LocalComm(), "adam", 0, resume=sharded_ck)
+
+
+RUN = {"model": "simplemlp", "dataset": "synthetic", "num_samples": 40, "batch_size": 8,
+       "num_epochs": 1, "dtype": "float64", "validation_split": 0.0, "quiet": True}
+
+
+def test_the_run_builds_a_shard_3_model_sliced_and_trains_it_as_dense():
+    """``build_run`` (what ``distnn train`` runs) with ``--shard 3`` builds the zoo model
+    holding its slice only (no whole buffer even before the first step), and its run ends
+    with dense data's weights."""
+    from distnn.run import build_config, build_run
+    weights, start = [], np.empty(0)
+    for shard in (0, 3):
+        run = build_run(build_config("train", {**RUN, "shard": shard}), LocalComm())
+        model = run.model
+        if shard:
+            assert model.param_slice is not None and model.param_slice.total == start.size
+            assert model.parameters_flat().size == 0 and model.gradients_flat().size == 0
+        else:
+            start = model.parameters_flat().copy()
+        run.fit()
+        weights.append(model.parameters_flat().copy())
+    assert close(weights[1], weights[0]) < TOL and not np.allclose(weights[0], start)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_distnn_train_shard_3_on_3_ranks_ends_with_dense_weights(tmp_path):
+    args = [f"--{k}={v}" for k, v in RUN.items() if k != "quiet"] + ["--quiet"]
+    saved = []
+    for shard in (0, 3):
+        out = tmp_path / f"w{shard}.npz"
+        proc = run_distnn("train", *args, "--shard", shard, "--save_weights", out,
+                          cwd=tmp_path, ranks=3, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with np.load(out) as f:
+            saved.append({k: f[k] for k in f.files})
+    assert saved[0].keys() == saved[1].keys() and saved[0]
+    for k in saved[0]:
+        assert close(saved[1][k], saved[0][k]) < TOL, k

@@ -20,6 +20,7 @@ import numpy as np
 from .comm import Communicator, Handle, LocalComm, MPIComm, get_comm, init, mpi_available, world
 from .optimizer import DistributedOptimizer, make_buckets
 from .sharded import ShardedOptimizer
+from .sliced import ParameterSlice, build_sliced
 from .adasum import adasum_
 from .autotune import BucketTuner
 from .join import JoinableComm
@@ -37,7 +38,7 @@ __all__ = [
     "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "allgather", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer",
-    "ShardedOptimizer",
+    "ShardedOptimizer", "ParameterSlice", "build_sliced",
     "make_buckets", "sync_batchnorm", "metrics_allreduce", "scale_lr", "abort_on_error",
     "install_abort_handler", "describe", "Compression", "Reducer", "JoinableComm", "adasum_",
     "TopK", "Threshold", "PowerSGD", "BucketTuner",

@@ -153,7 +153,13 @@ class ShardedOptimizer(WrapsOptimizer):
         self.comm = comm if comm is not None else get_comm()
         self.model, self.op = model, op
         params, grads = model.parameters_flat(), model.gradients_flat()
-        self.total = int(params.size)
+        sliced = getattr(model, "param_slice", None)  # built by build_sliced: no whole buffer
+        if sliced is not None and (self.stage != 3 or sliced.size != self.comm.size):
+            raise ValueError(f"ShardedOptimizer: the model was built sliced over "
+                             f"{sliced.size} ranks (build_sliced), which only stage 3 on "
+                             f"those {sliced.size} ranks trains; got stage {self.stage} on "
+                             f"{self.comm.size} ranks: build it whole, or use stage 3 there")
+        self.total = int(params.size) if sliced is None else sliced.total
         self.dtype = params.dtype
         check_shardable(self.total, self.comm.size)
         self.bounds = shard_bounds(self.total, self.comm.size)
@@ -176,13 +182,16 @@ class ShardedOptimizer(WrapsOptimizer):
         check_same_layout(model, self.comm, "ShardedOptimizer")
         n = self.hi - self.lo
         self.grad_shard = np.zeros(n, dtype=self.dtype)
-        self.param_shard = params[self.lo:self.hi].copy() if self.stage == 3 else None
+        self.param_shard = (None if self.stage < 3 else params[self.lo:self.hi].copy()
+                            if sliced is None else sliced.values)
         p = self.param_shard if self.stage == 3 else params[self.lo:self.hi]
         self.optimizer = _sliced_optimizer(optimizer, defaults, (p, self.grad_shard),
                                            self.lo, self.hi)
         self._own(optimizer, defaults)
         self._units = UnitExchange(model, self.comm, self.bounds, self.grad_shard,
                                    self.param_shard, self.stage, bucket_size_mb)
+        if sliced is not None:  # its parameters are in the shard already: sharded from here
+            self.shard()
 
     def _own(self, optimizer, defaults: dict) -> None:
         """The settings of the whole model that the slice's optimizer must not apply on
@@ -226,7 +235,8 @@ class ShardedOptimizer(WrapsOptimizer):
         if self._units is not None:
             u = self._units
             if self.stage == 3:
-                self.param_shard[...] = m.parameters_flat()[self.lo:self.hi]
+                if m.parameters_flat().size:  # (a model built sliced holds no whole buffer)
+                    self.param_shard[...] = m.parameters_flat()[self.lo:self.hi]
                 u.placeholders("params")
                 m._params_flat = np.empty(0, dtype=self.dtype)
             u.placeholders("grads")
@@ -251,6 +261,8 @@ class ShardedOptimizer(WrapsOptimizer):
             if self.stage == 3:
                 m._params_flat = self.gather_parameters()
                 self._repoint("params", m._params_flat)
+                if getattr(m, "param_slice", None) is not None:
+                    m.param_slice = None  # whole again
             m._grads_flat = np.zeros(self.total, dtype=self.dtype)
             self._repoint("grads", m._grads_flat)
         self.sharded = False

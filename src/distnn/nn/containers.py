@@ -31,6 +31,8 @@ def _as_layers(branch) -> list[Layer]:
 class _Chain(Layer):
     """Layers applied one after another; shared by Sequential and the block branches."""
 
+    _each_layer: Callable[[Layer], None] | None = None  # Sequential.build(each_layer=)
+
     def __init__(self, layers: Iterable[Layer] = (), name: str | None = None):
         super().__init__(name)
         self.layers: list[Layer] = list(layers)
@@ -42,6 +44,8 @@ class _Chain(Layer):
         shape = input_shape
         for layer in self.layers:
             shape = layer.build(shape, rng=rng, dtype=self.dtype)
+            if self._each_layer is not None:
+                self._each_layer(layer)
         fusion.link_all(self.layers)  # BatchNormalization/Add + ReLU pairs as one pass
         return shape
 
@@ -285,7 +289,17 @@ class Sequential(ModelMethods, _Chain):
         self.layers.append(layer)
         return self
 
-    def build(self, input_shape, *, rng=None, dtype=None):
+    def build(self, input_shape, *, rng=None, dtype=None,
+              each_layer: Callable[[Layer], None] | None = None):
+        """Build every layer for per-sample ``input_shape`` (weights drawn from ``rng`` in
+        layer order) and lay their parameters and gradients out in the flat buffers.
+
+        With ``each_layer`` the model is built without flat buffers (a rank that keeps a
+        slice of them only: ``distnn.distributed.build_sliced``): ``each_layer(layer)``
+        sees each top-level layer's initial values just after it is built, then its
+        parameters and gradients become read-only NaN placeholders of their shapes, so
+        at most one layer's values are alive at a time; ``parameters_flat()`` is empty.
+        """
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype={dtype} is not supported; use float32 or float64")
@@ -296,16 +310,28 @@ class Sequential(ModelMethods, _Chain):
                 base = type(layer).__name__.lower()
                 layer.name = f"{base}_{counts.get(base, 0)}"
                 counts[base] = counts.get(base, 0) + 1
-        out = super().build(input_shape, rng=rng, dtype=dtype)
+        if each_layer is not None:
+            def take(layer):
+                each_layer(layer)
+                nan = np.full((), np.nan, dtype=dtype)
+                for sub in layer.walk():
+                    for key, p in sub.params.items():
+                        sub.params[key] = sub.grads[key] = np.broadcast_to(nan, p.shape)
+            self._each_layer = take
+        try:
+            out = super().build(input_shape, rng=rng, dtype=dtype)
+        finally:
+            self._each_layer = None
         if self.layers:
             self.layers[0].need_dx = False
-        self._flatten()
+        self._flatten(allocate=each_layer is None)
         return out
 
-    def _flatten(self) -> None:
-        """Move every parameter and gradient into one flat buffer each; keep views."""
+    def _flatten(self, allocate: bool = True) -> None:
+        """Move every parameter and gradient into one flat buffer each; keep views (with
+        ``allocate`` False: the layout only, empty buffers, the layers' placeholders kept)."""
         entries = [(layer, key) for layer in self.walk() for key in layer.params]
-        total = sum(layer.params[key].size for layer, key in entries)
+        total = sum(layer.params[key].size for layer, key in entries) if allocate else 0
         self._params_flat = np.empty(total, dtype=self.dtype)
         self._grads_flat = np.zeros(total, dtype=self.dtype)
         self._layout: list[tuple[Layer, str, int, int]] = []
@@ -314,6 +340,10 @@ class Sequential(ModelMethods, _Chain):
         for layer, key in entries:
             p = layer.params[key]
             n = p.size
+            if not allocate:
+                self._layout.append((layer, key, offset, n))
+                offset += n
+                continue
             view = self._params_flat[offset:offset + n].reshape(p.shape)
             view[...] = p
             layer.params[key] = view

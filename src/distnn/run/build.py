@@ -66,10 +66,13 @@ def model_from_spec(spec: str, *, input_shape, num_classes: int, dtype=np.float3
         raise ModelFileError(f"--model {spec!r}: {exc}") from None
 
 
-def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
+def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None, *,
+                sliced: bool = False):
     """The zoo model or the user's model file of ``cfg.model`` for ``dataset`` (a torch
     module comes wrapped in ``distnn.torch.TorchModel`` with ``threads`` intra-op threads;
-    None: ``distributed.threads_per_rank``), with its weights file loaded."""
+    None: ``distributed.threads_per_rank``), with its weights file loaded. ``sliced``
+    (``--shard 3``): a zoo model with neither weights file nor torch engine is built with
+    this rank's slice of its parameters only (``distributed.build_sliced``)."""
     from ..models import get_model
     from ..models.files import is_model_spec
     m = cfg.model
@@ -84,10 +87,16 @@ def build_model(cfg: RunConfig, dataset, comm, threads: int | None = None):
             raise ConfigError(f"--model_args {given}: arguments for a model file's "
                               f"callable; --model {m.model} is a zoo model (give --model "
                               "FILE.py)")
+        sliced = (sliced and dataset.input_shape is not None and m.engine != "torch"
+                  and not m.weights_and_bias_filename)
         try:
             model = get_model(m.model, input_shape=dataset.input_shape,
                               num_classes=dataset.num_classes, dtype=np.dtype(m.dtype),
-                              rng=m.random_seed)
+                              rng=m.random_seed, build=not sliced)
+            if sliced:
+                from ..distributed import build_sliced
+                model = build_sliced(model, dataset.input_shape, rng=m.random_seed,
+                                     dtype=np.dtype(m.dtype), comm=comm)
         except ValueError as exc:
             if cfg.data.input_shape is None:
                 raise
@@ -352,7 +361,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     train = splits.train if train is None else train
     val = splits.val if val is None else val
     what = "model" if training else "--weights_and_bias_filename"
-    model = agreed(comm, what, lambda: build_model(cfg, train, comm, threads))
+    sliced = training and getattr(rule, "shard", 0) == 3 and not t.resume  # rank's slice only
+    model = agreed(comm, what, lambda: build_model(cfg, train, comm, threads, sliced=sliced))
     if cfg.parallel.sync_batchnorm:
         from .. import distributed as dist
         dist.sync_batchnorm(model, comm)

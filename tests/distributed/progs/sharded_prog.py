@@ -36,13 +36,23 @@ OPTIMIZERS = {
 STEPS = 20  # 2 epochs of 10 batches (9 of 11 samples, one of 2: a rank of 3 gets none)
 
 
-def model(kind: str = "mlp") -> Sequential:
+def layers(kind: str = "mlp") -> list:
     if kind == "residual":  # a block whose layers are nested: one unit of stage 3
-        return Sequential([Flatten(), Dense(7), ReLU(), Add([Dense(7), ReLU()], []), Dense(3)],
-                          input_shape=(2, 3), dtype=np.float64, rng=0)
+        return [Flatten(), Dense(7), ReLU(), Add([Dense(7), ReLU()], []), Dense(3)]
     # 6*7+7 + 7*5+5 + 5*3+3 = 107 parameters: not divisible by 2 or 3
-    return Sequential([Flatten(), Dense(7), ReLU(), Dense(5), ReLU(), Dense(3)],
-                      input_shape=(2, 3), dtype=np.float64, rng=0)
+    return [Flatten(), Dense(7), ReLU(), Dense(5), ReLU(), Dense(3)]
+
+
+def model(kind: str = "mlp") -> Sequential:
+    return Sequential(layers(kind), input_shape=(2, 3), dtype=np.float64, rng=0)
+
+
+def sliced_model(comm, kind: str = "mlp") -> Sequential:
+    """Built with this rank's slice only; the other ranks draw from other seeds, and
+    rank 0's weights (the dense run's) are the ones kept all the same."""
+    m = Sequential(layers(kind), dtype=np.float64)
+    return dist.build_sliced(m, (2, 3), rng=0 if comm.rank == 0 else 100 + comm.rank,
+                             comm=comm)
 
 
 def dataset() -> ArrayDataset:
@@ -62,6 +72,8 @@ class Probe(Callback):
         opt, m = trainer.optimizer, trainer.model
         if hasattr(opt, "state_bytes"):
             self.seen = {**opt.state_bytes(), "params_flat": int(m._params_flat.size),
+                         "placeholders": all(p.strides == (0,) * p.ndim
+                                             for l in m.walk() for p in l.params.values()),
                          "grads_flat": int(m._grads_flat.size), "slice": opt.hi - opt.lo,
                          "calls": opt.allreduce_calls, "grad_norm": opt.grad_norm}
 
@@ -70,12 +82,14 @@ PROBES: dict = {}
 
 
 def train(comm, opt: str, shard: int, epochs: int = 2, checkpoint: str | None = None,
-          resume: str | None = None, bucket_size_mb: float = 0.0) -> np.ndarray:
-    m = model("residual" if opt.endswith("_residual") else "mlp")
+          resume: str | None = None, bucket_size_mb: float = 0.0,
+          sliced: bool = False) -> np.ndarray:
+    kind = "residual" if opt.endswith("_residual") else "mlp"
+    m = sliced_model(comm, kind) if sliced else model(kind)
     name, kw = OPTIMIZERS[opt]
     kw = dict(kw)
     clip = kw.pop("clip_grad_norm", None)
-    probe = PROBES.setdefault((opt, shard, comm.size, bucket_size_mb), Probe())
+    probe = PROBES.setdefault((opt, shard, comm.size, bucket_size_mb, sliced), Probe())
     callbacks = [probe] + ([TrainingCheckpoint(checkpoint)] if checkpoint else [])
     rule = DataParallel(shard=shard, bucket_size_mb=bucket_size_mb)
     optimizer = get_optimizer(name, m, **kw)
@@ -102,7 +116,23 @@ def main() -> None:
             same = world.allgather_obj(w.tobytes())
             out["cases"][f"{opt}/{stage}/{size}"] = {
                 "w": w.tolist(), "ranks_agree": all(s == same[0] for s in same),
-                "held": world.allgather_obj(PROBES[(opt, stage, size, 0.0)].seen)}
+                "held": world.allgather_obj(PROBES[(opt, stage, size, 0.0, False)].seen)}
+    # stage 3 on a model built sliced (build_sliced): every rank allocated its slice only
+    out["sliced"] = {}
+    for opt in ("adam", "sgd_momentum", "adam_residual"):
+        for comm in (world, smaller):
+            if comm is smaller and rank == size - 1:
+                continue
+            w = train(comm, opt, 3, sliced=True)
+            out["sliced"][f"{opt}/{comm.size}"] = {
+                "w": w.tolist(), "held": comm.allgather_obj(
+                    PROBES[(opt, 3, comm.size, 0.0, True)].seen)}
+        world.barrier()
+    # sliced, checkpointed and resumed (a resume loads into the slice)
+    ck = os.path.join(folder, "sliced.npz")
+    train(world, "adam", 3, epochs=1, checkpoint=ck, sliced=True)
+    out["sliced"]["adam/resumed"] = {"w": train(world, "adam", 3, resume=ck,
+                                                sliced=True).tolist()}
     # stages 2 and 3 with units of several layers: 5e-4 MiB (65 float64s) makes the
     # Dense(7) and Dense(5) layers one unit (49 + 40 parameters), Dense(3) another
     out["bucketed"] = {}
@@ -110,8 +140,8 @@ def main() -> None:
         for stage in (2, 3):
             w = train(world, opt, stage, bucket_size_mb=5e-4)
             out["bucketed"][f"{opt}/{stage}"] = {
-                "w": w.tolist(), "calls": PROBES[(opt, stage, size, 5e-4)].seen["calls"],
-                "calls_per_layer": PROBES[(opt, stage, size, 0.0)].seen["calls"]}
+                "w": w.tolist(), "calls": PROBES[(opt, stage, size, 5e-4, False)].seen["calls"],
+                "calls_per_layer": PROBES[(opt, stage, size, 0.0, False)].seen["calls"]}
     # the whole run on size - 1 ranks (the others idle), and resumes across rank counts
     for opt in ("sgd_momentum", "adam"):
         for stage in (1, 2, 3):
