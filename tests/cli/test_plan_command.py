@@ -56,3 +56,15 @@ def test_bad_options_are_one_line(capsys, args, words):
     assert main(["plan", "--compute_s", "0.01", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+
+
+def test_the_table_has_a_row_for_each_rule_that_declares_one():
+    from distnn.costmodel.predict import DEFAULT_CONFIGS
+    from distnn.rules import RULES
+    declared = sorted((cls.plan_order, name) for name, cls in RULES.items()
+                      if cls.plan_order is not None)
+    rows = [c.rule for c in DEFAULT_CONFIGS if c.rule != "data"]
+    assert rows == [name for _, name in declared]
+    assert rows[:5] == ["partial", "localsgd", "easgd", "downpour", "gossip"]
+    for name in rows:  # each row's traffic is declared by its rule
+        assert RULES[name].step_messages(size=10, itemsize=4, period=2, probability=0.5)

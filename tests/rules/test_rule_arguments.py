@@ -24,12 +24,17 @@ def test_rules_name_no_command_line_option():
     assert all(not hasattr(cls, "options") for cls in RULES.values())
 
 
-def test_every_rule_argument_has_an_option():
+def test_every_rule_argument_has_an_option_or_comes_through_rule_args():
     arguments = ParallelConfig().rule_arguments()
     for name, cls in RULES.items():
-        for arg in inspect.signature(cls).parameters:
-            # max_sleep: the master's polling sleep, a tuning knob with no option
-            assert arg in arguments or arg == "max_sleep", (name, arg)
+        for arg, param in inspect.signature(cls).parameters.items():
+            if arg in arguments:
+                continue
+            # no option of its own (max_sleep: the master's polling sleep, a tuning knob):
+            # --rule_args NAME=VALUE sets it
+            value = 7 if param.default is None else param.default
+            cfg = build_config("train", {"parallel": name, "rule_args": f"{arg}={value}"})
+            assert cfg.parallel.rule_arguments()[arg] == value, (name, arg)
     # an option whose name differs from its argument sets that argument
     p = ParallelConfig(non_blocking_mpi=False, gradient_compression="fp16",
                        gossip_probability=0.5, gossip_alpha=0.25, partial_chunks=3)
@@ -64,3 +69,20 @@ def test_a_rules_refusal_names_the_option_that_set_the_argument():
     # a refusal with no argument is said of --parallel
     assert str(rule_error(ParallelConfig(parallel="easgd"), ValueError("no"))) == \
         "--parallel easgd: no"
+
+
+def test_rule_args_reach_the_rule_and_are_checked_against_it():
+    cfg = build_config("train", {"parallel": "downpour", "rule_args": "max_sleep=0.01"})
+    assert cfg.parallel.rule_args == (("max_sleep", 0.01),)
+    assert build_rule("downpour", cfg.parallel.rule_arguments()).max_sleep == 0.01
+    toml_like = build_config("train", {"parallel": "downpour", "rule_args": {"max_sleep": 1}})
+    assert toml_like.parallel.rule_arguments()["max_sleep"] == 1
+    own = build_config("train", {"parallel": "localsgd", "rule_args": "sync_every=3"})
+    with pytest.raises(ConfigError, match=r"--rule_args sync_every=3: .*use --sync_every 3"):
+        build_run_rule(own, LocalComm())
+    unknown = build_config("train", {"parallel": "downpour", "rule_args": "outer_lr=0.5"})
+    with pytest.raises(ConfigError, match=r"--rule_args outer_lr=0.5: --parallel downpour takes "
+                       r"no argument 'outer_lr'; .* without an option of their own: max_sleep"):
+        build_run_rule(unknown, LocalComm())
+    with pytest.raises(ConfigError, match="--rule_args"):
+        build_config("train", {"parallel": "downpour", "rule_args": "max_sleep"})

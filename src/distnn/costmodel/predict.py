@@ -107,9 +107,13 @@ class Config:
         return int(self.every or self.rule_class.default_period)
 
 
+# the data rule's variants, then each rule that declares a row (``Rule.plan_order``), then
+# the sharded data rule
 DEFAULT_CONFIGS = [Config("data"), Config("data", "fp16"), Config("data", "topk:0.01"),
-                   Config("data", "powersgd:2"), Config("partial"), Config("localsgd"),
-                   Config("easgd"), Config("downpour"), Config("gossip"),
+                   Config("data", "powersgd:2"),
+                   *(Config(name) for name, cls in sorted(
+                       RULES.items(), key=lambda item: (item[1].plan_order or 0, item[0]))
+                     if cls.plan_order is not None),
                    Config("data", shard=1), Config("data", shard=2), Config("data", shard=3)]
 
 

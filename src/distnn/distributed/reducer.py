@@ -209,6 +209,26 @@ class Reducer:
         self.next = 0  # buckets start strictly in order: every rank posts the same sequence
         self.synced = False
 
+    # -- what the optimizers over a reducer ask of it ----------------------------------------
+    @property
+    def in_flight(self) -> bool:
+        """Whether backward has started exchanges that ``synchronize`` has not finished (the
+        buffer is being read: it must not be zeroed now)."""
+        return self.next > 0 and not self.synced
+
+    def not_started(self) -> list[int]:
+        """The segments whose bucket has no exchange started yet (their gradients no
+        ``ready`` has announced: unused parameters, or a blocking reducer)."""
+        return [i for i, b in enumerate(self.bucket_of) if b >= self.next]
+
+    def set_passes(self, passes: int) -> None:
+        """Change ``backward_passes_per_step`` between steps (forgets pending exchanges)."""
+        if isinstance(passes, bool) or int(passes) != passes or passes < 1:
+            raise ValueError("backward_passes_per_step must be an integer >= 1, got "
+                             f"{passes!r}")
+        self.passes = int(passes)
+        self.reset()
+
     def ready(self, i: int) -> None:
         """Segment i has its gradient for one more backward pass."""
         b = self.bucket_of[i]

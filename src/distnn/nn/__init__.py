@@ -1,28 +1,33 @@
-"""distnn's NumPy layer engine."""
-from .activations import (ACTIVATIONS, GELU, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax,
-                          Tanh)
+"""distnn's NumPy layer engine.
+
+The layer classes are exported from their family modules as they are defined there: every
+public ``Layer`` subclass of a module in ``FAMILIES`` is a name of ``distnn.nn``, so adding a
+layer touches its family module only."""
+from importlib import import_module
+
+from .activations import ACTIVATIONS
 from .allocator import reuse_freed_memory
-from .attention import MultiHeadAttention
-from .base import Layer
-from .containers import Add, Concat, Sequential
-from .conv import Conv2D
-from .core import Dense, Dropout, Flatten
+from .base import Layer, layer_classes
 from .fusion import set_add_relu_fusion, set_bn_relu_fusion
-from .embedding import Embedding, PositionalEmbedding, SinusoidalPositionalEmbedding, TiedDense
 from .model import Model, ModelMethods
-from .normalization import BatchNormalization, LayerNormalization, RMSNorm
-from .pooling import AvgPool2D, GlobalAvgPool2D, MaxPool2D
-from .sequence import ClassToken, PaddingMask, Patchify, SequencePool
-from .transformer import TransformerDecoderBlock, TransformerEncoderBlock
+
+FAMILIES = ("activations", "attention", "containers", "conv", "core", "embedding",
+            "normalization", "pooling", "sequence", "transformer")
+
+
+def _family_layers() -> dict[str, type]:
+    """Name -> class of the public layer classes the family modules define."""
+    for family in FAMILIES:
+        import_module(f"{__name__}.{family}")
+    modules = {f"{__name__}.{family}" for family in FAMILIES}
+    return {cls.__name__: cls for cls in layer_classes()
+            if cls.__module__ in modules and not cls.__name__.startswith("_")}
+
+
+_LAYERS = _family_layers()
+globals().update(_LAYERS)
 
 reuse_freed_memory()
 
-__all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "Sequential", "Add",
-           "Concat", "Dense", "Flatten",
-           "Dropout", "Conv2D", "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D",
-           "BatchNormalization", "LayerNormalization", "RMSNorm", "ReLU", "ReLU6",
-           "LeakyReLU", "Sigmoid", "Tanh", "Softmax", "GELU", "SiLU", "ACTIVATIONS",
-           "Embedding", "PositionalEmbedding", "SinusoidalPositionalEmbedding", "TiedDense",
-           "MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock",
-           "Patchify", "ClassToken", "SequencePool", "PaddingMask",
-           "set_bn_relu_fusion", "set_add_relu_fusion"]
+__all__ = ["reuse_freed_memory", "Layer", "Model", "ModelMethods", "ACTIVATIONS",
+           "set_bn_relu_fusion", "set_add_relu_fusion", *sorted(_LAYERS)]

@@ -1,5 +1,5 @@
-"""Normalization layers: BatchNormalization (with the hook SyncBatchNorm uses), and the
-per-token LayerNormalization and RMSNorm of transformers."""
+"""Normalization layers: BatchNormalization (with the hook SyncBatchNorm uses),
+GroupNormalization, and the per-token LayerNormalization and RMSNorm of transformers."""
 from __future__ import annotations
 
 from typing import Callable
@@ -422,3 +422,178 @@ class RMSNorm(LayerNormalization):
                                   elementwise_affine=self.elementwise_affine)
         self._copy_affine(module)
         return module
+
+
+class GroupNormalization(Layer):
+    """Group normalization (Wu and He 2018) over axis 1: the C channels are cut into
+    ``groups`` groups of C / groups consecutive channels, and each sample's group is
+    normalized over its channels and spatial positions with its own mean and biased
+    variance, y = (x - mean) / sqrt(var + epsilon) * gamma + beta with gamma and beta per
+    channel; the same in training and evaluation (``torch.nn.GroupNorm(groups, C)``).
+    ``groups=1`` normalizes each sample as a whole, ``groups=C`` each channel apart.
+
+    Args:
+        groups: the number of groups; must divide the channels.
+        epsilon: added to the variance.
+        center: learn ``beta`` (C,), the offset.
+        scale: learn ``gamma`` (C,), the factor.
+
+    Shape: (C,), (C, L) or (C, H, W) per sample (channels first, as BatchNormalization),
+    unchanged.
+
+    Example:
+        [Conv2D(32, 3, padding="same"), GroupNormalization(8), ReLU()]
+    """
+
+    def __init__(self, groups: int, epsilon: float = 1e-5, center: bool = True,
+                 scale: bool = True, name: str | None = None):
+        super().__init__(name)
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+            raise ValueError(f"GroupNormalization: groups must be an integer >= 1, got "
+                             f"{groups!r}")
+        if not epsilon > 0:
+            raise ValueError(f"GroupNormalization: epsilon must be > 0, got {epsilon!r}")
+        self.groups = int(groups)
+        self.epsilon = float(epsilon)
+        self.center = bool(center)
+        self.scale = bool(scale)
+        self._cache = None
+
+    def _build(self, input_shape, rng):
+        if len(input_shape) < 1 or input_shape[0] % self.groups:
+            raise ValueError(f"GroupNormalization layer {self.name!r}: groups={self.groups} "
+                             f"must divide the channels (axis 1) of per-sample input "
+                             f"{input_shape}; choose groups among the divisors of the "
+                             "channels")
+        c = input_shape[0]
+        if self.scale:
+            self.add_param("gamma", (c,), "ones", rng)
+        if self.center:
+            self.add_param("beta", (c,), "zeros", rng)
+        return input_shape
+
+    def _per_channel(self, a):
+        """A (C,) array shaped to broadcast over (N, C, ...)."""
+        return a.reshape((-1,) + (1,) * (len(self.input_shape) - 1))
+
+    def forward(self, x, training=False):
+        check_input(self, x)
+        xg = x.reshape(x.shape[0], self.groups, -1)
+        xc = xg - xg.mean(axis=-1, keepdims=True)
+        invstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + self.epsilon)
+        xhat = (xc * invstd).reshape(x.shape)
+        self._cache = (xhat, invstd)
+        y = xhat * self._per_channel(self.params["gamma"]) if self.scale else xhat.copy()
+        if self.center:
+            y += self._per_channel(self.params["beta"])
+        return y.astype(x.dtype, copy=False)
+
+    def backward(self, dy):
+        if self._cache is None:
+            raise RuntimeError(f"GroupNormalization layer {self.name!r}: backward called "
+                               "before forward")
+        xhat, invstd = self._cache
+        axes = (0,) + tuple(range(2, dy.ndim))
+        if self.center:
+            self.grads["beta"][...] = dy.sum(axis=axes)
+        if self.scale:
+            self.grads["gamma"][...] = (dy * xhat).sum(axis=axes)
+            dy = dy * self._per_channel(self.params["gamma"])
+        if not self.need_dx:
+            return None
+        n = dy.shape[0]
+        dyg, xg = dy.reshape(n, self.groups, -1), xhat.reshape(n, self.groups, -1)
+        proj = np.mean(dyg * xg, axis=-1, keepdims=True)
+        dx = invstd * (dyg - dyg.mean(axis=-1, keepdims=True) - xg * proj)
+        return dx.reshape(dy.shape).astype(dy.dtype, copy=False)
+
+    def describe(self):
+        parts = [f"groups={self.groups}"]
+        parts += [] if self.epsilon == 1e-5 else [f"epsilon={self.epsilon}"]
+        parts += [] if self.center else ["center=False"]
+        parts += [] if self.scale else ["scale=False"]
+        return ", ".join(parts)
+
+    # -- declarations -------------------------------------------------------------------
+    # ONNX's GroupNormalization op needs opset 18 (its scale per group there, per channel
+    # from opset 21); distnn writes opset 17, so the layer is written as the standard
+    # decomposition (torch's exporter writes the same ops): Reshape to (N, groups, -1),
+    # InstanceNormalization with unit scale and no bias, Reshape back, Mul by gamma, Add
+    # beta. ``from_onnx_pattern`` reads those nodes back into one GroupNormalization.
+    onnx_patterns = ("Reshape",)
+
+    def onnx_node(self, g, x):
+        grouped = g.node("Reshape", [x, self._int64(g, "group_shape", [0, self.groups, -1])],
+                         self)
+        normed = g.node("InstanceNormalization",
+                        [grouped, g.const(self, "unit_scale", np.ones(self.groups)),
+                         g.const(self, "no_bias", np.zeros(self.groups))], self,
+                        epsilon=self.epsilon)
+        y = g.node("Reshape", [normed, self._int64(g, "shape", [0, *self.input_shape])], self)
+        if self.scale:
+            y = g.node("Mul", [y, g.const(self, "gamma",
+                                          self._per_channel(self.params["gamma"]))], self)
+        if self.center:
+            y = g.node("Add", [y, g.const(self, "beta",
+                                          self._per_channel(self.params["beta"]))], self)
+        return y
+
+    def _int64(self, g, key, values):
+        """An int64 constant (``g.const`` writes float32 weights)."""
+        name = f"{self.name}/{key}"
+        g.inits.append(g.numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    def torch_module(self):
+        import torch
+        c = self.input_shape[0]
+        affine = self.scale or self.center
+        module = torch.nn.GroupNorm(self.groups, c, eps=self.epsilon, affine=affine)
+        if self.scale:
+            module.weight.data = torch.tensor(self.params["gamma"])
+        if self.center:
+            module.bias.data = torch.tensor(self.params["beta"])
+        dtype = torch.float64 if self.dtype == np.float64 else torch.float32
+        for learned, p in ((self.scale, module.weight), (self.center, module.bias)):
+            if affine and not learned:  # the half distnn does not learn: fixed identity
+                p.data = p.data.to(dtype)
+                p.requires_grad_(False)
+        return module
+
+    @classmethod
+    def from_onnx_pattern(cls, g, node):
+        """distnn's decomposition (``onnx_node``) back into one layer; None where ``node``
+        is another Reshape (a Flatten's)."""
+        def only_reader(tensor, op):
+            readers = g.consumers.get(tensor, [])
+            return readers[0] if len(readers) == 1 and readers[0].op_type == op else None
+
+        def const_input(n):
+            consts = [g.consts[i] for i in n.input[1:] if i in g.consts]
+            return consts[0] if len(n.input) == 2 and len(consts) == 1 else None
+
+        shape = g.consts.get(node.input[1]) if len(node.input) > 1 else None
+        norm = only_reader(node.output[0], "InstanceNormalization")
+        if (shape is None or norm is None or shape.size != 3
+                or list(shape.reshape(-1)[::2]) != [0, -1]):
+            return None
+        groups = int(shape.reshape(-1)[1])
+        unit, bias = g.const(norm, 1), g.const(norm, 2)
+        if not (np.all(unit == 1) and np.all(bias == 0)):
+            g.refuse(norm, "an InstanceNormalization of channel groups with a scale other "
+                     "than 1 or a bias; distnn's GroupNormalization scales per channel")
+        back = only_reader(norm.output[0], "Reshape")
+        if back is None or back.input[1] not in g.consts:
+            g.refuse(norm, "not followed by a Reshape to a constant shape; not a group "
+                     "normalization distnn reads")
+        channels = int(g.consts[back.input[1]].reshape(-1)[1])
+        out, arrays = back.output[0], {}
+        for op, key in (("Mul", "gamma"), ("Add", "beta")):  # per channel: (C, 1, ...)
+            after = only_reader(out, op)
+            value = const_input(after) if after is not None else None
+            if value is not None and value.ndim >= 1 and value.shape[0] == value.size == \
+                    channels:
+                arrays[key], out = value.reshape(-1), after.output[0]
+        layer = cls(groups, epsilon=float(g.attrs(norm).get("epsilon", 1e-5)),
+                    center="beta" in arrays, scale="gamma" in arrays)
+        return layer, arrays, out

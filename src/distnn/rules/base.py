@@ -105,6 +105,9 @@ class Rule:
     # -- what the rule sends a step, declared for the cost model (costmodel/predict.py) --
     default_period = 1  # the period (sync_every, chunks) when none is given
     plan_format = "{name}"  # the rule in the cost model's tables, of name, period, probability
+    # where the rule's row (at its defaults) stands in ``distnn plan``'s table, after the
+    # data rule's; None: no row of its own
+    plan_order: float | None = None
 
     @classmethod
     def plan_label(cls, period: int, probability: float) -> str:

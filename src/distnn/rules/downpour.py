@@ -29,6 +29,7 @@ class Downpour(MasterWorker):
     """
 
     name = "downpour"
+    plan_order = 4
 
     def begin(self, trainer) -> None:
         dist.broadcast_parameters(trainer.model, comm=trainer.comm)

@@ -48,6 +48,7 @@ class EASGD(MasterWorker):
 
     name = "easgd"
     default_period = 4
+    plan_order = 3
 
     def __init__(self, *, elastic_force: float = 0.9, elastic_lr: float | None = None,
                  elastic_momentum: float = 0.0, worker_optimizer: str | None = None,

@@ -49,6 +49,7 @@ class Gossip(GroupedReplicas, Rule):
 
     name = "gossip"
     plan_format = "gossip (p={probability:g})"
+    plan_order = 5
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

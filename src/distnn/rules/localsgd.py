@@ -87,6 +87,7 @@ class LocalSGD(GroupedReplicas, Rule):
     name = "localsgd"
     default_period = 8
     plan_format = "localsgd (every {period})"
+    plan_order = 2
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

@@ -48,6 +48,7 @@ class PartialUpdate(Rule):
     name = "partial"
     default_period = 4
     plan_format = "partial ({period} chunks)"
+    plan_order = 1
 
     @classmethod
     def step_messages(cls, *, size, itemsize, period, probability):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from .kinds import (Bool, CompressionSpec, Float, Int, KernelPlan, Maybe,
+from .kinds import (Bool, CompressionSpec, Float, Int, KernelPlan, KeyValues, Maybe,
                     Str, optimizers,
                     parallel_modes)
 from .sections import PRED, TRAIN, Section, option
@@ -126,6 +126,10 @@ class ParallelConfig(Section):
         "partial: cut the flat weights into this many contiguous chunks; after each local step "
         "one chunk is averaged over the ranks, in turn (each once every N steps; 1: all, every "
         "step).", commands=(TRAIN,), argument="chunks")
+    rule_args: tuple[tuple[str, Any], ...] = option((), KeyValues(),
+        "Arguments of the --parallel rule's constructor that no option of their own sets "
+        "(a rule declares them in its own file): NAME=VALUE,... (values read as numbers, "
+        "true/false or text; in TOML a table).", commands=(TRAIN,))
     non_blocking_mpi: bool = option(True, Bool(),
         "Overlap the gradient all-reduce with backward.", commands=(TRAIN,),
         argument="non_blocking")
@@ -189,9 +193,12 @@ class ParallelConfig(Section):
 
     def rule_arguments(self) -> dict[str, Any]:
         """Every field by the name of the training rules' constructor argument it sets
-        (``rules.build_rule`` takes those its rule has)."""
-        return {f.metadata.get("argument", f.name): getattr(self, f.name)
-                for f in fields(self)}
+        (``rules.build_rule`` takes those its rule has), and ``rule_args``' pairs: the
+        arguments no field sets (``run.rule.build_rule`` checks that its rule takes them)."""
+        out = {f.metadata.get("argument", f.name): getattr(self, f.name)
+               for f in fields(self) if f.name != "rule_args"}
+        out.update(self.rule_args)
+        return out
 
     @staticmethod
     def rule_arguments_of(option: str) -> str:

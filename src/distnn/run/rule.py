@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 
-from .config import ConfigError, RunConfig, rule_error
+from .config import ConfigError, ParallelConfig, RunConfig, rule_error
 
 __all__ = ["build_rule"]
 
@@ -44,6 +44,16 @@ def build_rule(cfg: RunConfig, comm):
         if getattr(p, option) != default and argument not in accepted:
             raise ConfigError(f"--{option} {getattr(p, option)} sets localsgd's averages, not "
                               f"--parallel {p.parallel}'s: drop it or use --parallel localsgd")
+    for key, value in p.rule_args:
+        option = ParallelConfig.option_of(key)
+        if option is not None:
+            raise ConfigError(f"--rule_args {key}={value}: {key} has an option of its own: "
+                              f"use --{option} {value}")
+        if key not in accepted:
+            free = sorted(a for a in accepted if ParallelConfig.option_of(a) is None)
+            raise ConfigError(f"--rule_args {key}={value}: --parallel {p.parallel} takes no "
+                              f"argument {key!r}; the arguments it takes without an option "
+                              f"of their own: {', '.join(free) or 'none'}")
     if p.partition != "iid" and "partition" not in accepted:
         raise ConfigError(f"--partition {p.partition} cuts the data among --parallel fedavg's "
                           f"clients; --parallel {p.parallel} shards every global batch: drop "

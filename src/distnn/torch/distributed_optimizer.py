@@ -58,12 +58,16 @@ def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(ReducerCounters, torch.optim.Optimizer):
     """Wrap a ``torch.optim.Optimizer`` so that ``step()`` uses gradients combined over all
     ranks (Horovod's ``hvd.DistributedOptimizer``, same arguments).
 
-    The returned object is an instance of a subclass of the optimizer's class, sharing its
-    state and parameter groups, so LR schedulers and ``isinstance`` checks keep working.
+    It wraps the optimizer (``.optimizer``) and steps it: ``param_groups``, ``state``,
+    ``defaults``, ``state_dict()`` and the optimizer's hooks are the wrapped optimizer's
+    own, so LR schedulers (which check ``isinstance(opt, torch.optim.Optimizer)``) and
+    checkpoints work as on the optimizer itself; ``isinstance(opt, type(optimizer))`` holds
+    too (``__class__`` reads the wrapped optimizer's class, as for Horovod's, whose class is
+    made at run time; ``type(opt)`` is ``DistributedOptimizer``).
 
     Gradient combination (in ``Reducer``): ``op=hvd.Average`` ("average", Horovod's
     default) divides the sum over ranks by the number of ranks: with a loss that is the
@@ -121,13 +125,16 @@ class DistributedOptimizer:
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
     """
 
-    def __new__(cls, optimizer: torch.optim.Optimizer, named_parameters: Iterable | None = None,
-                compression=Compression.none, backward_passes_per_step: int = 1,
-                op: str = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                groups=None, sparse_as_dense: bool = False, process_set=global_process_set, *,
-                bucket_size_mb: float = 4.0, non_blocking: bool = True,
-                comm: Communicator | None = None, error_feedback: bool = True,
-                compression_warmup_steps: int = 0, stall=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable | None = None, compression=Compression.none,
+                 backward_passes_per_step: int = 1, op: str = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                 sparse_as_dense: bool = False, process_set=global_process_set, *,
+                 bucket_size_mb: float = 4.0, non_blocking: bool = True,
+                 comm: Communicator | None = None, error_feedback: bool = True,
+                 compression_warmup_steps: int = 0, stall=None):
+        # torch.optim.Optimizer.__init__ is not called: the state, groups and hooks are
+        # the wrapped optimizer's (``__getattr__``)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}; for distnn optimizers use "
@@ -136,31 +143,14 @@ class DistributedOptimizer:
         if key not in _OPS:
             raise ValueError(f"DistributedOptimizer: op must be hvd.Average, hvd.Sum or "
                              f"hvd.Adasum ('average', 'sum', 'adasum'), got {op!r}")
-        base = type(optimizer)
-        wrapped = type(f"Distributed{base.__name__}", (_Mixin, base), {})
-        obj = object.__new__(wrapped)
-        obj.__dict__.update(optimizer.__dict__)
         if comm is None:
             included = process_set is None or process_set.included()
             comm = channel(process_set=process_set) if included else LocalComm()
         else:
             comm = channel(comm)  # the default communicator: join-safe
-        obj._distnn_setup(optimizer, named_parameters, _OPS[key], bucket_size_mb,
-                          non_blocking, backward_passes_per_step, comm, compression,
-                          gradient_predivide_factor, error_feedback, compression_warmup_steps,
-                          stall)
-        return obj
-
-
-class _Mixin(ReducerCounters):
-    """The distributed behaviour mixed into the wrapped optimizer's class."""
-
-    def _distnn_setup(self, optimizer, named_parameters, op, bucket_size_mb, non_blocking,
-                      passes, comm, compression, predivide, error_feedback=True,
-                      warmup_steps=0, stall=None) -> None:
-        self._distnn_base = optimizer
+        self.optimizer = optimizer
         self.comm = comm
-        self.op = op
+        self.op = op = _OPS[key]
         self.non_blocking = bool(non_blocking)
         self.compression = compression
         named = _named(optimizer, named_parameters)
@@ -191,10 +181,12 @@ class _Mixin(ReducerCounters):
                     for i, n in enumerate(self._names)]
         self._reducer = Reducer(self._flat, segments, comm, op=op,
                                 bucket_size_mb=bucket_size_mb, non_blocking=non_blocking,
-                                compression=compression, backward_passes_per_step=passes,
-                                gradient_predivide_factor=predivide, blocking_last=True,
-                                what="parameter", error_feedback=error_feedback,
-                                compression_warmup_steps=warmup_steps, stall=stall,
+                                compression=compression,
+                                backward_passes_per_step=backward_passes_per_step,
+                                gradient_predivide_factor=gradient_predivide_factor,
+                                blocking_last=True, what="parameter",
+                                error_feedback=error_feedback,
+                                compression_warmup_steps=compression_warmup_steps, stall=stall,
                                 tensors=[(n, int(offsets[i]), int(offsets[i + 1]),
                                           tuple(p.shape)) for i, (n, p) in enumerate(named)])
         self.buckets = self._reducer.buckets
@@ -218,6 +210,33 @@ class _Mixin(ReducerCounters):
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     lambda param, i=i: self._on_grad(i, param)))
 
+    # -- the wrapped optimizer -----------------------------------------------------------
+    def __getattr__(self, name: str):
+        # only for what this object lacks: param_groups, state, defaults, the hooks' dicts
+        if name == "optimizer":  # not set yet (during __init__)
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    @property
+    def __class__(self):
+        """The wrapped optimizer's class: ``isinstance(opt, torch.optim.SGD)`` holds for a
+        wrapped SGD (``isinstance(opt, DistributedOptimizer)`` too, by ``type(opt)``)."""
+        return type(self.optimizer)
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state (what a checkpoint of it would hold)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load the wrapped optimizer's state; pending reductions are forgotten."""
+        self._reducer.reset()
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise NotImplementedError("DistributedOptimizer: its gradient buffer holds the "
+                                  "parameters it was built with; add the group to the "
+                                  "optimizer before wrapping it")
+
     @property
     def _parameter_names(self) -> dict:
         """Horovod's map of parameter -> name (``param.<i>`` without named_parameters)."""
@@ -229,11 +248,7 @@ class _Mixin(ReducerCounters):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change the number of backward passes per step (between steps)."""
-        if isinstance(passes, bool) or int(passes) != passes or passes < 1:
-            raise ValueError("backward_passes_per_step must be an integer >= 1, got "
-                             f"{passes!r}")
-        self._reducer.passes = int(passes)
-        self._reducer.reset()
+        self._reducer.set_passes(passes)
 
     def _claim(self, i: int, p: torch.Tensor) -> None:
         """Make p.grad the buffer view again if other code replaced it."""
@@ -262,10 +277,10 @@ class _Mixin(ReducerCounters):
         Adasum there is nothing to do before the step, as in Horovod."""
         if not self._active or self._reducer.synced or self.op == "adasum":
             return
-        started = self._reducer.next if self.non_blocking else 0
-        for i, b in enumerate(self._reducer.bucket_of):
-            if b >= started:  # gradients no hook has seen (unused parameters, or blocking)
-                self._claim(i, self._params[i])
+        # gradients no hook has seen (unused parameters, or blocking)
+        for i in (self._reducer.not_started() if self.non_blocking
+                  else range(len(self._params))):
+            self._claim(i, self._params[i])
         self._reducer.synchronize()
 
     @contextlib.contextmanager
@@ -283,9 +298,8 @@ class _Mixin(ReducerCounters):
 
     def step(self, closure=None):
         """Wait for the gradient all-reduce, combine (see the class doc), update."""
-        base_step = type(self._distnn_base).step
         if self.op == "adasum" and self._active:
-            return self._adasum_step(base_step, closure)
+            return self._adasum_step(closure)
         if self._should_synchronize:
             if self._reducer.synced:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -295,7 +309,7 @@ class _Mixin(ReducerCounters):
         for i in self._sparse:
             self._params[i].grad = self._views[i].to_sparse(min(1, self._views[i].dim()))
         try:
-            out = base_step(self, closure)
+            out = self.optimizer.step(closure)
         finally:
             for i in self._sparse:
                 self._params[i].grad = self._views[i]
@@ -307,10 +321,10 @@ class _Mixin(ReducerCounters):
             return np.zeros(0, self._flat.dtype)
         return np.concatenate([p.detach().reshape(-1).numpy() for p in self._params])
 
-    def _adasum_step(self, base_step, closure):
+    def _adasum_step(self, closure):
         """Step on the local gradients, combine the parameter deltas with Adasum, apply."""
         start = self._params_flat()
-        out = base_step(self, closure)
+        out = self.optimizer.step(closure)
         delta = self._params_flat() - start
         self._reducer.reduce_(delta)
         combined = torch.from_numpy(start + delta)
@@ -323,7 +337,7 @@ class _Mixin(ReducerCounters):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer (gradients stay views into it; ``set_to_none`` is
         accepted for compatibility and ignored)."""
-        if self._reducer.next > 0 and not self._reducer.synced:
+        if self._reducer.in_flight:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but "
                                "before optimizer.step() or optimizer.synchronize(); the "
                                "all-reduce is still reading the gradients: step first")
@@ -336,11 +350,6 @@ class _Mixin(ReducerCounters):
         """Needle's name for ``zero_grad()``."""
         self.zero_grad()
 
-    def load_state_dict(self, state_dict) -> None:
-        """Load the wrapped optimizer's state; pending reductions are forgotten."""
-        self._reducer.reset()
-        type(self._distnn_base).load_state_dict(self, state_dict)
-
     def gradients_flat(self) -> np.ndarray:
         """The flat gradient buffer (every parameter's ``.grad`` is a view into it)."""
         return self._flat
@@ -352,5 +361,5 @@ class _Mixin(ReducerCounters):
         self._hooks = []
 
     def __repr__(self) -> str:
-        return (f"DistributedOptimizer({type(self._distnn_base).__name__}, op={self.op!r}, "
+        return (f"DistributedOptimizer({type(self.optimizer).__name__}, op={self.op!r}, "
                 f"buckets={len(self.buckets)}, non_blocking={self.non_blocking})")
