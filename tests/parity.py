@@ -55,3 +55,18 @@ def torch_export_matches(model, x: np.ndarray, *, tol: float = 1e-10) -> None:
     with torch.inference_mode():
         got = module(torch.from_numpy(np.ascontiguousarray(x))).numpy()
     np.testing.assert_allclose(got, model.predict(x), rtol=tol, atol=tol, err_msg="to_torch")
+
+
+def built(layer, shape, dtype=np.float64, seed=0):
+    """``layer`` built for ``shape`` with its initializer drawn from ``seed``."""
+    layer.build(shape, rng=np.random.default_rng(seed), dtype=dtype)
+    return layer
+
+
+def randomized(layer, seed=1):
+    """``layer`` with every parameter drawn away from its initial value (magnitudes 0.5-1.5,
+    random signs), so that no gradient check passes on a symmetric start."""
+    rng = np.random.default_rng(seed)
+    for p in layer.params.values():
+        p[...] = rng.uniform(0.5, 1.5, p.shape) * rng.choice([-1, 1], p.shape)
+    return layer

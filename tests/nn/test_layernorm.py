@@ -5,23 +5,12 @@ import pytest
 
 from distnn.nn import Dense, LayerNormalization, RMSNorm, Sequential
 from gradcheck import check_layer
-from parity import onnx_matches, same, torch_export_matches, torch_parity
+from parity import built, onnx_matches, randomized, same, torch_export_matches, torch_parity
 
 RNG = np.random.default_rng(0)
 OPTIONS = [(cls, affine) for cls in (LayerNormalization, RMSNorm) for affine in (True, False)]
 SHAPES = [(7,), (4, 7), (2, 3, 7)]
 
-
-def built(layer, shape, dtype=np.float64, seed=0):
-    layer.build(shape, rng=np.random.default_rng(seed), dtype=dtype)
-    return layer
-
-
-def randomized(layer, seed=1):
-    rng = np.random.default_rng(seed)
-    for p in layer.params.values():
-        p[...] = rng.uniform(0.5, 1.5, p.shape) * rng.choice([-1, 1], p.shape)
-    return layer
 
 
 def sample(shape, n=3):
