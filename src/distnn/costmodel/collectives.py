@@ -70,8 +70,8 @@ def _pof2(p: int) -> int:
 
 def torus_dims(hosts: int) -> tuple[int, ...]:
     """Near-equal dimensions whose product is ``hosts``: 3-D from 64 hosts, else 2-D
-    (the prime factors, largest first, each to the smallest dimension so far); the same
-    as ``sgreplay._torus_dims``."""
+    (the prime factors, largest first, each to the smallest dimension so far); the
+    simulator's torus is built with these (``simulate`` passes them to ``sgreplay``)."""
     dims = [1, 1, 1] if hosts >= 64 else [1, 1]
     n, f, primes = hosts, 2, []
     while n > 1:

@@ -48,21 +48,6 @@ def _fat_tree_params(hosts):
     return f"2;{h},{hosts // h};1,{h};1,1"
 
 
-def _torus_dims(hosts):
-    """Near-equal dimensions whose product is ``hosts``: 3-D from 64 hosts, else 2-D
-    (the prime factors, largest first, each to the smallest dimension so far)."""
-    dims = [1, 1, 1] if hosts >= 64 else [1, 1]
-    n, f, primes = hosts, 2, []
-    while n > 1:
-        while n % f == 0:
-            primes.append(f)
-            n //= f
-        f += 1
-    for q in sorted(primes, reverse=True):
-        dims[dims.index(min(dims))] *= q
-    return ",".join(str(d) for d in sorted(dims))
-
-
 def platform_xml(p):
     """SimGrid platform XML of the cluster ``p`` describes."""
     hosts, bw, lat = int(p["hosts"]), f"{p['gbits']}Gbps", f"{p['hop_latency_s']}s"
@@ -71,7 +56,8 @@ def platform_xml(p):
     if topo == "fat_tree":
         extra = f' topology="FAT_TREE" topo_parameters="{_fat_tree_params(hosts)}"'
     elif topo == "torus":
-        extra = f' topology="TORUS" topo_parameters="{_torus_dims(hosts)}"'
+        dims = ",".join(str(d) for d in p["torus_dims"])
+        extra = f' topology="TORUS" topo_parameters="{dims}"'
     elif topo != "flat":
         raise ValueError(f"topology {topo!r}: flat, fat_tree or torus")
     return ("<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM "
@@ -326,8 +312,7 @@ def main():
             rng = random.Random(job.get("seed", 0))
             job["_draws"] = [[rng.random() for _ in range(job["steps"])] for _ in range(hosts)]
 
-    dims = (tuple(int(x) for x in _torus_dims(hosts).split(","))
-            if p["topology"] == "torus" else None)
+    dims = tuple(p["torus_dims"]) if p["topology"] == "torus" else None
 
     def actor(me):
         rank = Rank(me, hosts, spec["software_latency_s"], dims)

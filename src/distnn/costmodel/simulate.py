@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .collectives import TOPOLOGIES, Link
+from .collectives import TOPOLOGIES, Link, torus_dims
 from .predict import Config, ModelCost, data_messages, half_bucket
 
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
@@ -186,7 +186,8 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
                              "--simgrid; another Python: DISTNN_SIMGRID_PYTHON)")
     with tempfile.TemporaryDirectory(prefix="distnn-sim-") as tmp:
         spec = {"platform": {"topology": topology, "hosts": hosts, "gbits": gbits,
-                             "hop_latency_s": hop_latency_s},
+                             "hop_latency_s": hop_latency_s,
+                             "torus_dims": list(torus_dims(hosts))},
                 "software_latency_s": software_latency_s,
                 "platform_file": str(Path(tmp) / "platform.xml"), "jobs": jobs}
         proc = subprocess.run([exe, str(Path(__file__).with_name("sgreplay.py"))],
