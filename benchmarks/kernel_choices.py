@@ -248,12 +248,18 @@ def unreached(outs: list[str]) -> list[str]:
         if not name.endswith(".py"):
             continue
         tree = ast.parse(open(os.path.join(folder, name)).read())
+        # names bound to a jit decorator at module level (``_plane = nb.njit(...)``)
+        aliases = {t.id for a in tree.body if isinstance(a, ast.Assign)
+                   and "jit(" in ast.unparse(a.value) for t in a.targets
+                   if isinstance(t, ast.Name)}
         inside_compiled = set()
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef):
                 continue
             text = " ".join(ast.unparse(d) for d in node.decorator_list)
-            kind = "intrinsic" if "intrinsic" in text else "jit" if "jit" in text else "py"
+            words = set(text.replace("(", " ").replace(".", " ").split())
+            kind = ("intrinsic" if "intrinsic" in text
+                    else "jit" if "jit" in text or words & aliases else "py")
             if kind != "py":
                 inside_compiled.update(id(n) for n in ast.walk(node) if n is not node)
             start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
@@ -262,18 +268,19 @@ def unreached(outs: list[str]) -> list[str]:
     reached = set()
     for name, node, kind, start in defs:
         lines = ran.get(name, set())
-        if (kind == "py" and lines & set(range(node.lineno, node.end_lineno + 1))
+        # a body's lines (its def line runs at import)
+        if (kind == "py" and lines & set(range(node.body[0].lineno, node.end_lineno + 1))
                 or kind == "jit" and (name, start) in jitted):
             reached.add(id(node))
     grew = True
     while grew:  # compiled code's calls of other compiled functions, by name
         named = set()
-        for name, node, kind, _ in defs:
+        for _file, node, kind, _ in defs:
             if id(node) in reached and kind != "py":
                 named.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
                 named.update(n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute))
         grew = False
-        for name, node, kind, _ in defs:
+        for _file, node, kind, _ in defs:
             if kind != "py" and id(node) not in reached and node.name in named:
                 reached.add(id(node))
                 grew = True
