@@ -132,7 +132,7 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, drivers, kernel_ba
     workers = plan.winograd_blocks(g.n, c, f, -(-g.oh // tile), -(-g.ow // tile), 4,
                                    (tile + 2) ** 2, K.get_num_threads())[2]
     names = {n for n, _ in calls}
-    if plan.winograd_drivers(np.float32, c, f, workers, K.get_num_threads()):
+    if tile == 4 and plan.winograd_drivers(np.float32, c, f, workers, K.get_num_threads()):
         assert drivers and names == {"forward_blocks", "backward_blocks"}
     elif plan.tile_products():
         assert not drivers and "matmul" in names and not names & {"forward_blocks",
