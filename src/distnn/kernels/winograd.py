@@ -44,7 +44,7 @@ from . import _vgemm, _winograd, _winograd4
 from . import planner
 from . import _team_jobs as _jobs
 from . import _winograd_blocks as _blocks
-from ._threads import blas_for, kernel, pieces, run, run_jobs
+from ._threads import blas_for, kernel, pieces, run, run_jobs, sum_shares
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -375,12 +375,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
                                              tiling), db64
         return (du if len(indices) else None), db64
 
-    parts = run(len(blocks), workers, body)
-    du, db64 = parts[0]
-    for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        if du_i is not None:
-            du += du_i
-        db64 += db_i
+    du, db64 = sum_shares(run(len(blocks), workers, body))
     if du is None:  # an empty batch
         dw_out.fill(0)
     elif workers > 1:
