@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _U, _dispatch
+from ._numba_runtime import _U, _dispatch
 from ._threads import pieces
 from ._winograd import NARROW_PART, PLANES, stage_plane, write_plane
 from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, input_plane,

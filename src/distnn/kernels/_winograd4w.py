@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _U
+from ._numba_runtime import _U
 
 _plane = nb.njit(cache=True, nogil=True)
 
