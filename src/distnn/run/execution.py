@@ -37,7 +37,8 @@ class ParallelConfig(Section):
         "ranks (default: never); the last checkpoint stays resumable.", commands=(TRAIN,))
     sync_every: int | None = option(None, Maybe(Int(1)),
         "Batches between two exchanges: downpour/gem pushes, easgd's tau, localsgd's averaging "
-        "period, diloco's inner steps H (default: 1, 1, 4, 8, 50).", commands=(TRAIN,), aliases=("localsgd_period",))
+        "period, diloco's inner steps H (default: 1, 1, 4, 8, 50).", commands=(TRAIN,),
+        aliases=("localsgd_period",))
     synchronous: bool = option(False, Bool(),
         "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
         "without a master; gossip: shared, deterministic push schedule.", commands=(TRAIN,))
