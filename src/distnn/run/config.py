@@ -38,7 +38,7 @@ def _option_fields(command: str | None = None):
     """(section name, field) of every option, in the sections' order (that of --help)."""
     for name, cls in SECTIONS.items():
         for f in fields(cls):
-            if command is None or command in f.metadata["commands"]:
+            if command is None or command in cls.commands_of(f):
                 yield name, f
 
 
@@ -132,8 +132,8 @@ class Option:
     def of(cls, f, section: str) -> Option:
         """The option of config field ``f`` of ``section``."""
         m = f.metadata
-        return cls(f.name, m["kind"], f.default, m["help"], section, section, m["commands"],
-                   m["aliases"])
+        return cls(f.name, m["kind"], f.default, m["help"], section, section,
+                   SECTIONS[section].commands_of(f), m["aliases"])
 
     def flags(self, aliases: tuple[str, ...] = ()) -> list[str]:
         """``--name``, ``--name-with-dashes``, the aliases (and ``aliases``) alike, ``-short``."""
