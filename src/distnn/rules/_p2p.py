@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ..distributed.coordination import Backoff, lazy_barrier, wait_all
-from .base import Message, Rule, whole_argument
+from .base import Message, Rule, RuleArgumentError, RuleStateError, whole_argument
 from .groups import WorkerGroup, check_group_size, layout_of
 from .masters import MasterTree, check_masters, role_of
 
@@ -87,6 +87,11 @@ class MasterWorker(Rule):
         self.sync_every = whole_argument(self.name, "sync_every", sync_every,
                                          default=self.default_period)
         self.synchronous = bool(synchronous)
+        if isinstance(max_sleep, bool) or not isinstance(max_sleep, (int, float)) \
+                or not max_sleep > 0:
+            raise RuleArgumentError("max_sleep", f"{self.name}: max_sleep (the longest sleep "
+                                    f"between two polls, in seconds) must be a number > 0, "
+                                    f"got {max_sleep!r}")
         self.max_sleep = float(max_sleep)
         self.traffic = Traffic()
         self.updates = 0           # master: updates applied to its weights
@@ -390,8 +395,8 @@ def pick_state(rule: str, states: list, comm) -> dict[str, Any] | None:
     if not states:
         return None
     if len(states) != comm.size:
-        raise ValueError(f"the checkpoint holds the {rule} state of {len(states)} ranks, this run "
-                         f"has {comm.size}; resume under mpiexec -n {len(states)}")
+        raise RuleStateError(f"the checkpoint holds the {rule} state of {len(states)} ranks, "
+                             f"this run has {comm.size}; resume under mpiexec -n {len(states)}")
     return states[comm.rank]
 
 

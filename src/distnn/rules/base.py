@@ -43,6 +43,11 @@ class RuleArgumentError(ValueError):
         self.argument = argument
 
 
+class RuleStateError(ValueError):
+    """A checkpoint's rule state that this run cannot take back (the per-rank states of
+    another number of ranks); the message says how to resume it."""
+
+
 def whole_argument(rule: str, argument: str, value, *, least: int = 1, what: str = "",
                    default: int | None = None) -> int:
     """``value`` of a rule's whole-number constructor ``argument`` (``default`` for None), or

@@ -175,6 +175,7 @@ class Run:
         another loaded ``Checkpoint``; ``global_batch_size``: instead of the run's. Errors a
         user can cause are ``RunError``s naming the option. Returns the ``History``."""
         from ..fileio import WriteError
+        from ..rules import RuleStateError
         from ..training.checkpoint import CheckpointError
         from ..training.trainer import NonFiniteLossError
         self.announce()
@@ -195,7 +196,7 @@ class Run:
                 history_file=history_file, resume=resume,
                 eval_batch_size=self.eval_batch_size,
                 resume_lr=self.lr if planned else None)
-        except CheckpointError as exc:
+        except (CheckpointError, RuleStateError) as exc:
             raise RunError(f"--resume: {exc}") from None
         except WriteError as exc:
             raise RunError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None

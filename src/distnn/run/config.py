@@ -104,10 +104,15 @@ NOT_DESCRIBING = ("dataset_path", "dataset_test_path", "history_file", "save_wei
 
 def rule_error(parallel: ParallelConfig, exc: ValueError) -> ConfigError:
     """A training rule's refusal (``exc``) as the command says it: naming the option of the
-    constructor argument it names (``exc.argument``), else ``--parallel``."""
-    option = ParallelConfig.option_of(getattr(exc, "argument", None))
+    constructor argument it names (``exc.argument``), or its ``--rule_args`` pair, else
+    ``--parallel``."""
+    argument = getattr(exc, "argument", None)
+    option = ParallelConfig.option_of(argument)
     if option is not None:
         return ConfigError(f"--{option} {getattr(parallel, option)}: {exc}")
+    given = dict(parallel.rule_args)
+    if argument in given:
+        return ConfigError(f"--rule_args {argument}={given[argument]}: {exc}")
     return ConfigError(f"--parallel {parallel.parallel}: {exc}")
 
 

@@ -26,8 +26,10 @@ class ParallelConfig(Section):
         "averaging), gossip (GoSGD, alias gosgd), gem (gradient energy matching), partial "
         "(local steps, one chunk of the weights averaged per step), pipeline (delayed SGD: "
         "gradients one step stale, their all-reduce behind the next step; alias delayed), "
-        "fedavg (federated averaging: rounds of clients training locally on their own part); "
-        "sequential (one process) or auto (data).", commands=ALL)
+        "fedavg (federated averaging: rounds of clients training locally on their own part), "
+        "diloco (DiLoCo: --sync_every H steps of each rank's own inner optimizer, then an outer "
+        "Nesterov step on the ranks' averaged moves; --rule_args outer_lr, outer_momentum, "
+        "inner_optimizer); sequential (one process) or auto (data).", commands=ALL)
     stall_warning: float = option(60.0, Float(0.0, low_open=True),
         "Seconds a rank waits in a collective (or for a master/peer) before it names the ranks "
         "that have not arrived and where each last was (step, phase).")
@@ -36,7 +38,7 @@ class ParallelConfig(Section):
         "ranks (default: never); the last checkpoint stays resumable.")
     sync_every: int | None = option(None, Maybe(Int(1)),
         "Batches between two exchanges: downpour/gem pushes, easgd's tau, localsgd's averaging "
-        "period (default: 1, 1, 4, 8).", aliases=("localsgd_period",))
+        "period, diloco's inner steps H (default: 1, 1, 4, 8, 50).", aliases=("localsgd_period",))
     synchronous: bool = option(False, Bool(),
         "downpour/gem: the master waits for every worker each round; easgd: all-reduce EASGD "
         "without a master; gossip: shared, deterministic push schedule.")
