@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 
 from . import _vdirect_dw as _dw
 from ._numba_runtime import _U
-from ._vgemm import (_I32, _I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
+from ._vgemm import (_I32, _I64, _accumulators, _data, _outer_fma, _splat, _tap_channel_steps,
                      _store_tile, _tile_nt, _vptr)
 
 _jit = nb.njit(cache=True, nogil=True)
@@ -56,14 +56,7 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
         _, ao_, ars_, _, bo_, _, nt_, cs_, nc_, _, co_, crs_ = args
         ap, bp, op, cp = (_data(context, builder, sig, args, i) for i in (0, 3, 5, 9))
         acc = _accumulators(builder, ROWS, 2)
-        with cgutils.for_range(builder, nt_) as taps:
-            t = taps.index
-            tb = builder.add(bo_, builder.load(builder.gep(op, [t])))
-            ta = builder.add(ao_, t)
-            with cgutils.for_range(builder, nc_) as chans:
-                k = chans.index
-                _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, nt_)), ars_,
-                                bp, builder.add(tb, builder.mul(k, cs_)))
+        _tap_channel_steps(builder, acc, ap, ao_, ars_, bp, bo_, op, nt_, nc_, cs_)
         _store_tile(builder, cp, co_, crs_, acc)
         return context.get_dummy_value()
     return sig, codegen
