@@ -13,6 +13,12 @@ same sizes through shared memory (no link) come first.
 
 The 4-byte all-reduce of 2 hosts gives the link's latency per message (recursive
 doubling: one exchange, ``α``): pass it to the check as ``--latency-us``.
+
+``--compute``: the compute of N hosts on this machine's cores, without any exchange: N
+copies of the one-process step (benchmarks/workers/distnn_worker.py, one thread) run at
+once, each pinned to the cores its emulated host would get (``cores=split``), every step
+timed; per N the mean step of a copy and the mean over steps of the slowest copy's step
+(a synchronous step waits for the slowest rank: the straggler's share).
 """
 from __future__ import annotations
 
@@ -101,6 +107,34 @@ def probe(hosts: int, rate: str, args) -> dict:
     return json.loads(line[len(MARKER):])
 
 
+def compute_copies(n: int, args) -> dict:
+    """N uncoupled copies of the one-process step at once, pinned as N emulated hosts."""
+    import os
+    cpus = sorted(os.sched_getaffinity(0))
+    if n >= len(cpus):
+        sets = [[cpus[i % len(cpus)]] for i in range(n)]
+    else:
+        share = len(cpus) // n
+        sets = [cpus[i * share:(i + 1) * share] for i in range(n)]
+    cmd = [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model",
+           args.model, "--threads", "1", "--warmup", "20", "--windows", str(args.steps),
+           "--steps", "1", "--compression", "none"]
+    procs = [subprocess.Popen(["taskset", "-c", ",".join(map(str, cores)), *cmd],
+                              env=opts.local_env(), stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT) for cores in sets]
+    steps = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
+        if proc.returncode != 0 or line is None:
+            return {"error": f"a copy exited {proc.returncode}"}
+        steps.append(json.loads(line[len("BENCH_JSON "):])["step_s"])
+    k = min(map(len, steps))
+    return {"copies": n, "mean_s": statistics.mean(t for one in steps for t in one[:k]),
+            "median_s": statistics.median(t for one in steps for t in one[:k]),
+            "max_mean_s": statistics.mean(max(one[i] for one in steps) for i in range(k))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
@@ -110,6 +144,10 @@ def main() -> None:
     ap.add_argument("--scale-links", action="store_true")
     ap.add_argument("--latency-us", type=float, default=50.0,
                     help="the model's α for the 'model' column")
+    ap.add_argument("--compute", action="store_true", help="the compute of N hosts "
+                    "(N uncoupled one-process copies at once) instead of the exchanges")
+    ap.add_argument("--model", default="simplecnn")
+    ap.add_argument("--steps", type=int, default=300, help="--compute: timed steps a copy")
     ap.add_argument("--json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -122,6 +160,19 @@ def main() -> None:
     if why:
         sys.exit(f"benchmarks/cluster_probe.py: {why}")
     rows = {}
+    if args.compute:
+        print("| copies (hosts) | mean step ms | median step ms | slowest copy's step, "
+              "mean ms |")
+        print("|---|---|---|---|")
+        for h in sorted({1, *args.hosts}):
+            rec = rows[f"compute/{h}"] = compute_copies(h, args)
+            print(f"| {h} | failed: {rec['error']} | | |" if "error" in rec else
+                  f"| {h} | {rec['mean_s'] * 1e3:.2f} | {rec['median_s'] * 1e3:.2f} | "
+                  f"{rec['max_mean_s'] * 1e3:.2f} |", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"meta": vars(args), "rows": rows},
+                                                  indent=1))
+        return
     print("| hosts | link (as shaped) | what | bytes | measured us (slowest rank) | "
           "model us |")
     print("|---|---|---|---|---|---|")
