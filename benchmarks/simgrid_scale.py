@@ -81,9 +81,10 @@ def run(args) -> None:
 COMPRESSIONS = ("none", "fp16", "topk:0.01", "powersgd:2")
 RULE_ROWS = ("partial", "localsgd", "easgd", "downpour", "gossip")
 SECTION = "## Across hosts on the emulated cluster"
-HEADER = ("| hosts x ranks | link (as shaped) | configuration | measured ms (runs) | "
-          "shared memory ms | compute ms | α us | analytic ms | error | simulated ms | "
-          "error |")
+RATES = ("1gbit", "10gbit")
+HEADER = ("| hosts x ranks | configuration | compute ms | α us | shared memory ms | "
+          + " | ".join(f"{r} measured ms (runs) | analytic ms (error) | simulated ms (error)"
+                       for r in RATES) + " |")
 
 
 def _configs() -> dict:
@@ -154,19 +155,27 @@ def pool_emulated(paths) -> dict:
 
 
 def parse_emulated(text: str) -> list[dict]:
-    """The rows of the emulated table in RESULTS.md's section (the inputs of each row)."""
+    """The rows of the emulated table in RESULTS.md's section (the inputs of each row):
+    a line a host count and configuration, a group of cells a link rate."""
+    import cluster_opts as opts
     section = text.split(SECTION)[1].split("\n## ")[0]
     rows = []
     for ln in section.splitlines():
         cells = [c.strip() for c in ln.strip().strip("|").split("|")]
-        if len(cells) != 11 or not cells[0][:1].isdigit():
+        if len(cells) != 5 + 3 * len(RATES) or not cells[0][:1].isdigit():
             continue
-        rows.append({"hosts": int(cells[0].split()[0]), "link": cells[1], "config": cells[2],
-                     "measured_s": float(cells[3].split()[0]) / 1e3,
-                     "runs": int(cells[3].split("(")[1].rstrip(")")),
-                     "shm_s": None if cells[4] == "-" else float(cells[4]) / 1e3,
-                     "compute_s": float(cells[5]) / 1e3,
-                     "alpha_s": float(cells[6]) / 1e6})
+        hosts = int(cells[0].split()[0])
+        for i, rate in enumerate(RATES):
+            got = cells[5 + 3 * i]
+            if got in ("-", "") or got.startswith("failed"):
+                continue
+            shaped = opts.link_rate(rate, hosts, True, 2)
+            rows.append({"hosts": hosts, "config": cells[1],
+                         "link": rate if shaped == rate else f"{rate} as {shaped}",
+                         "compute_s": float(cells[2]) / 1e3, "alpha_s": float(cells[3]) / 1e6,
+                         "shm_s": None if cells[4] == "-" else float(cells[4]) / 1e3,
+                         "measured_s": float(got.split()[0]) / 1e3,
+                         "runs": int(got.split("(")[1].rstrip(")"))})
     if not rows:
         raise SystemExit(f"benchmarks/simgrid_scale.py: no rows of the emulated table "
                          f"under {SECTION!r}")
@@ -206,21 +215,28 @@ def emulated_check(rows: list[dict], simulate_too: bool = True, cpu=None) -> lis
 
 def print_emulated(rows: list[dict]) -> None:
     print(HEADER)
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|" + "---|---|---|" * len(RATES))
     within = {"analytic_s": 0, "simulated_s": 0}
+    lines: dict = {}
     for r in rows:
         errs = {}
         for k in within:
             if r.get(k):
                 errs[k] = r[k] / r["measured_s"] - 1
                 within[k] += abs(errs[k]) <= 0.15
+        key = (r["hosts"], r["config"])
+        line = lines.setdefault(key, {"first": r, "cells": {}})
+        sim = (f"{r['simulated_s'] * 1e3:.2f} ({errs['simulated_s']:+.1%})"
+               if "simulated_s" in errs else "-")
+        line["cells"][r["link"].split(" as ")[0]] = (
+            f"{r['measured_s'] * 1e3:.2f} ({r['runs']}) | {r['analytic_s'] * 1e3:.2f} "
+            f"({errs['analytic_s']:+.1%}) | {sim}")
+    for (hosts, cfg), line in lines.items():
+        r = line["first"]
         shm = f"{r['shm_s'] * 1e3:.2f}" if r.get("shm_s") else "-"
-        sim = (f"{r['simulated_s'] * 1e3:.2f} | {errs['simulated_s']:+.1%}"
-               if "simulated_s" in errs else "- | -")
-        print(f"| {r['hosts']} x 1 | {r['link']} | {r['config']} | "
-              f"{r['measured_s'] * 1e3:.2f} ({r['runs']}) | {shm} | "
-              f"{r['compute_s'] * 1e3:.2f} | {r['alpha_s'] * 1e6:.1f} | "
-              f"{r['analytic_s'] * 1e3:.2f} | {errs['analytic_s']:+.1%} | {sim} |")
+        cells = " | ".join(line["cells"].get(rate, "- | - | -") for rate in RATES)
+        print(f"| {hosts} x 1 | {cfg} | {r['compute_s'] * 1e3:.2f} | "
+              f"{r['alpha_s'] * 1e6:.1f} | {shm} | {cells} |")
     print(f"\nwithin ±15%: analytic {within['analytic_s']} of {len(rows)}, simulated "
           f"{within['simulated_s']} of {len(rows)}")
 

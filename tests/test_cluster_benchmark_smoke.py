@@ -149,7 +149,8 @@ def test_emulated_table_pooled_parsed_and_checked(tmp_path):
     with contextlib.redirect_stdout(out):
         sg.print_emulated(checked)
     text = out.getvalue()
-    assert "| 2 x 1 | 1gbit | data+powersgd:2 | 5.20 (2) | 4.50 |" in text
+    assert "| 2 x 1 | data+powersgd:2 | 3.96 | 9.0 | 4.50 | 5.20 (2) |" in text
+    assert text.splitlines()[2].endswith("| - | - | - |")  # no 10gbit row
     assert "within ±15%: analytic" in text
     results = f"# x\n\n{sg.SECTION} (issue 59)\n\n{text}\n## Next\n| 9 x 9 |\n"
     back = sg.parse_emulated(results)
