@@ -11,6 +11,8 @@ on 1 host x 1 rank (the baseline: one emulated host), 2 hosts x 1 rank and, for 
 with 4 hosts on 2 cores, two hosts share each core, so 4-host scaling measures the
 network and the protocol, not extra compute). Medians over repetitions, systems and
 configurations alternated; bytes per step read off the qdisc counters of every link.
+``--parallel RULE`` runs that rule through the Trainer instead of the optimizer loop
+(one process: the data rule, the rule's compute alone; a master is not timed).
 
 Part "accuracy" (benchmarks/cluster_accuracy.py): simplecnn on Fashion-MNIST (60000 train,
 test split as validation, SGD lr 0.01 momentum 0.9, batch 64 per rank, benchmarks/rules.py's
@@ -96,7 +98,8 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     rec["steal"] = steal_share(t0, t1)
     rec["load"] = t1["loadavg"]
     # bytes a parameter needs on the wire a step, at least (compressions: far fewer)
-    if hosts > 1 and sent < steps * opts.PARAMS[model] * opts.least_bytes(args.compression):
+    if hosts > 1 and sent < steps * opts.PARAMS[model] * opts.least_bytes(
+            args.compression, getattr(args, "parallel", None)):
         return {"error": f"only {sent} bytes crossed the links for {steps} steps: the "
                          "gradients did not travel over the network"}
     return rec
@@ -190,6 +193,12 @@ def main() -> None:
     ap.add_argument("--compression", default="none", help="throughput part: the workers' "
                     "--gradient_compression (none, fp16, topk:R, powersgd:R), or ddp: "
                     "PyTorch DDP (gloo) on the same hosts and links")
+    ap.add_argument("--parallel", default=None, metavar="RULE", help="throughput part: "
+                    "the training rule (distnn train's --parallel: data, localsgd, partial, "
+                    "easgd, downpour, gossip, ...) run through the Trainer; default: the "
+                    "data rule's optimizer loop (DistributedOptimizer)")
+    ap.add_argument("--rule-options", default="{}", help="throughput part: the rule's "
+                    "arguments, JSON (default: the rule's defaults)")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="throughput part: the "
                     "workers' bucket_size_mb (a model in one bucket cannot overlap backward)")
     ap.add_argument("--scale-links", action="store_true", help="shape N hosts' links on C "
@@ -221,7 +230,8 @@ def main() -> None:
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
     raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links,
                     "acc_hosts": args.acc_hosts,
-                    "compression": args.compression, "bucket_mb": args.bucket_mb}}
+                    "compression": args.compression, "bucket_mb": args.bucket_mb,
+                    "parallel": args.parallel, "rule_options": args.rule_options}}
     if args.part in ("all", "throughput"):
         raw["throughput"] = throughput_part(args)
     if args.part in ("all", "accuracy"):

@@ -68,10 +68,13 @@ def format_rate(bits: float) -> str:
     return f"{round(bits / 1e3)}kbit"
 
 
-def least_bytes(compression: str) -> float:
+def least_bytes(compression: str, rule: str | None = None) -> float:
     """Bytes per parameter a step's exchange puts on the wire at least: 4 dense, 2 fp16,
     0.004 for top-k/PowerSGD (simplecnn's powersgd:2 sends ~0.1; only 'nothing crossed'
-    is to be caught)."""
+    is to be caught), and for a rule other than data (its exchanges every K steps or with
+    a probability: only 'nothing crossed' is caught)."""
+    if rule not in (None, "data"):
+        return 0.004
     return {"none": 4.0, "ddp": 4.0, "fp16": 2.0}.get(compression, 0.004)
 
 
@@ -154,10 +157,13 @@ def throughput_worker(model: str, args, master: str = "127.0.0.1") -> list[str]:
                 "--threads", "1", "--warmup", str(args.warmup), "--windows",
                 str(args.windows), "--steps", str(args.steps), "--ddp", "--master-addr",
                 master, "--port", "29581"]
+    rule = getattr(args, "parallel", None)
     return [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model", model,
             "--threads", "1", "--warmup", str(args.warmup), "--windows", str(args.windows),
             "--steps", str(args.steps), "--compression", getattr(args, "compression", "none"),
-            "--bucket-mb", str(getattr(args, "bucket_mb", 4.0))]
+            "--bucket-mb", str(getattr(args, "bucket_mb", 4.0)),
+            *(["--rule", rule, "--rule-options", getattr(args, "rule_options", "{}")]
+              if rule else [])]
 
 
 def run_throughput_local(model: str, ranks: int, args) -> dict:

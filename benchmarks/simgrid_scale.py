@@ -24,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cluster_opts
 
 SHAPES = {"simplecnn": ((1, 28, 28), 10), "resnet20": ((3, 32, 32), 10),
           "vgg11bn": ((3, 32, 32), 10)}
@@ -76,6 +79,166 @@ def run(args) -> None:
 
 
 COMPRESSIONS = ("none", "fp16", "topk:0.01", "powersgd:2")
+RULE_ROWS = ("partial", "localsgd", "easgd", "downpour", "gossip")
+SECTION = "## Across hosts on the emulated cluster"
+RATES = ("1gbit", "10gbit")
+HEADER = ("| hosts x ranks | configuration | compute ms | α us | shared memory ms | "
+          + " | ".join(f"{r} measured ms (runs) | analytic ms (error) | simulated ms (error)"
+                       for r in RATES) + " |")
+
+
+def _configs() -> dict:
+    from distnn.costmodel.predict import Config
+    out = [Config("data", c) for c in COMPRESSIONS] + [Config(r) for r in RULE_ROWS]
+    return {c.label: c for c in out}
+
+
+def _med(values):
+    import statistics
+    return statistics.median(values) if values else None
+
+
+def _shaped(rate: str, hosts: int) -> str:
+    import cluster_opts as opts
+    return opts.link_rate(rate, hosts, True, 2)
+
+
+def pool_emulated(paths) -> dict:
+    """The emulated rows and their inputs from benchmarks/cluster.py --part throughput
+    --json files (one compression or --parallel rule each, repetitions pooled),
+    benchmarks/cluster_probe.py --json files (α: the 4-byte all-reduce) and
+    cluster_probe.py --compute --json files (the compute of N hosts)."""
+    import statistics
+    from distnn.costmodel.predict import Config
+    runs, alphas, copies = {}, {}, {}
+    for path in paths:
+        raw = json.loads(Path(path).read_text())
+        if "throughput" in raw:
+            meta = raw.get("meta", {})
+            rule = meta.get("parallel")
+            cfg = (Config(rule) if rule not in (None, "data")
+                   else Config("data", meta.get("compression", "none"))).label
+            for key, recs in raw["throughput"].items():
+                _, hosts, rate = key.split("/")
+                for r in recs:
+                    if "error" not in r:
+                        runs.setdefault((cfg, int(hosts), rate), []).append(
+                            statistics.median(r["step_s"]))
+            continue
+        for key, rec in raw.get("rows", {}).items():
+            if "error" in rec:
+                continue
+            if key.startswith("compute/"):
+                copies.setdefault(int(key.split("/")[1]), []).append(rec["max_mean_s"])
+            else:
+                hosts, rate = key.split("/")
+                if rate != "shm" and int(hosts) > 1:
+                    rounds = max(1, int(hosts).bit_length() - 1)  # recursive doubling
+                    alphas.setdefault(int(hosts), []).append(
+                        max(rec["allreduce_s"]["4"]) / rounds)
+    rows = []
+    for (cfg, hosts, rate), steps in sorted(runs.items(), key=lambda kv: (
+            list(_configs()).index(kv[0][0]) if kv[0][0] in _configs() else 99,
+            kv[0][2] == "10gbit", kv[0][1])):
+        if hosts == 1 or rate in ("shm", "None"):
+            continue
+        one = _med(runs.get((cfg, 1, "None"), []))
+        # the compute of N hosts sharing the cores (N copies at once, the slowest), in
+        # proportion to this configuration's own one-process step
+        c = _med(copies.get(hosts, [])) * one / _med(copies[1]) if one else None
+        rows.append({"hosts": hosts, "link": f"{rate} as {_shaped(rate, hosts)}"
+                     if _shaped(rate, hosts) != rate else rate, "config": cfg,
+                     "measured_s": _med(steps), "runs": len(steps),
+                     "shm_s": _med(runs.get((cfg, hosts, "shm"), [])), "compute_s": c,
+                     "alpha_s": _med(alphas.get(hosts, []))})
+    return {"rows": rows}
+
+
+def parse_emulated(text: str) -> list[dict]:
+    """The rows of the emulated table in RESULTS.md's section (the inputs of each row):
+    a line a host count and configuration, a group of cells a link rate."""
+    import cluster_opts as opts
+    section = text.split(SECTION)[1].split("\n## ")[0]
+    rows = []
+    for ln in section.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if len(cells) != 5 + 3 * len(RATES) or not cells[0][:1].isdigit():
+            continue
+        hosts = int(cells[0].split()[0])
+        for i, rate in enumerate(RATES):
+            got = cells[5 + 3 * i]
+            if got in ("-", "") or got.startswith("failed"):
+                continue
+            shaped = opts.link_rate(rate, hosts, True, 2)
+            rows.append({"hosts": hosts, "config": cells[1],
+                         "link": rate if shaped == rate else f"{rate} as {shaped}",
+                         "compute_s": float(cells[2]) / 1e3, "alpha_s": float(cells[3]) / 1e6,
+                         "shm_s": None if cells[4] == "-" else float(cells[4]) / 1e3,
+                         "measured_s": float(got.split()[0]) / 1e3,
+                         "runs": int(got.split("(")[1].rstrip(")"))})
+    if not rows:
+        raise SystemExit(f"benchmarks/simgrid_scale.py: no rows of the emulated table "
+                         f"under {SECTION!r}")
+    return rows
+
+
+def emulated_check(rows: list[dict], simulate_too: bool = True, cpu=None) -> list[dict]:
+    """Each row's analytic (with the exchange's CPU, calibrated here unless given, and the
+    shaped links' token bucket) and simulated step, and their errors."""
+    from dataclasses import replace
+
+    from distnn.cluster.emulated import tbf_burst_bytes
+    from distnn.costmodel.predict import Link, predict
+    from distnn.costmodel.simulate import simulate
+    configs = _configs()
+    base = _cost("simplecnn", 0.01, 64)
+    if cpu is None:
+        from distnn.costmodel.cpu import calibrate_cpu
+        cpu = calibrate_cpu(base.tensors, base.segments, specs=COMPRESSIONS,
+                            hosts=sorted({r["hosts"] for r in rows}))
+    out = []
+    for r in rows:
+        cfg, hosts = configs[r["config"]], r["hosts"]
+        shaped = r["link"].split(" as ")[-1].strip()
+        link = Link(_rate_gbits(shaped), r["alpha_s"], burst_bytes=tbf_burst_bytes(shaped))
+        cost = replace(base, compute_s=r["compute_s"], cpu=cpu, slowdown=max(1.0, hosts / 2))
+        a = predict(cfg, cost, hosts, link).step_s
+        sim = None
+        if simulate_too:
+            [res] = simulate([cfg], replace(base, compute_s=r["compute_s"]), hosts,
+                             Link(link.gbits, link.latency_s), topology="flat",
+                             hop_latency_s=0.0)
+            sim = res.step_s
+        out.append({**r, "analytic_s": a, "simulated_s": sim})
+    return out
+
+
+def print_emulated(rows: list[dict]) -> None:
+    print(HEADER)
+    print("|---|---|---|---|---|" + "---|---|---|" * len(RATES))
+    within = {"analytic_s": 0, "simulated_s": 0}
+    lines: dict = {}
+    for r in rows:
+        errs = {}
+        for k in within:
+            if r.get(k):
+                errs[k] = r[k] / r["measured_s"] - 1
+                within[k] += abs(errs[k]) <= 0.15
+        key = (r["hosts"], r["config"])
+        line = lines.setdefault(key, {"first": r, "cells": {}})
+        sim = (f"{r['simulated_s'] * 1e3:.2f} ({errs['simulated_s']:+.1%})"
+               if "simulated_s" in errs else "-")
+        line["cells"][r["link"].split(" as ")[0]] = (
+            f"{r['measured_s'] * 1e3:.2f} ({r['runs']}) | {r['analytic_s'] * 1e3:.2f} "
+            f"({errs['analytic_s']:+.1%}) | {sim}")
+    for (hosts, cfg), line in lines.items():
+        r = line["first"]
+        shm = f"{r['shm_s'] * 1e3:.2f}" if r.get("shm_s") else "-"
+        cells = " | ".join(line["cells"].get(rate, "- | - | -") for rate in RATES)
+        print(f"| {hosts} x 1 | {cfg} | {r['compute_s'] * 1e3:.2f} | "
+              f"{r['alpha_s'] * 1e6:.1f} | {shm} | {cells} |")
+    print(f"\nwithin ±15%: analytic {within['analytic_s']} of {len(rows)}, simulated "
+          f"{within['simulated_s']} of {len(rows)}")
 
 
 def _rate_gbits(text: str) -> float:
@@ -84,41 +247,11 @@ def _rate_gbits(text: str) -> float:
 
 
 def emulated(args) -> None:
-    from dataclasses import replace
-
-    from distnn.costmodel.predict import Config, Link, predict
-    from distnn.costmodel.simulate import simulate
-    text = Path(args.emulated).read_text()
-    section = text.split("## Across hosts on the emulated cluster")[1].split("\n## ")[0]
-    rows = [[c.strip() for c in ln.strip().strip("|").split("|")]
-            for ln in section.splitlines() if ln.startswith("| simplecnn | ")]
-    one = next(r for r in rows if r[1] == "1 x 1")
-    compute = {c: 64 / float(one[3 + i].split()[0]) for i, c in enumerate(COMPRESSIONS)}
-    base = _cost("simplecnn", 0.01, 64)
-    print("| hosts | link (as shaped) | compression | measured ms | analytic ms | error "
-          "| simulated ms | error |")
-    print("|---|---|---|---|---|---|---|---|")
-    within = {"analytic": 0, "simulated": 0}
-    count = 0
-    for r in rows:
-        hosts = int(r[1].split()[0])
-        if hosts not in (2, 4) or "one host" in r[2]:
-            continue
-        link = Link(_rate_gbits(r[2]), 50e-6)
-        for i, comp in enumerate(COMPRESSIONS):
-            measured = hosts * 64 / float(r[3 + i].split()[0])
-            cost = replace(base, compute_s=compute[comp] * max(1.0, hosts / 2))
-            cfg = Config("data", comp)
-            a = predict(cfg, cost, hosts, link).step_s
-            [sim] = simulate([cfg], cost, hosts, link, topology="flat", hop_latency_s=0.0)
-            ea, es = a / measured - 1, sim.step_s / measured - 1
-            within["analytic"] += abs(ea) <= 0.15
-            within["simulated"] += abs(es) <= 0.15
-            count += 1
-            print(f"| {hosts} | {r[2]} | {comp} | {measured * 1e3:.2f} | {a * 1e3:.2f} | "
-                  f"{ea:+.1%} | {sim.step_s * 1e3:.2f} | {es:+.1%} |")
-    print(f"\nwithin ±15%: analytic {within['analytic']} of {count}, simulated "
-          f"{within['simulated']} of {count}")
+    if args.emulated.endswith(".md"):
+        rows = parse_emulated(Path(args.emulated).read_text())
+    else:
+        rows = pool_emulated([args.emulated, *args.more])["rows"]
+    print_emulated(emulated_check(rows, not args.no_simulate))
 
 
 def report(args) -> None:
@@ -200,7 +333,12 @@ def main() -> None:
     p.add_argument("--report", default=None, help="print the table of this file instead")
     p.add_argument("--plot", default=None)
     p.add_argument("--emulated", default=None, metavar="RESULTS.md",
-                   help="table (a): the emulated cluster's measured rows in this file")
+                   help="table (a): the emulated cluster's rows in this file's section "
+                        "(or, a .json, the runs of benchmarks/cluster.py and "
+                        "cluster_probe.py: that file and the others given)")
+    p.add_argument("more", nargs="*", help="--emulated: more .json files")
+    p.add_argument("--no-simulate", action="store_true",
+                   help="--emulated: the analytic model only (no SimGrid)")
     args = p.parse_args()
     if args.emulated:
         emulated(args)

@@ -111,3 +111,50 @@ def test_costmodel_check_errors_per_row():
     assert "error" in rows[1]
     raw["throughput"]["simplecnn/4/1gbit"] = [{"step_s": [exact / 1.25]}]
     assert check(raw, 50e-6, 2, True)[0]["rel_error"] == pytest.approx(0.25)
+
+
+def test_emulated_table_pooled_parsed_and_checked(tmp_path):
+    # benchmarks/simgrid_scale.py --emulated: the rows and their measured inputs pooled
+    # from cluster.py / cluster_probe.py JSON files, printed, parsed back from RESULTS.md
+    import json
+    from benchmarks import simgrid_scale as sg
+    for rep, step in ((1, 0.0050), (2, 0.0054)):
+        (tmp_path / f"t_{rep}.json").write_text(json.dumps({
+            "meta": {"compression": "powersgd:2", "parallel": None}, "throughput": {
+                "simplecnn/1/None": [{"step_s": [0.0036]}],
+                "simplecnn/2/shm": [{"step_s": [0.0045]}],
+                "simplecnn/2/1gbit": [{"step_s": [step, step]}],
+                "simplecnn/4/1gbit": [{"error": "exit 1"}]}}))
+    (tmp_path / "probe.json").write_text(json.dumps({"rows": {
+        "2/shm": {"allreduce_s": {"4": [3e-6, 3e-6]}},
+        "2/1gbit": {"allreduce_s": {"4": [8e-6, 9e-6]}}}}))
+    (tmp_path / "compute.json").write_text(json.dumps({"rows": {
+        "compute/1": {"max_mean_s": 0.0040}, "compute/2": {"max_mean_s": 0.0044}}}))
+    rows = sg.pool_emulated(sorted(str(p) for p in tmp_path.iterdir()))["rows"]
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["hosts"], r["link"], r["config"], r["runs"]) == (2, "1gbit",
+                                                                "data+powersgd:2", 2)
+    assert r["measured_s"] == pytest.approx(0.0052) and r["shm_s"] == 0.0045
+    # the compute of 2 hosts at once, in proportion to this configuration's 1-process step
+    assert r["compute_s"] == pytest.approx(0.0044 * 0.0036 / 0.0040)
+    assert r["alpha_s"] == 9e-6
+    from distnn.costmodel.cpu import CpuCost
+    cpu = CpuCost({"powersgd:2": [(2, 1e-4, 4e-4)]})
+    checked = sg.emulated_check(rows, simulate_too=False, cpu=cpu)
+    assert checked[0]["analytic_s"] > r["compute_s"] + 5e-4
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        sg.print_emulated(checked)
+    text = out.getvalue()
+    assert "| 2 x 1 | data+powersgd:2 | 3.96 | 9.0 | 4.50 | 5.20 (2) |" in text
+    assert text.splitlines()[2].endswith("| - | - | - |")  # no 10gbit row
+    assert "within ±15%: analytic" in text
+    results = f"# x\n\n{sg.SECTION} (issue 59)\n\n{text}\n## Next\n| 9 x 9 |\n"
+    back = sg.parse_emulated(results)
+    assert [(b["hosts"], b["config"], b["runs"]) for b in back] == [
+        (2, "data+powersgd:2", 2)]
+    assert back[0]["compute_s"] == pytest.approx(r["compute_s"], abs=5e-6)
+    assert back[0]["alpha_s"] == pytest.approx(9e-6)

@@ -282,3 +282,31 @@ def test_shard_is_priced_by_the_traffic_data_declares():
     assert tier(Config("data", shard=3)) == 0  # exact updates
     with pytest.raises(ValueError, match="shard=2: rule 'localsgd' keeps no sharded state"):
         predict(Config("localsgd", shard=2), two, 2, LINK)
+
+
+def test_token_bucket_of_a_shaped_link():
+    # tc's tbf lets its burst pass at once after a pause: the emulated links' bucket
+    # (Link.burst_bytes) takes the first bytes a rank sends a step off the link's time
+    from distnn.cluster.emulated import tbf_burst_bytes
+    assert tbf_burst_bytes("1gbit") == 256 * 1024  # 2 ms of 1 Gbit/s is less than 256 KiB
+    assert tbf_burst_bytes("10gbit") == 2440 * 1024
+    plain = predict(Config("data"), ONE, 2, LINK)
+    # 2 hosts, 1 MB: each rank sends 1 MB (reduce-scatter + all-gather halves); 400 kB of
+    # them in the bucket (refilled over the 10 ms of compute: 1.25 MB at most)
+    bucket = Link(gbits=1, latency_s=100e-6, burst_bytes=4e5)
+    assert bucket.burst_credit(1e-3) == pytest.approx(125e3)  # 1 ms refills 125 kB
+    assert bucket.burst_credit(1.0) == 4e5
+    got = predict(Config("data"), ONE, 2, bucket)
+    assert got.step_s == pytest.approx(plain.step_s - 4e5 / 125e6)
+    # a bucket deeper than what is sent leaves only the latencies
+    deep = predict(Config("data"), ONE, 2, Link(1, 100e-6, burst_bytes=1e9))
+    assert deep.step_s == pytest.approx(0.010 + 2 * 100e-6)
+    # no bucket: the model as before (a real link)
+    assert predict(Config("data"), ONE, 2, Link(1, 100e-6, burst_bytes=0)).step_s == \
+        plain.step_s
+    with pytest.raises(ValueError, match="burst_bytes"):
+        Link(1, burst_bytes=-1)
+    # localsgd (every 8): its all-reduce of the weights every 8 steps of compute
+    loc = predict(Config("localsgd"), ONE, 2, Link(1, 100e-6, burst_bytes=1e9)).step_s
+    assert loc == pytest.approx(0.010 + allreduce_time(1e6 + 4, 2, Link(1e9, 100e-6))[0]
+                                / 8, rel=1e-3)

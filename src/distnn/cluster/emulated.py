@@ -88,6 +88,13 @@ class Host:
     link: str
 
 
+def tbf_burst_bytes(rate: str) -> int:
+    """The token bucket's depth a link of ``rate`` is shaped with (tc tbf ``burst``): 2 ms
+    of the rate, at least 256 KiB. After a pause, that many bytes pass at once, not at
+    the rate (the cost model's ``Link.burst_bytes`` for these links)."""
+    return max(256, int(rate_bits(rate) / 8 / 1000 / 1024) * 2) * 1024
+
+
 def _run(*argv: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if check and proc.returncode != 0:
@@ -190,7 +197,7 @@ class EmulatedCluster:
             _run("ip", "-n", h.name, "link", "set", "eth0", "up")
             _run("ip", "-n", h.name, "link", "set", "lo", "up")
             if self.rate:
-                burst = f"{max(256, int(rate_bits(self.rate) / 8 / 1000 / 1024) * 2)}kb"
+                burst = f"{tbf_burst_bytes(self.rate) // 1024}kb"
                 for ns in ((), ("-n", h.name)):
                     dev = h.link if not ns else "eth0"
                     _run("tc", *ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",

@@ -32,11 +32,15 @@ class Link:
     crosses the sender's link and the receiver's, whatever the pair) or a ``torus``
     (``torus_dims``): a message crosses one link per hop, ``hop_s`` each (alpha holds two:
     a neighbour's message is ``alpha - hop_s``), and a link carries every message routed
-    over it."""
+    over it. ``burst_bytes``: a token bucket's depth in front of the link (tc's tbf
+    ``burst``, as the emulated cluster shapes its links; 0 for a real link): after a pause
+    that long at the link's rate, that many bytes a rank sends pass at once, not at
+    ``gbits`` (their cost is then the host's: the exchange's CPU term)."""
     gbits: float
     latency_s: float = 50e-6
     topology: str = "fat_tree"
     hop_s: float = 0.0
+    burst_bytes: float = 0.0
 
     def __post_init__(self):
         if not self.gbits > 0:
@@ -48,6 +52,8 @@ class Link:
                              f"{', '.join(TOPOLOGIES)}")
         if not self.hop_s >= 0:
             raise ValueError(f"link hop_s must be >= 0, got {self.hop_s!r}")
+        if not self.burst_bytes >= 0:
+            raise ValueError(f"link burst_bytes must be >= 0, got {self.burst_bytes!r}")
 
     @property
     def bytes_per_s(self) -> float:
@@ -56,6 +62,10 @@ class Link:
     def send(self, nbytes: float) -> float:
         """alpha + n / beta: one message of ``nbytes``."""
         return self.latency_s + nbytes / self.bytes_per_s
+
+    def burst_credit(self, idle_s: float) -> float:
+        """Bytes the token bucket holds after ``idle_s`` seconds with nothing sent."""
+        return min(self.burst_bytes, max(0.0, idle_s) * self.bytes_per_s)
 
 
 def _pof2(p: int) -> int:

@@ -204,6 +204,15 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
     after backward."""
     cfg = parse_compression(config.compression)
     n, item = model.size, model.itemsize
+    # a shaped link's token bucket (Link.burst_bytes), full after the compute: the first
+    # bytes a rank sends a step pass at once, the rest at the link's rate
+    credit = [link.burst_credit(model.compute_s)]
+
+    def on_link(seconds, sends):  # (seconds with the burst and the TCP CPU)
+        used = min(credit[0], sends[1])
+        credit[0] -= used
+        return model.exchange(seconds - used / link.bytes_per_s, sends)
+
     if cfg is None or isinstance(cfg, FP16Compressor) or config.compression == "none":
         half = isinstance(cfg, FP16Compressor)
         out, done = [], 0
@@ -211,12 +220,12 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
             done += hi - lo  # buckets come in backward order
             if half:
                 hb = half_bucket(hi - lo, hosts, link)
-                out.append(("bucket", hb.counted, model.exchange(hb.seconds, (hb.sends,
-                            hb.sent)), hb.algorithm, done / n))
+                out.append(("bucket", hb.counted, on_link(hb.seconds, (hb.sends, hb.sent)),
+                            hb.algorithm, done / n))
             else:
                 nb = (hi - lo) * item
                 t, alg = allreduce_time(nb, hosts, link, itemsize=item)
-                out.append(("bucket", nb, model.exchange(
+                out.append(("bucket", nb, on_link(
                     t, allreduce_sends(nb, hosts, itemsize=item)), alg, done / n))
         return out
     if isinstance(cfg, Threshold):
@@ -229,7 +238,7 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
 
     def allreduce(nbytes):  # (seconds with the TCP CPU, algorithm)
         t, alg = allreduce_time(nbytes, hosts, link)
-        return model.exchange(t, allreduce_sends(nbytes, hosts)), alg
+        return on_link(t, allreduce_sends(nbytes, hosts)), alg
 
     for lo, hi in bucket_ranges(config, model):
         done += hi - lo
@@ -257,7 +266,7 @@ def data_messages(config: Config, model: ModelCost, hosts: int, link: Link) -> l
                             ready))
             t, alg = direct_time(payload, hosts, link)  # posted at once (direct.py)
             out.append(("sparse pairs", payload,
-                        model.exchange(t, direct_sends(payload, hosts)), alg, ready))
+                        on_link(t, direct_sends(payload, hosts)), alg, ready))
         else:
             nbytes = (n_dense + sum(t[2] - t[1] for t in comp)) * item
             out.append(("selected, dense", nbytes, *allreduce(nbytes), ready))
@@ -328,12 +337,18 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
                 step += t * m.per_step
             elif m.shape == "allreduce":
                 t, alg = allreduce_time(m.nbytes, hosts, link, itemsize=item)
+                sends = allreduce_sends(m.nbytes, hosts, itemsize=item)
+                # the token bucket refills over the 1 / per_step steps of compute
+                used = min(link.burst_credit(c / m.per_step), sends[1])
+                t = model.exchange(t - used / link.bytes_per_s, sends)
                 msgs.append((m.what, m.nbytes * m.per_step, t, alg, None))
                 step += t * m.per_step
             elif m.shape == "master":
                 # the master's link carries every worker's message, one after another
                 computing = hosts - 1
-                there_and_back = 2 * link.send(m.nbytes)
+                # each way's token bucket (a shaped link) refills while the worker computes
+                used = min(link.burst_credit(c / m.per_step), m.nbytes)
+                there_and_back = 2 * (link.send(m.nbytes) - used / link.bytes_per_s)
                 worker = step + there_and_back * m.per_step
                 step = max(worker, computing * m.nbytes * m.per_step / link.bytes_per_s)
                 msgs.append((m.what, 2 * m.nbytes * m.per_step, there_and_back,
@@ -345,7 +360,8 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
             elif m.shape == "push":
                 # the link carries it while the rank computes the next step: only a link
                 # slower than that shows
-                t = link.send(m.nbytes)
+                t = link.send(m.nbytes) - min(link.burst_credit(c / m.per_step),
+                                              m.nbytes) / link.bytes_per_s
                 step = max(step, m.per_step * t) + m.per_step * link.latency_s
                 msgs.append((m.what, m.per_step * m.nbytes, t, "point to point", None))
     sps = computing * model.batch / step

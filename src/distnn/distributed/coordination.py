@@ -53,11 +53,12 @@ class Backoff:
         self._t0 = time.perf_counter()
 
 
-def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3) -> float:
+def wait_all(handles: Iterable[Any], max_sleep: float = 1e-3, spin_s: float = 0.0) -> float:
     """Complete every handle (``test()``; None entries are skipped), sleeping between polls
-    instead of spinning; returns the seconds it waited."""
+    instead of spinning (after ``spin_s`` seconds of polls that only yield the core:
+    ``Backoff``); returns the seconds it waited."""
     t0 = time.perf_counter()
-    backoff = Backoff(max_sleep)
+    backoff = Backoff(max_sleep, spin_s=spin_s)
     pending = [h for h in handles if h is not None]
     watch = next((h._watch for h in pending if getattr(h, "_watch", None) is not None), None)
     if watch is not None:  # a stall inspector names whom these handles wait for
