@@ -84,3 +84,30 @@ def test_readme_main_job_on_two_ranks_matches_one_rank(tmp_path):
     acc2, acc1 = float(_test_result(two.stdout)[1]), float(_test_result(one.stdout)[1])
     assert acc2 >= 0.83
     assert abs(acc2 - acc1) <= 0.01, (acc1, acc2)
+
+
+FIRST_DONE = re.compile(r"^First step done in [\d.]+ s: (\d+) kernel signatures compiled "
+                        r"\(cached for the next run\), (\d+) loaded from the cache$")
+
+
+def test_the_first_step_says_it_prepares_the_compiled_kernels(trained):
+    # The bar starts after the first step, so a cold numba cache's compilation is said in
+    # a line and not spread over the bar's rate and time left.
+    lines = trained[1].stdout.splitlines()
+    start = lines.index("First step: loading this model's compiled kernels from numba's "
+                        "cache, compiling those not cached yet ...")
+    done = [i for i, line in enumerate(lines) if FIRST_DONE.match(line)]
+    end = next(i for i, line in enumerate(lines) if line.startswith("Training: 1 epoch in"))
+    assert len(done) == 1 and start < done[0] < end
+    made, loaded = map(int, FIRST_DONE.match(lines[done[0]]).groups())
+    assert made + loaded > 0
+
+
+def test_no_first_step_line_on_the_numpy_kernels(tmp_path):
+    import os
+    proc = subprocess.run([*COMMAND, "train", "--model", "simplecnn", "--dataset",
+                           "fashion_mnist", "--num_epochs", "1", "--steps_per_epoch", "2"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "DISTNN_KERNELS": "numpy"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "First step" not in proc.stdout and "Training: 1 epoch in" in proc.stdout

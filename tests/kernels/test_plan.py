@@ -43,8 +43,9 @@ CASES = [
      ("winograd", 4, False), ("winograd", 4, False), ("winograd", 4, False)),
     ("vgg11bn 512->512 2x2", geo(64, 512, 2), 512, np.float32,
      ("winograd", 2, False), ("winograd", 2, False), ("winograd", 2, False)),
+    # F(2x2) (small planes, few channels; no zoo layer) has no compiled drivers
     ("16->16 14x14", geo(64, 16, 14), 16, np.float32,
-     ("winograd", 2, True), ("winograd", 2, True), ("winograd", 2, False)),
+     ("winograd", 2, False), ("winograd", 2, False), ("winograd", 2, False)),
     ("lenet 1->6 5x5", geo(64, 1, 28, k=5, pad=2), 6, np.float32, "direct", "direct", "direct"),
     ("6->16 5x5 14x14", geo(64, 6, 14, k=5, pad=0), 16, np.float32,
      "im2col", "im2col", "im2col"),

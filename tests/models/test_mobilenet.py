@@ -85,12 +85,14 @@ def test_trains_a_few_steps_with_the_loss_going_down(kernel_backend):
     x = rng.standard_normal((16, 3, 32, 32)).astype(np.float32)
     labels = rng.integers(0, 10, 16)
     loss_fn = CategoricalCrossEntropy(from_logits=True)
-    opt = SGD(model, lr=0.05, momentum=0.9)
+    # lr 0.05 oscillated (the last of 10 losses 0.90x the first on one CPU, 0.72x on another):
+    # at 0.02 both kinds end at 0.53-0.60x the first
+    opt = SGD(model, lr=0.02, momentum=0.9)
     losses = []
-    for _ in range(10):
+    for _ in range(15):
         loss, grad = loss_fn(model.forward(x, training=True), labels)
         losses.append(loss)
         model.backward(grad)
         opt.step()
     assert np.isfinite(losses).all()
-    assert losses[-1] < 0.9 * losses[0] and min(losses[-3:]) < min(losses[:3]), losses
+    assert losses[-1] < 0.8 * losses[0] and max(losses[-3:]) < min(losses[:3]), losses

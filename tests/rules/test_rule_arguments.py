@@ -71,6 +71,32 @@ def test_a_rules_refusal_names_the_option_that_set_the_argument():
         "--parallel easgd: no"
 
 
+def test_a_refused_rule_args_value_names_its_pair():
+    cfg = build_config("train", {"parallel": "diloco", "rule_args": "outer_momentum=1"})
+    with pytest.raises(ConfigError, match=r"^--rule_args outer_momentum=1: diloco: "
+                       r"outer_momentum must be in \[0, 1\), got 1$"):
+        build_run_rule(cfg, LocalComm())
+    cfg = build_config("train", {"parallel": "downpour", "rule_args": "max_sleep=-1"})
+    with pytest.raises(ConfigError, match=r"^--rule_args max_sleep=-1: downpour: max_sleep "
+                       r"\(.*\) must be a number > 0, got -1$"):
+        build_run_rule(cfg, LocalComm())
+    with pytest.raises(RuleArgumentError, match="sync_every must be an integer >= 1") as exc:
+        rules_pkg.LocalSGD(sync_every=0)
+    assert exc.value.argument == "sync_every"
+    with pytest.raises(RuleArgumentError, match=r"group_size \(ranks per worker\) must be an "
+                       r"integer >= 1, got 1.5"):
+        rules_pkg.Gossip(group_size=1.5)
+
+
+def test_every_rule_is_importable_named_in_parallels_help_and_in_the_docs():
+    docs = (Path(rules_pkg.__file__).parents[3] / "docs" / "rules.md").read_text()
+    helptext = " ".join(ParallelConfig.__dataclass_fields__["parallel"].metadata["help"].split())
+    for name, cls in RULES.items():
+        assert getattr(rules_pkg, cls.__name__) is cls and cls.__name__ in rules_pkg.__all__
+        assert f"{name} (" in helptext, name
+        assert f"- **{name}**" in docs, name
+
+
 def test_rule_args_reach_the_rule_and_are_checked_against_it():
     cfg = build_config("train", {"parallel": "downpour", "rule_args": "max_sleep=0.01"})
     assert cfg.parallel.rule_args == (("max_sleep", 0.01),)

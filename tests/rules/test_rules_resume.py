@@ -15,6 +15,7 @@ RULES = {
     "easgd": {"synchronous": True, "sync_every": 2},
     "gossip": {"synchronous": True, "probability": 0.5},
     "downpour": {"synchronous": True},
+    "diloco": {"sync_every": 4},  # each rank's inner AdamW and the outer momentum carry over
 }
 COMMON = {"n": 45, "batch": 4, "lr": 0.1, "momentum": 0.9, "shuffle": True}
 

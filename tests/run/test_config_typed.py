@@ -54,9 +54,15 @@ def test_the_option_table_is_the_dataclass_fields():
         assert (o.section, o.group) == (section, section), o.name
         assert o.default is f.default or o.default == f.default, o.name
         assert o.kind is f.metadata["kind"] and o.help == f.metadata["help"], o.name
-        assert o.commands == f.metadata["commands"], o.name
+        assert o.commands == SECTIONS[section].commands_of(f), o.name
         assert o.aliases == f.metadata["aliases"], o.name
     assert GROUPS == {name: cls.title for name, cls in SECTIONS.items()}
+    # a section says once which commands take its options; an option may name others
+    assert SECTIONS["sched"].commands == ("train",) and SECTIONS["model"].commands == (
+        "train", "evaluate", "predict")
+    assert OPTION_BY_NAME["learning_rate"].commands == ("train",)
+    assert OPTION_BY_NAME["batch_size"].commands == ("train", "evaluate", "predict")
+    assert OPTION_BY_NAME["output"].commands == ("predict",)
     assert option_values({}) == {f.name: f.default for _, f in FIELDS}
 
 
@@ -111,15 +117,15 @@ def test_help_lists_each_field_of_the_command(command):
     parser = build_parser().commands[command]
     text = " ".join(parser.format_help().split())
     flags = {s for action in parser._actions for s in action.option_strings}
-    for _, f in FIELDS:
-        if command in f.metadata["commands"]:
+    for section, f in FIELDS:
+        if command in SECTIONS[section].commands_of(f):
             assert {f"--{f.name}", f"--{f.name.replace('_', '-')}"} <= flags, f.name
             assert f"--{f.name} " in text, f.name
             assert " ".join(f.metadata["help"].split()[:4]) in text, f.name
         else:
             assert f"--{f.name}" not in flags, f.name
     for cls in SECTIONS.values():
-        if any(command in f.metadata["commands"] for f in fields(cls)):
+        if any(command in cls.commands_of(f) for f in fields(cls)):
             assert f"{cls.title}:" in text
 
 

@@ -25,17 +25,26 @@ def _load_acquire(typingctx, flags, i):
     return sig, codegen
 
 
-@intrinsic
-def fetch_add(typingctx, counters, i):
-    """counters[i] += 1 (int64) as one atomic step, returning the value before: compiled
-    threads that each take the next block number from a shared counter take each once."""
-    sig = types.int64(counters, types.int64)
+def _add_one(ordering: str):
+    """The intrinsic counters[i] += 1 (int64) as one atomic step with LLVM's ``ordering``,
+    returning the value before."""
+    @intrinsic
+    def add(typingctx, counters, i):
+        sig = types.int64(counters, types.int64)
 
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        return builder.atomic_rmw("add", builder.gep(data, [args[1]]),
-                                  ir.Constant(ir.IntType(64), 1), "monotonic")
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            return builder.atomic_rmw("add", builder.gep(data, [args[1]]),
+                                      ir.Constant(ir.IntType(64), 1), ordering)
+        return sig, codegen
+    return add
+
+
+# counters[i] += 1, returning the value before: compiled threads that each take the next
+# block number from a shared counter take each once
+fetch_add = _add_one("monotonic")
+# flags[i] += 1 as one sequentially consistent step, returning the old value
+_post_add = _add_one("seq_cst")
 
 
 @intrinsic
@@ -60,18 +69,6 @@ def _exchange(typingctx, flags, i, value):
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         return builder.atomic_rmw("xchg", builder.gep(data, [args[1]]), args[2], "seq_cst")
-    return sig, codegen
-
-
-@intrinsic
-def _post_add(typingctx, flags, i):
-    """flags[i] += 1 as one sequentially consistent step, returning the old value."""
-    sig = types.int64(flags, types.int64)
-
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        return builder.atomic_rmw("add", builder.gep(data, [args[1]]),
-                                  ir.Constant(ir.IntType(64), 1), "seq_cst")
     return sig, codegen
 
 

@@ -59,7 +59,7 @@ def backward(dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
     """(dx or None, dw, db or None) of ``forward``."""
     from . import _numba as fast
     from . import _vgemm
-    from ._threads import kernel, run
+    from ._threads import kernel, run, sum_shares
     g, kept, x = cache.geometry, cache.col, cache.x
     f = w.shape[0]
     ckk, p = g.c * g.kh * g.kw, g.oh * g.ow
@@ -96,12 +96,7 @@ def backward(dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
                 kernel(fast.col2im, serial)(col, n0, n1, *_im2col_args(g), dx)
         return (dw2 if len(indices) else None), db64
 
-    parts = run(len(chunks), workers, body)
-    dw2, db64 = parts[0]
-    for dw_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        if dw_i is not None:
-            dw2 += dw_i
-        db64 += db_i
+    dw2, db64 = sum_shares(run(len(chunks), workers, body))
     if dw2 is None:  # an empty batch
         dw_out.fill(0)
     else:

@@ -65,24 +65,75 @@ def _visible(i, j, off, causal, pad, b, has_pad):
     return (not causal or j <= i + off) and not (has_pad and pad[b, j])
 
 
+@nb.njit(cache=True, nogil=True)
+def _sizes(q, k, v, pad):
+    """(batch, heads, queries, head width, keys, value width, the causal mask's offset
+    keys - queries, whether keys are masked as padding, float32) of a call."""
+    nb_, nh, tq, d_ = q.shape
+    tk = k.shape[2]
+    return nb_, nh, tq, d_, tk, v.shape[3], tk - tq, pad.shape[0] > 0, q.itemsize == 4
+
+
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _softmax_row(s, rr, c, i, j0, off, causal, pad, b, has_pad, whole, scale, m, tot, alpha,
+                 f32):
+    """Row rr of a tile of scores s (c keys from j0, query i): scaled and masked, then
+    exp(s - the row's new maximum) in place, with the row's running maximum m, sum tot and
+    the rescaling alpha of what it has summed so far (the online softmax's step)."""
+    bm = -np.inf
+    for cc in range(c):
+        x = s[rr, cc] * scale
+        if not whole and not _visible(i, j0 + cc, off, causal, pad, b, has_pad):
+            x = -np.inf
+        s[rr, cc] = x
+        bm = max(bm, x)
+    mn = max(m[rr], bm)
+    if mn == -np.inf:  # nothing seen yet in this row
+        s[rr, :] = 0
+        alpha[rr] = 1
+        return
+    alpha[rr] = np.exp(m[rr] - mn)
+    rs = 0.0
+    if f32:  # two loops: the float32 one vectorizes
+        for cc in range(c):
+            p = _expf(np.float32(s[rr, cc] - mn))
+            s[rr, cc] = p
+            rs += p
+    else:
+        for cc in range(c):
+            p = np.exp(s[rr, cc] - mn)
+            s[rr, cc] = p
+            rs += p
+    tot[rr] = tot[rr] * alpha[rr] + rs
+    m[rr] = mn
+
+
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _finish_rows(acc, m, tot, r, o, lse, b, h, i0, dv_):
+    """The rows' outputs acc / tot and log-sum-exps m + log(tot); 0 and -inf for a row
+    whose every key was masked."""
+    for rr in range(r):
+        if tot[rr] > 0.0:
+            inv = 1.0 / tot[rr]
+            for t in range(dv_):
+                o[b, h, i0 + rr, t] = acc[rr, t] * inv
+            lse[b, h, i0 + rr] = m[rr] + np.log(tot[rr])
+        else:
+            o[b, h, i0 + rr, :] = 0
+            lse[b, h, i0 + rr] = -np.inf
+
+
 @_jit_attn
 def _forward(q, k, v, pad, causal, scale, block, o, lse):
-    nb_, nh, tq, _ = q.shape
-    tk = k.shape[2]
-    dv_ = v.shape[3]
-    off = tk - tq
-    has_pad = pad.shape[0] > 0
-    dt = q.dtype
-    f32 = q.itemsize == 4
+    nb_, nh, tq, _, tk, dv_, off, has_pad, f32 = _sizes(q, k, v, pad)
     for bh in nb.prange(nb_ * nh):
-        b = bh // nh
-        h = bh % nh
-        sbuf = np.empty(block * block, dt)
-        pvbuf = np.empty(block * dv_, dt)
-        acc = np.empty((block, dv_), dt)
+        b, h = bh // nh, bh % nh  # one (batch, head) item an iteration
+        sbuf = np.empty(block * block, q.dtype)
+        pvbuf = np.empty(block * dv_, q.dtype)
+        acc = np.empty((block, dv_), q.dtype)
         m = np.empty(block, np.float64)
         tot = np.empty(block, np.float64)
-        alpha = np.empty(block, dt)
+        alpha = np.empty(block, q.dtype)
         for i0 in range(0, tq, block):
             i1 = min(i0 + block, tq)
             r = i1 - i0
@@ -97,68 +148,27 @@ def _forward(q, k, v, pad, causal, scale, block, o, lse):
                 np.dot(q[b, h, i0:i1], k[b, h, j0:j1].T, s)
                 whole = not has_pad and (not causal or j1 - 1 <= i0 + off)
                 for rr in range(r):
-                    i = i0 + rr
-                    bm = -np.inf
-                    for cc in range(c):
-                        x = s[rr, cc] * scale
-                        if not whole and not _visible(i, j0 + cc, off, causal, pad, b,
-                                                      has_pad):
-                            x = -np.inf
-                        s[rr, cc] = x
-                        bm = max(bm, x)
-                    mn = max(m[rr], bm)
-                    if mn == -np.inf:  # nothing seen yet in this row
-                        s[rr, :] = 0
-                        alpha[rr] = 1
-                        continue
-                    alpha[rr] = np.exp(m[rr] - mn)
-                    rs = 0.0
-                    if f32:  # two loops: the float32 one vectorizes
-                        for cc in range(c):
-                            p = _expf(np.float32(s[rr, cc] - mn))
-                            s[rr, cc] = p
-                            rs += p
-                    else:
-                        for cc in range(c):
-                            p = np.exp(s[rr, cc] - mn)
-                            s[rr, cc] = p
-                            rs += p
-                    tot[rr] = tot[rr] * alpha[rr] + rs
-                    m[rr] = mn
+                    _softmax_row(s, rr, c, i0 + rr, j0, off, causal, pad, b, has_pad, whole,
+                                 scale, m, tot, alpha, f32)
                 pv = pvbuf[:r * dv_].reshape((r, dv_))
                 np.dot(s, v[b, h, j0:j1], pv)
                 for rr in range(r):
                     a = alpha[rr]
                     for t in range(dv_):
                         acc[rr, t] = acc[rr, t] * a + pv[rr, t]
-            for rr in range(r):
-                if tot[rr] > 0.0:
-                    inv = 1.0 / tot[rr]
-                    for t in range(dv_):
-                        o[b, h, i0 + rr, t] = acc[rr, t] * inv
-                    lse[b, h, i0 + rr] = m[rr] + np.log(tot[rr])
-                else:
-                    o[b, h, i0 + rr, :] = 0
-                    lse[b, h, i0 + rr] = -np.inf
+            _finish_rows(acc, m, tot, r, o, lse, b, h, i0, dv_)
 
 
 @_jit_attn
 def _backward(q, k, v, pad, do, lse, drow, causal, scale, block, dq, dk, dv):
-    nb_, nh, tq, d_ = q.shape
-    tk = k.shape[2]
-    dv_ = v.shape[3]
-    off = tk - tq
-    has_pad = pad.shape[0] > 0
-    dt = q.dtype
-    f32 = q.itemsize == 4
+    nb_, nh, tq, d_, tk, dv_, off, has_pad, f32 = _sizes(q, k, v, pad)
     for bh in nb.prange(nb_ * nh):
-        b = bh // nh
-        h = bh % nh
-        pbuf = np.empty(block * block, dt)
-        dpbuf = np.empty(block * block, dt)
-        tq_buf = np.empty(block * d_, dt)
-        tk_buf = np.empty(block * d_, dt)
-        tv_buf = np.empty(block * dv_, dt)
+        b, h = bh // nh, bh % nh  # one (batch, head) item an iteration
+        pbuf = np.empty(block * block, q.dtype)
+        dpbuf = np.empty(block * block, q.dtype)
+        tq_buf = np.empty(block * d_, q.dtype)
+        tk_buf = np.empty(block * d_, q.dtype)
+        tv_buf = np.empty(block * dv_, q.dtype)
         dq[b, h] = 0
         for j0 in range(0, tk, block):
             j1 = min(j0 + block, tk)

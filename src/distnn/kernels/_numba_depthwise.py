@@ -23,8 +23,8 @@ def _plane_taps(y, yb, x, xb, w, f, sh, sw, pt, pl, dh, dw, adjoint):
     """Every kernel tap of filter f of w (F, 1, KH, KW) between the output plane at flat
     index yb of y (N, F, OH, OW) and the input plane at flat index xb of x (N, C, H, W):
     y += w * x (``_forward``), or with ``adjoint`` x += w * y (``_backward_data``), tap by
-    tap and row by row, over the output columns whose input column is inside the image
-    (``_valid_q``)."""
+    tap and row by row, over the output rows and columns whose input row and column are
+    inside the image (``_valid_q``)."""
     h_, w_ = x.shape[2], x.shape[3]
     kh, kw = w.shape[2], w.shape[3]
     oh, ow = y.shape[2], y.shape[3]
@@ -36,12 +36,10 @@ def _plane_taps(y, yb, x, xb, w, f, sh, sw, pt, pl, dh, dw, adjoint):
             off = j * dw - pl
             q0, q1 = _valid_q(ow, sw, off, w_)
             wv = wf[_U((f * kh + i) * kw + j)]
-            for p in range(oh):
-                ih = p * sh + i * dh - pt
-                if ih < 0 or ih >= h_:
-                    continue
+            p0, p1 = _valid_q(oh, sh, i * dh - pt, h_)  # rows inside the image
+            for p in range(p0, p1):
                 d = yb + p * ow
-                s = xb + ih * w_ + off
+                s = xb + (p * sh + i * dh - pt) * w_ + off
                 if adjoint and sw == 1:
                     for q in range(q0, q1):
                         xf[_U(s + q)] += wv * yf[_U(d + q)]
@@ -114,12 +112,10 @@ def _backward_weights(dy, x, sh, sw, pt, pl, dh, dw, use_db, dwt, db):
                     off = j * dw - pl
                     q0, q1 = _valid_q(ow, sw, off, w_)
                     part = 0.0
-                    for p in range(oh):
-                        ih = p * sh + i * dh - pt
-                        if ih < 0 or ih >= h_:
-                            continue
+                    p0, p1 = _valid_q(oh, sh, i * dh - pt, h_)
+                    for p in range(p0, p1):
                         d = yb + p * ow
-                        s = xb + ih * w_ + off
+                        s = xb + (p * sh + i * dh - pt) * w_ + off
                         if sw == 1:
                             for q in range(q0, q1):
                                 part += gf[_U(d + q)] * xf[_U(s + q)]

@@ -77,6 +77,8 @@ def _layer_norm_backward(dy, xhat, invstd, gamma, center, dx, dgamma_parts, dbet
 _C = math.sqrt(2.0 / math.pi)
 _K = 0.044715
 _CHUNK = 4096
+# float32 constants of the GELU loops (numba freezes a global NumPy scalar as a constant)
+_C32, _K32, _HALF, _ONE = np.float32(_C), np.float32(_K), np.float32(0.5), np.float32(1.0)
 
 
 # NumPy's error model: numba's default tests every float division for zero, to raise
@@ -107,10 +109,7 @@ def _tanhf(u):
 @_jit_gelu
 def _gelu_tanh_forward(x, y):
     n = x.size
-    c = np.float32(_C)
-    k = np.float32(_K)
-    half = np.float32(0.5)
-    one = np.float32(1.0)
+    c, k, half, one = _C32, _K32, _HALF, _ONE
     for b in nb.prange((n + _CHUNK - 1) // _CHUNK):
         lo = b * _CHUNK
         xs = x[lo:min(n, lo + _CHUNK)]
@@ -123,10 +122,7 @@ def _gelu_tanh_forward(x, y):
 @_jit_gelu
 def _gelu_tanh_backward(x, dy, dx):
     n = x.size
-    c = np.float32(_C)
-    k = np.float32(_K)
-    half = np.float32(0.5)
-    one = np.float32(1.0)
+    c, k, half, one = _C32, _K32, _HALF, _ONE
     for b in nb.prange((n + _CHUNK - 1) // _CHUNK):
         lo = b * _CHUNK
         hi = min(n, lo + _CHUNK)

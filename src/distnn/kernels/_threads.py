@@ -329,6 +329,17 @@ def run(nblocks: int, workers: int, body, dynamic: bool = False) -> list:
         return [fu.result() for fu in futures] + [last]
 
 
+def sum_shares(parts: list) -> tuple:
+    """``run``'s results (part, float64 sums) of every share added in share order, a
+    share's None part (no block) left out: the same sums for the same thread count."""
+    total, sums = parts[0]
+    for part, more in parts[1:]:
+        if part is not None:
+            total += part
+        sums += more
+    return total, sums
+
+
 def _team(workers: int) -> _Team:
     team = _teams.get(workers - 1)
     if team is None or team.broken:

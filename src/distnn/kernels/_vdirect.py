@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 
 from . import _vdirect_dw as _dw
 from ._numba_runtime import _U
-from ._vgemm import (_I32, _I64, _accumulators, _broadcast_step, _data, _outer_fma, _splat,
+from ._vgemm import (_I32, _I64, _accumulators, _data, _outer_fma, _splat, _tap_channel_steps,
                      _store_tile, _tile_nt, _vptr)
 
 _jit = nb.njit(cache=True, nogil=True)
@@ -56,14 +56,7 @@ def _tile_conv(typingctx, a, ao, ars, b, bo, offs, ntaps, cs, nc, c, co, crs):
         _, ao_, ars_, _, bo_, _, nt_, cs_, nc_, _, co_, crs_ = args
         ap, bp, op, cp = (_data(context, builder, sig, args, i) for i in (0, 3, 5, 9))
         acc = _accumulators(builder, ROWS, 2)
-        with cgutils.for_range(builder, nt_) as taps:
-            t = taps.index
-            tb = builder.add(bo_, builder.load(builder.gep(op, [t])))
-            ta = builder.add(ao_, t)
-            with cgutils.for_range(builder, nc_) as chans:
-                k = chans.index
-                _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, nt_)), ars_,
-                                bp, builder.add(tb, builder.mul(k, cs_)))
+        _tap_channel_steps(builder, acc, ap, ao_, ars_, bp, bo_, op, nt_, nc_, cs_)
         _store_tile(builder, cp, co_, crs_, acc)
         return context.get_dummy_value()
     return sig, codegen
@@ -306,6 +299,63 @@ def row_offsets(c_: int, cs: int, rows: np.ndarray) -> np.ndarray:
 
 
 @_jit_sums
+def _db_rows(df, src, f_, plane, db64):
+    """db64[f] += the sum of filter f's dy plane of one sample (float32 rows)."""
+    for f in range(f_):
+        row = np.float32(0)
+        for k in range(plane):
+            row += df[_U(src + f * plane + k)]
+        db64[f] += row
+
+
+@_jit_sums
+def _dy_by_position(df, src, f_, plane, oh, ow, wp, d0, dyt):
+    """One sample's dy (F, OH*OW from src) into dyt from d0 as (position, F), positions in
+    rows of wp (zeros between rows): 16 x 16 blocks in registers, the rest one by one."""
+    for p in range(oh):
+        q0 = 0
+        while q0 + 16 <= ow:  # 16 positions x 16 filters at a time, in registers
+            for f0 in range(0, f_, 16):
+                _transpose16(df, src + f0 * plane + p * ow + q0, plane, dyt,
+                             d0 + (p * wp + q0) * f_ + f0, f_)
+            q0 += 16
+        for f in range(f_):  # the rest of the row
+            sp = src + f * plane + p * ow
+            for q in range(q0, ow):
+                dyt[_U(d0 + (p * wp + q) * f_ + f)] = df[_U(sp + q)]
+        if p < oh - 1:
+            for k in range(d0 + (p * wp + ow) * f_, d0 + (p + 1) * wp * f_):
+                dyt[_U(k)] = 0
+
+
+@_jit_sums
+def _dw_tiles(dyt, f_, xpf, base, roffs, cols, ll, s, dwf, nrow, d0, shifted):
+    """One sample's dw (C*taps, F) += its tiles: 32 filters a tile, or 16 by shifting dy
+    (``shifted``), or 16 by broadcasting every tap; s is the tiles' float32 work."""
+    if f_ % 32 == 0:
+        for f0 in range(0, f_, 32):
+            for r0 in range(0, roffs.shape[0], DW2):
+                _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
+                for r in range(min(3 * DW2, nrow - 3 * r0)):
+                    d = (3 * r0 + r) * f_ + f0
+                    _dw._widen_add(s, r * 32, dwf, d)
+                    _dw._widen_add(s, r * 32 + 16, dwf, d + 16)
+    elif shifted:
+        for f0 in range(0, f_, 16):
+            for r0 in range(0, roffs.shape[0], _dw.ROWS):
+                _dw._tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
+                                   ll + cols[2], s, 0)
+                for r in range(min(3 * _dw.ROWS, nrow - 3 * r0)):
+                    _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
+    else:
+        for f0 in range(0, f_, 16):
+            for r0 in range(0, roffs.shape[0], DW1):
+                _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
+                for r in range(min(3 * DW1, nrow - 3 * r0)):
+                    _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
+
+
+@_jit_sums
 def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64, shift):
     """``weight_grad`` where ``lanes_apply``, filters in the vector lanes, dw transposed:
     dwt64 (C*taps, F) += the sums; dyt (F*(L + 2*cols[2])) and s (3*DW_ROWS*16) work;
@@ -328,44 +378,7 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64,
             dyt[_U(k)] = 0
     for n in range(n0, n1):
         src = n * f_ * plane
-        for f in range(f_):
-            row = np.float32(0)
-            for k in range(plane):
-                row += df[_U(src + f * plane + k)]
-            db64[f] += row
-        for p in range(oh):
-            q0 = 0
-            while q0 + 16 <= ow:  # 16 positions x 16 filters at a time, in registers
-                for f0 in range(0, f_, 16):
-                    _transpose16(df, src + f0 * plane + p * ow + q0, plane, dyt,
-                                 d0 + (p * wp + q0) * f_ + f0, f_)
-                q0 += 16
-            for f in range(f_):  # the rest of the row
-                sp = src + f * plane + p * ow
-                for q in range(q0, ow):
-                    dyt[_U(d0 + (p * wp + q) * f_ + f)] = df[_U(sp + q)]
-            if p < oh - 1:
-                for k in range(d0 + (p * wp + ow) * f_, d0 + (p + 1) * wp * f_):
-                    dyt[_U(k)] = 0
-        base = (n - n0) * c_ * cs
-        if f_ % 32 == 0:
-            for f0 in range(0, f_, 32):
-                for r0 in range(0, roffs.shape[0], DW2):
-                    _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
-                    for r in range(min(3 * DW2, nrow - 3 * r0)):
-                        d = (3 * r0 + r) * f_ + f0
-                        _dw._widen_add(s, r * 32, dwf, d)
-                        _dw._widen_add(s, r * 32 + 16, dwf, d + 16)
-        elif shifted:
-            for f0 in range(0, f_, 16):
-                for r0 in range(0, roffs.shape[0], _dw.ROWS):
-                    _dw._tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
-                                       ll + cols[2], s, 0)
-                    for r in range(min(3 * _dw.ROWS, nrow - 3 * r0)):
-                        _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
-        else:
-            for f0 in range(0, f_, 16):
-                for r0 in range(0, roffs.shape[0], DW1):
-                    _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
-                    for r in range(min(3 * DW1, nrow - 3 * r0)):
-                        _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
+        _db_rows(df, src, f_, plane, db64)
+        _dy_by_position(df, src, f_, plane, oh, ow, wp, d0, dyt)
+        _dw_tiles(dyt, f_, xpf, (n - n0) * c_ * cs, roffs, cols, ll, s, dwf, nrow, d0,
+                  shifted)

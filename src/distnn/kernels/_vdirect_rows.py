@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import numba as nb
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._vgemm import _accumulators, _broadcast_step, _data, _store_tile
+from ._vgemm import _accumulators, _data, _store_tile, _tap_channel_steps
 
 _jit = nb.njit(cache=True, nogil=True)
 ROWS = 8  # filters a tile
@@ -42,14 +41,8 @@ def _tile_rows(typingctx, a, ao, ars, b, bo, bjs, offs, ntaps, cs, nc, bias, fo,
         ap, bp, op, biasp, cp = (_data(context, builder, sig, args, i)
                                  for i in (0, 3, 6, 10, 12))
         acc = _accumulators(builder, ROWS, 2)
-        with cgutils.for_range(builder, nt_) as taps:
-            t = taps.index
-            tb = builder.add(bo_, builder.load(builder.gep(op, [t])))
-            ta = builder.add(ao_, t)
-            with cgutils.for_range(builder, nc_) as chans:
-                k = chans.index
-                _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, nt_)), ars_,
-                                bp, builder.add(tb, builder.mul(k, cs_)), bstep=bjs_)
+        _tap_channel_steps(builder, acc, ap, ao_, ars_, bp, bo_, op, nt_, nc_, cs_,
+                           bstep=bjs_)
         _store_tile(builder, cp, co_, crs_, acc, cstep=cjs_, bias=(biasp, fo_))
         return context.get_dummy_value()
     return sig, codegen

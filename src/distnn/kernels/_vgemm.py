@@ -108,6 +108,20 @@ def _broadcast_step(builder, acc, ap, acol, ars, bp, brow, width: int = 16,
     _outer_fma(builder, acc, av, bv)
 
 
+def _tap_channel_steps(builder, acc, ap, ao, ars, bp, bo, op, ntaps, nc, cs,
+                       bstep=None) -> None:
+    """acc[r][j] += a[ao + r*ars + k*ntaps + t] * b[bo + offs[t] + k*cs + j*bstep : +16]
+    over taps t < ntaps (offs at ``op``) and channels k < nc: a direct tile's loops."""
+    with cgutils.for_range(builder, ntaps) as taps:
+        t = taps.index
+        tb = builder.add(bo, builder.load(builder.gep(op, [t])))
+        ta = builder.add(ao, t)
+        with cgutils.for_range(builder, nc) as chans:
+            k = chans.index
+            _broadcast_step(builder, acc, ap, builder.add(ta, builder.mul(k, ntaps)), ars,
+                            bp, builder.add(tb, builder.mul(k, cs)), bstep=bstep)
+
+
 def _store_tile(builder, cp, co, crs, acc, width: int = 16, cstep=None,
                 bias=None) -> None:
     """c[co + r*crs + j*cstep : +width] = acc[r][j] (``cstep`` an i64 value; None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _U, _dispatch
+from ._numba_runtime import _U, _dispatch
 from ._threads import pieces
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)

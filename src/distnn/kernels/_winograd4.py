@@ -16,11 +16,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _U, _dispatch
+from ._numba_runtime import _U, _dispatch
 from ._threads import pieces
 from ._winograd import NARROW_PART, PLANES, stage_plane, write_plane
-from ._winograd4w import (_F2, _F4, _F5, _F8, WIDE_TILES, input_adjoint_plane, input_plane,
-                         from_phases, output_adjoint_plane, output_plane, to_phases)
+from ._winograd4w import (WIDE_TILES, _a, _at, _b, _bt, from_phases, input_adjoint_plane,
+                         input_plane, output_adjoint_plane, output_plane, to_phases)
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -30,46 +30,6 @@ _inline = nb.njit(inline="always", cache=True, nogil=True)
 # work arrays once per iteration: one allocation per plane cost 0.6 us of ~4 (16->16 32x32
 # input transform, AVX2). numba splits the iterations evenly among the threads.
 PART = 8
-
-
-@_inline
-def _bt(d0, d1, d2, d3, d4, d5):
-    """B^T d: rows (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
-    (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)."""
-    p = d4 - _F4 * d2
-    q = d3 - _F4 * d1
-    r = d4 - d2
-    s = _F2 * (d3 - d1)
-    return _F4 * d0 - _F5 * d2 + d4, p + q, p - q, r + s, r - s, _F4 * d1 - _F5 * d3 + d5
-
-
-@_inline
-def _b(v0, v1, v2, v3, v4, v5):
-    """B v (the transpose of ``_bt``)."""
-    return (_F4 * v0, _F4 * (v2 - v1) + _F2 * (v4 - v3) + _F4 * v5,
-            -_F5 * v0 - _F4 * (v1 + v2) - (v3 + v4), (v1 - v2) + _F2 * (v3 - v4) - _F5 * v5,
-            v0 + v1 + v2 + v3 + v4, v5)
-
-
-@_inline
-def _at(m0, m1, m2, m3, m4, m5):
-    """A^T m: rows (1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
-    (0, 1, -1, 8, -8, 1)."""
-    a = m1 + m2
-    b = m1 - m2
-    c = m3 + m4
-    d = m3 - m4
-    return m0 + a + c, b + _F2 * d, a + _F4 * c, b + _F8 * d + m5
-
-
-@_inline
-def _a(g0, g1, g2, g3):
-    """A g (the transpose of ``_at``)."""
-    e = g0 + g2
-    o = g1 + g3
-    e4 = g0 + _F4 * g2
-    o8 = _F2 * g1 + _F8 * g3
-    return g0, e + o, e - o, e4 + o8, e4 - o8, g3
 
 
 @_inline

@@ -19,9 +19,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._numba import _U
+from ._numba_runtime import _U
 
 _plane = nb.njit(cache=True, nogil=True)
+# the 1-D transforms, inlined by numba into their callers (here and ``_winograd4``'s tile
+# loops), so that each is compiled under its caller's fast-math flags
+_inline = nb.njit(inline="always", cache=True, nogil=True)
 
 # th * (tw + 1) from which the planes are transformed here (32x32 outputs: 72; 16x16: 20)
 WIDE_TILES = 48
@@ -34,8 +37,10 @@ WIDE_TILES = 48
 _F2, _F4, _F5, _F8 = np.float32(2), np.float32(4), np.float32(5), np.float32(8)
 
 
-@_plane
+@_inline
 def _bt(d0, d1, d2, d3, d4, d5):
+    """B^T d: rows (4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+    (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)."""
     p = d4 - _F4 * d2
     q = d3 - _F4 * d1
     r = d4 - d2
@@ -43,8 +48,10 @@ def _bt(d0, d1, d2, d3, d4, d5):
     return _F4 * d0 - _F5 * d2 + d4, p + q, p - q, r + s, r - s, _F4 * d1 - _F5 * d3 + d5
 
 
-@_plane
+@_inline
 def _at(m0, m1, m2, m3, m4, m5):
+    """A^T m: rows (1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
+    (0, 1, -1, 8, -8, 1)."""
     a = m1 + m2
     b = m1 - m2
     c = m3 + m4
@@ -52,8 +59,9 @@ def _at(m0, m1, m2, m3, m4, m5):
     return m0 + a + c, b + _F2 * d, a + _F4 * c, b + _F8 * d + m5
 
 
-@_plane
+@_inline
 def _a(g0, g1, g2, g3):
+    """A g (the transpose of ``_at``)."""
     e = g0 + g2
     o = g1 + g3
     e4 = g0 + _F4 * g2
@@ -239,8 +247,9 @@ def output_adjoint_plane(g, th, tw, mf, fs, o, tmp, tmp2):
             _copy(tmp2, k * ntp + ty * t1, mf, k * fs + o + ty * tw, tw)
 
 
-@_plane
+@_inline
 def _b(v0, v1, v2, v3, v4, v5):
+    """B v (the transpose of ``_bt``)."""
     return (_F4 * v0, _F4 * (v2 - v1) + _F2 * (v4 - v3) + _F4 * v5,
             -_F5 * v0 - _F4 * (v1 + v2) - (v3 + v4), (v1 - v2) + _F2 * (v3 - v4) - _F5 * v5,
             v0 + v1 + v2 + v3 + v4, v5)

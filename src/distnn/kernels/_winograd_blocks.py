@@ -17,10 +17,6 @@ import numba as nb
 from ._numba_runtime import _U
 from ._atomics import fetch_add
 from ._vgemm import matmul_flat, matmul_nt_flat
-from ._winograd import input_transform as _in2
-from ._winograd import input_transform_adjoint as _iadj2
-from ._winograd import output_transform as _out2
-from ._winograd import output_transform_adjoint as _oadj2
 from ._winograd4 import input_transform as _in4
 from ._winograd4 import input_transform_adjoint as _iadj4
 from ._winograd4 import output_transform as _out4
@@ -29,7 +25,6 @@ from ._winograd4 import output_transform_adjoint as _oadj4
 _jit = nb.njit(cache=True, nogil=True)
 
 # the serial twins (``_dispatch``): each call here is one thread's, over all its planes
-_IN2, _OUT2, _OADJ2, _IADJ2 = _in2.serial, _out2.serial, _oadj2.serial, _iadj2.serial
 _IN4, _OUT4, _OADJ4, _IADJ4 = _in4.serial, _out4.serial, _oadj4.serial, _iadj4.serial
 
 
@@ -56,15 +51,9 @@ def forward_blocks(x, u, bias, use_b, relu, blocks, counter, first, step, pt, pl
     while i < blocks.shape[0]:
         n0, n1 = blocks[i, 0], blocks[i, 1]
         t = (n1 - n0) * th * tw
-        if p == 36:
-            _IN4(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
-        else:
-            _IN2(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
+        _IN4(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
         matmul_flat(uf, f * c, c, 1, vf, v2.shape[1], t, mf, m2.shape[1], t, p, f, c, t)
-        if p == 36:
-            _OUT4(m2, bias, use_b, relu, n0, n1 - n0, th, tw, y, 0, f * (n1 - n0))
-        else:
-            _OUT2(m2, bias, use_b, relu, n0, n1 - n0, th, tw, y, 0, f * (n1 - n0))
+        _OUT4(m2, bias, use_b, relu, n0, n1 - n0, th, tw, y, 0, f * (n1 - n0))
         i = _then(counter, i, step)
 
 
@@ -85,12 +74,8 @@ def backward_blocks(dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, 
         n0, n1 = blocks[i, 0], blocks[i, 1]
         k = n1 - n0
         t = k * th * tw
-        if p == 36:
-            _OADJ4(dy, n0, n1, th, tw, m2, dbp, 0, f * (n1 - n0))
-            _IN4(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
-        else:
-            _OADJ2(dy, n0, n1, th, tw, m2, dbp, 0, f * (n1 - n0))
-            _IN2(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
+        _OADJ4(dy, n0, n1, th, tw, m2, dbp, 0, f * (n1 - n0))
+        _IN4(x, n0, n1, pt, pl, th, tw, v2, 0, c * (n1 - n0))
         s = i if slot < 0 else slot
         add = slot >= 0 and started
         matmul_nt_flat(mf, m2.shape[1], t, vf, v2.shape[1], t, duf[s * pfc:], f * c, c, p, f,
@@ -103,8 +88,5 @@ def backward_blocks(dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, 
         started = True
         if need_dx:
             matmul_flat(uf, f * c, 1, c, mf, m2.shape[1], t, vf, v2.shape[1], t, p, c, f, t)
-            if p == 36:
-                _IADJ4(v2, n0, n1, pt, pl, th, tw, dx, 0, c * (n1 - n0))
-            else:
-                _IADJ2(v2, n0, n1, pt, pl, th, tw, dx, 0, c * (n1 - n0))
+            _IADJ4(v2, n0, n1, pt, pl, th, tw, dx, 0, c * (n1 - n0))
         i = _then(counter, i, step)

@@ -88,3 +88,23 @@ def pieces(n: int, fn, min_items: int = 1 << 20) -> None:
         return
     from ._threads import pieces as threaded
     threaded(n, fn, min_items)
+
+
+def compile_counts() -> tuple[int, int]:
+    """(compiled, loaded): how many compiled-kernel signatures this process has compiled
+    anew and how many it loaded from numba's disk cache so far ((0, 0) on NumPy)."""
+    if compiled() is None:
+        return 0, 0
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+    made = loaded = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(__package__ + ".") or module is None:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, CPUDispatcher):
+                stats = value.stats
+                made += sum(stats.cache_misses.values())
+                loaded += sum(stats.cache_hits.values())
+    return made, loaded

@@ -110,10 +110,8 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
 def _sum_into(parts, dw_out, db_out) -> None:
     """dw_out and db_out (when not None) = the sums of the threads' (dw64, db64) parts,
     added in share order: the same sums for the same thread count."""
-    dw64, db64 = parts[0]
-    for dw_i, db_i in parts[1:]:
-        dw64 += dw_i
-        db64 += db_i
+    from ._threads import sum_shares
+    dw64, db64 = sum_shares(parts)
     dw_out[...] = dw64.reshape(dw_out.shape)
     if db_out is not None:
         db_out[...] = db64

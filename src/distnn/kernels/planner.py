@@ -337,7 +337,8 @@ def fuses(name: str, dtype, limits: Limits | None = None) -> bool:
 class ConvPlan:
     """How the compiled path computes one convolution.
 
-    method: "winograd" (``tile`` 2 or 4; ``drivers``: its blocks in the compiled drivers),
+    method: "winograd" (``tile`` 2 or 4; ``drivers``: its blocks in the compiled drivers,
+    F(4x4) only),
     "vector" (register-tiled direct kernels), "direct", "pointwise" (1x1) or "im2col".
     """
     method: str
@@ -478,7 +479,8 @@ def plan_conv(g, f: int, dtype, *, threads: int = 1, cpu: CPU | None = None,
         workers = winograd_blocks(g.n, g.c, f, th, tw, np.dtype(dtype).itemsize, p, threads,
                                   lim)[2]
         return ConvPlan("winograd", tile,
-                        winograd_drivers(dtype, g.c, f, workers, threads, cpu, lim))
+                        tile == 4 and winograd_drivers(dtype, g.c, f, workers, threads, cpu,
+                                                       lim))
     if use_direct(g, f, lim):
         return ConvPlan("direct")
     if use_pointwise(g, f, lim):

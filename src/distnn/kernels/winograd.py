@@ -21,8 +21,10 @@ hold to rounding.
 
 The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` and ``_winograd4w``
 for F(4x4), the same four kernels with the same signatures); the GEMMs run in BLAS, or, in
-float32 layers of up to 64x64 filter pairs on AVX2/AVX-512 CPUs, the whole loop over a
-thread's blocks runs compiled with the GEMMs on register tiles (``_winograd_blocks``).
+float32 F(4x4) layers of up to 64x64 filter pairs on AVX2/AVX-512 CPUs, the whole loop over
+a thread's blocks runs compiled with the GEMMs on register tiles (``_winograd_blocks``;
+F(2x2) has no drivers: the planner gives it only to layers they do not take, the 2x2 and
+3x3 planes of 512x512 filters and, off the zoo, small planes with few channels).
 With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each
 thread take whole blocks of samples (no copies; dw summed in a fixed order), bigger ones
 split every kernel.
@@ -42,7 +44,7 @@ from . import _vgemm, _winograd, _winograd4
 from . import planner
 from . import _team_jobs as _jobs
 from . import _winograd_blocks as _blocks
-from ._threads import blas_for, kernel, pieces, run, run_jobs
+from ._threads import blas_for, kernel, pieces, run, run_jobs, sum_shares
 
 # G (4x3): U = G g G^T
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -174,16 +176,18 @@ def _product_nt(a, b, out, add: bool, part, serial: bool) -> None:
 def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16,
           dtype=None):
     """(k, blocks, workers) of this layer at the threads set (``planner.winograd_blocks``);
-    ``dtype`` for a forward pass (its blocks by ``planner.forward_cols``)."""
+    ``dtype`` for a forward pass (its blocks by ``planner.forward_cols`` where the drivers
+    take it: F(4x4))."""
     threads = get_num_threads()
-    cols = 0 if dtype is None else planner.forward_cols(dtype, c, f, threads)
+    cols = 0 if dtype is None or p != 36 else planner.forward_cols(dtype, c, f, threads)
     return planner.winograd_blocks(n, c, f, th, tw, itemsize, p, threads, cols=cols)
 
 
-def _compiled(dtype, c: int, f: int, workers: int) -> bool:
-    """Whether the blocks run in ``_winograd_blocks``' compiled drivers
-    (``planner.winograd_drivers``)."""
-    return planner.winograd_drivers(dtype, c, f, workers, get_num_threads())
+def _compiled(dtype, c: int, f: int, workers: int, tiling: Tiling = F4) -> bool:
+    """Whether the blocks run in ``_winograd_blocks``' compiled drivers: F(4x4) where
+    ``planner.winograd_drivers`` says."""
+    return tiling.m == 4 and planner.winograd_drivers(dtype, c, f, workers,
+                                                      get_num_threads())
 
 
 def _team_work(team, i: int, name: str, rows: int, t: int, dtype, p: int) -> np.ndarray:
@@ -265,7 +269,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
         u = weights_transform(w, tiling, get_num_threads())
     y = np.empty((n, f, oh, ow), x.dtype)
     bias = np.zeros(1, x.dtype) if b is None else np.ascontiguousarray(b, x.dtype)
-    if _compiled(x.dtype, c, f, workers):
+    if _compiled(x.dtype, c, f, workers, tiling):
         bl, counter, step = _taking(blocks, workers, True)
         t = k * th * tw
 
@@ -313,7 +317,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
         u = weights_transform(w, tiling, get_num_threads())
     ut = u.transpose(0, 2, 1)
     dx = np.empty((n, c, h, wd), x.dtype) if need_dx else None
-    if _compiled(x.dtype, c, f, workers) and blocks:
+    if _compiled(x.dtype, c, f, workers, tiling) and blocks:
         return _backward_compiled(dy, x, u, blocks, k, workers, pt, pl, th, tw, tiling,
                                   dw_out, db_out, dx)
 
@@ -371,12 +375,7 @@ def backward(dy: np.ndarray, x: np.ndarray, w: np.ndarray, pt: int, pl: int,
                                              tiling), db64
         return (du if len(indices) else None), db64
 
-    parts = run(len(blocks), workers, body)
-    du, db64 = parts[0]
-    for du_i, db_i in parts[1:]:  # fixed order: the same sums for the same thread count
-        if du_i is not None:
-            du += du_i
-        db64 += db_i
+    du, db64 = sum_shares(run(len(blocks), workers, body))
     if du is None:  # an empty batch
         dw_out.fill(0)
     elif workers > 1:

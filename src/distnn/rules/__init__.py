@@ -17,7 +17,7 @@ import inspect
 import pkgutil
 from typing import Any, Mapping
 
-from .base import Rule, RuleArgumentError
+from .base import Rule, RuleArgumentError, RuleStateError
 from .data import DataParallel
 from .delayed import DelayedSGD
 from .downpour import Downpour
@@ -52,9 +52,14 @@ RULES: dict[str, type[Rule]] = _discover()
 ALIASES = {"bsp": "data", "gosgd": "gossip", "local_sgd": "localsgd",
            "partial_update": "partial", "delayed": "pipeline"}
 
-__all__ = ["Rule", "RuleArgumentError", "DataParallel", "LocalSGD", "Downpour", "EASGD",
-           "Gossip", "GEM", "PartialUpdate", "Pipeline", "DelayedSGD", "FedAvg",
-           "RULES", "ALIASES", "rule_name", "get_rule", "build_rule"]
+# Every rule is importable from here by its class name, one added in a file of its own too
+# (``from distnn.rules import DiLoCo``).
+globals().update({cls.__name__: cls for cls in RULES.values()})
+
+__all__ = ["Rule", "RuleArgumentError", "RuleStateError", "DataParallel", "LocalSGD",
+           "Downpour", "EASGD", "Gossip", "GEM", "PartialUpdate", "Pipeline", "DelayedSGD",
+           "FedAvg", "RULES", "ALIASES", "rule_name", "get_rule", "build_rule"]
+__all__ += sorted({cls.__name__ for cls in RULES.values()} - set(__all__))
 
 
 def rule_name(name: str) -> str:

@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import distributed as dist
 from ..distributed.coordination import Backoff, lazy_barrier, wait_all
-from .base import Message, Rule
+from .base import Message, Rule, RuleArgumentError, RuleStateError, whole_argument
 from .groups import WorkerGroup, check_group_size, layout_of
 from .masters import MasterTree, check_masters, role_of
 
@@ -83,12 +84,14 @@ class MasterWorker(Rule):
 
     def __init__(self, *, sync_every: int | None = None, synchronous: bool = False,
                  max_sleep: float = 2e-3, group_size: int = 1, masters: int = 1):
-        sync_every = self.default_period if sync_every is None else sync_every
-        if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
-            raise ValueError(f"{self.name}: sync_every must be an integer >= 1, "
-                             f"got {sync_every!r}")
-        self.sync_every = int(sync_every)
+        self.sync_every = whole_argument(self.name, "sync_every", sync_every,
+                                         default=self.default_period)
         self.synchronous = bool(synchronous)
+        if isinstance(max_sleep, bool) or not isinstance(max_sleep, (int, float)) \
+                or not max_sleep > 0:
+            raise RuleArgumentError("max_sleep", f"{self.name}: max_sleep (the longest sleep "
+                                    f"between two polls, in seconds) must be a number > 0, "
+                                    f"got {max_sleep!r}")
         self.max_sleep = float(max_sleep)
         self.traffic = Traffic()
         self.updates = 0           # master: updates applied to its weights
@@ -392,8 +395,8 @@ def pick_state(rule: str, states: list, comm) -> dict[str, Any] | None:
     if not states:
         return None
     if len(states) != comm.size:
-        raise ValueError(f"the checkpoint holds the {rule} state of {len(states)} ranks, this run "
-                         f"has {comm.size}; resume under mpiexec -n {len(states)}")
+        raise RuleStateError(f"the checkpoint holds the {rule} state of {len(states)} ranks, "
+                             f"this run has {comm.size}; resume under mpiexec -n {len(states)}")
     return states[comm.rank]
 
 
@@ -404,3 +407,47 @@ def restore_local_state(trainer, state: dict[str, Any] | None) -> None:
         trainer.model.parameters_flat()[...] = state["weights"]
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     opt.load_state_dict(state["optim"])
+
+
+class LocalReplicas(Rule):
+    """Base of the rules whose ranks train replicas of their own between exchanges and
+    make them equal at each epoch end (localsgd, partial, gossip, diloco): their traffic,
+    their counters (int attributes, named by the subclass's ``super().__init__(*counters)``,
+    0 at the start, kept in checkpoints and reported with the traffic by ``stats``) and
+    every rank's optimizer state, gathered at each epoch end (``keep_states``, collective)
+    and taken back by each rank when a run resumes (``resume_replica``)."""
+
+    def __init__(self, *counters: str) -> None:
+        self.counters = counters
+        self.traffic = Traffic()
+        for counter in self.counters:
+            setattr(self, counter, 0)
+        self._states: list = []
+        self._resume = None
+
+    def resume_replica(self, trainer) -> dict[str, Any] | None:
+        """Every rank takes rank 0's weights, then, in a resumed run, its own optimizer
+        state (collective); returns this rank's resumed state (None in a fresh run)."""
+        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
+        state = pick_state(self.name, self._resume, trainer.comm)
+        restore_local_state(trainer, state)
+        self._resume = None
+        return state
+
+    def keep_states(self, trainer, **extra: Any) -> None:
+        """Gather every rank's optimizer state (and ``extra``) for the checkpoints
+        (collective): the replicas are equal now, their optimizers are not."""
+        self._states = gather_states(trainer, local_state(trainer, weights=False, **extra))
+
+    def state_dict(self):
+        return {**{c: getattr(self, c) for c in self.counters}, "ranks": self._states}
+
+    def load_state_dict(self, state):
+        for counter in self.counters:
+            setattr(self, counter, int(state.get(counter, 0)))
+        self._resume = state.get("ranks")
+
+    def stats(self):
+        out = self.traffic.as_dict()
+        out.update({c: float(getattr(self, c)) for c in self.counters})
+        return out

@@ -28,6 +28,7 @@ the same number of times, so a rule may communicate inside any of them; ``step``
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -40,6 +41,25 @@ class RuleArgumentError(ValueError):
     def __init__(self, argument: str, message: str):
         super().__init__(message)
         self.argument = argument
+
+
+class RuleStateError(ValueError):
+    """A checkpoint's rule state that this run cannot take back (the per-rank states of
+    another number of ranks); the message says how to resume it."""
+
+
+def whole_argument(rule: str, argument: str, value, *, least: int = 1, what: str = "",
+                   default: int | None = None) -> int:
+    """``value`` of a rule's whole-number constructor ``argument`` (``default`` for None), or
+    the ``RuleArgumentError`` that says it must be an integer >= ``least`` (``what``: the
+    argument in words, after its name)."""
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value \
+            or value < least:
+        raise RuleArgumentError(argument, f"{rule}: {argument}{what} must be an integer >= "
+                                f"{least}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)

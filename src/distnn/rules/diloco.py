@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import distributed as dist
 from ..optim import OPTIMIZERS, get_optimizer, sgd_update_
-from ._p2p import Traffic, gather_states, local_state, pick_state, restore_local_state
-from .base import Message, Rule, RuleArgumentError
+from ._p2p import LocalReplicas
+from .base import Message, RuleArgumentError, whole_argument
 
 
-class DiLoCo(Rule):
+class DiLoCo(LocalReplicas):
     """H inner steps of each rank's own optimizer, then one outer Nesterov step on the
     average of the ranks' moves.
 
@@ -55,10 +54,9 @@ class DiLoCo(Rule):
 
     def __init__(self, *, sync_every: int | None = None, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, inner_optimizer: str = "adamw"):
-        sync_every = self.default_period if sync_every is None else sync_every
-        if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
-            raise RuleArgumentError("sync_every", f"diloco: sync_every (H, inner steps of a "
-                                    f"round) must be an integer >= 1, got {sync_every!r}")
+        self.sync_every = whole_argument(self.name, "sync_every", sync_every,
+                                         what=" (H, inner steps of a round)",
+                                         default=self.default_period)
         if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) \
                 or not outer_lr > 0:
             raise RuleArgumentError("outer_lr", f"diloco: outer_lr must be a number > 0, got "
@@ -71,14 +69,10 @@ class DiLoCo(Rule):
         if not isinstance(inner_optimizer, str) or inner_optimizer.lower() not in names:
             raise RuleArgumentError("inner_optimizer", f"diloco: inner_optimizer must be one "
                                     f"of {', '.join(names)}, got {inner_optimizer!r}")
-        self.sync_every = int(sync_every)
         self.outer_lr, self.outer_momentum = float(outer_lr), float(outer_momentum)
         self.inner_optimizer = inner_optimizer.lower()
-        self.traffic = Traffic()
-        self.outer_steps = 0
+        super().__init__("outer_steps")
         self._steps = 0
-        self._states: list = []
-        self._resume = None
 
     def bind(self, trainer, optimizer):
         inner = OPTIMIZERS.get(self.inner_optimizer)
@@ -97,13 +91,10 @@ class DiLoCo(Rule):
         return len(batch.x)  # each rank steps on its own samples' mean
 
     def begin(self, trainer) -> None:
-        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
-        state = pick_state(self.name, self._resume, trainer.comm)
-        restore_local_state(trainer, state)
+        state = self.resume_replica(trainer)
         if state and "outer_momentum_buffer" in state:
             self._momentum[...] = state["outer_momentum_buffer"]
             self._first = False
-        self._resume = None
         self._start[...] = trainer.model.parameters_flat()
         self._steps = 0
 
@@ -134,21 +125,7 @@ class DiLoCo(Rule):
         if self._steps % self.sync_every:
             self._outer_step(trainer)
         self._steps = 0
-        # the replicas are equal now; their inner optimizers are not
-        self._states = gather_states(trainer, local_state(
-            trainer, weights=False, outer_momentum_buffer=self._momentum.copy()))
-
-    def state_dict(self):
-        return {"outer_steps": self.outer_steps, "ranks": self._states}
-
-    def load_state_dict(self, state):
-        self.outer_steps = int(state.get("outer_steps", 0))
-        self._resume = state.get("ranks")
-
-    def stats(self):
-        out = self.traffic.as_dict()
-        out["outer_steps"] = float(self.outer_steps)
-        return out
+        self.keep_states(trainer, outer_momentum_buffer=self._momentum.copy())
 
     def __repr__(self) -> str:
         return (f"DiLoCo(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "

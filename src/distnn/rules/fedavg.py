@@ -30,7 +30,7 @@ from ..distributed.secagg import (ENCRYPTIONS, CKKSAggregator, SecureAggregator,
                                   load_tenseal)
 from ..data.partition import PARTITIONS, client_partition
 from ._p2p import Traffic
-from .base import Rule, RuleArgumentError
+from .base import Rule, RuleArgumentError, whole_argument
 
 
 class FedAvg(Rule):
@@ -65,15 +65,11 @@ class FedAvg(Rule):
                  secure_aggregation: bool = False, encryption: str = "none",
                  encryption_slots: int = 4096, encryption_scale: float = 2.0 ** 40,
                  encryption_security: int = 128):
-        if isinstance(clients, bool) or int(clients) != clients or clients < 0:
-            raise ValueError(f"fedavg: clients must be an integer >= 0, got {clients!r}")
+        clients = whole_argument(self.name, "clients", clients, least=0)
         if not 0 < client_fraction <= 1:
             raise ValueError(f"fedavg: client_fraction must be in (0, 1], got "
                              f"{client_fraction!r}")
-        if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs \
-                or local_epochs < 1:
-            raise ValueError(f"fedavg: local_epochs must be an integer >= 1, got "
-                             f"{local_epochs!r}")
+        local_epochs = whole_argument(self.name, "local_epochs", local_epochs)
         if fedprox_mu < 0:
             raise ValueError(f"fedavg: fedprox_mu must be >= 0, got {fedprox_mu!r}")
         if partition not in PARTITIONS:

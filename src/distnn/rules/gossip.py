@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import distributed as dist
 from ..distributed.coordination import Backoff
-from ._p2p import (TAG_GOSSIP, Traffic, gather_states, local_state, pick_state,
-                   restore_local_state)
-from .base import Message, Rule, RuleArgumentError
+from ._p2p import TAG_GOSSIP, LocalReplicas
+from .base import Message, RuleArgumentError
 from .groups import GroupedReplicas, check_group_size
 
 
-class Gossip(GroupedReplicas, Rule):
+class Gossip(GroupedReplicas, LocalReplicas):
     """Gossip averaging of replicas between random pairs of ranks.
 
     Args:
@@ -69,11 +67,7 @@ class Gossip(GroupedReplicas, Rule):
         self.synchronous = bool(synchronous)
         self.group_size = check_group_size(self.name, group_size)
         self._group = None
-        self.traffic = Traffic()
-        self.pushes = 0
-        self.merges = 0
-        self._states: list = []
-        self._resume = None
+        super().__init__("pushes", "merges")
 
     def _peers(self, trainer):
         """The communicator of the replicas that gossip: every rank, or the leaders."""
@@ -94,13 +88,10 @@ class Gossip(GroupedReplicas, Rule):
         return optimizer
 
     def begin(self, trainer) -> None:
-        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
-        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / self._peers(trainer).size
-        mine = pick_state(self.name, self._resume, trainer.comm)
-        restore_local_state(trainer, mine)
+        mine = self.resume_replica(trainer)
         if mine:
             self._rng.bit_generator.state = mine["rng"]
-        self._resume = None
+        self.alpha = self.alpha0 if self.alpha0 is not None else 1.0 / self._peers(trainer).size
 
     # -- pushing and merging ----------------------------------------------------------------
     def _push(self, trainer, peer: int) -> None:
@@ -181,8 +172,7 @@ class Gossip(GroupedReplicas, Rule):
     def end_epoch(self, trainer, epoch: int) -> None:
         self._as_group(trainer, self._consensus)
         if self._group is not None:
-            self._states = gather_states(trainer, local_state(
-                trainer, weights=False, rng=self._rng.bit_generator.state))
+            self.keep_states(trainer, rng=self._rng.bit_generator.state)
 
     def _consensus(self, trainer) -> None:
         comm = self._peers(trainer)
@@ -211,21 +201,7 @@ class Gossip(GroupedReplicas, Rule):
         self._sent_to[...] = 0
         self._received = 0
         if self._group is None:
-            self._states = gather_states(trainer, local_state(
-                trainer, weights=False, rng=self._rng.bit_generator.state))
-
-    def state_dict(self):
-        return {"pushes": self.pushes, "merges": self.merges, "ranks": self._states}
-
-    def load_state_dict(self, state):
-        self.pushes = int(state.get("pushes", 0))
-        self.merges = int(state.get("merges", 0))
-        self._resume = state.get("ranks")
-
-    def stats(self):
-        out = self.traffic.as_dict()
-        out.update(pushes=float(self.pushes), merges=float(self.merges))
-        return out
+            self.keep_states(trainer, rng=self._rng.bit_generator.state)
 
     def __repr__(self) -> str:
         return (f"Gossip(probability={self.probability}, alpha={self.alpha0}, "

@@ -17,16 +17,13 @@ import numpy as np
 
 from ..distributed import Reducer
 from ..distributed.groups import GroupLayoutError, Groups, worker_groups
-from .base import RuleArgumentError
+from .base import RuleArgumentError, whole_argument
 
 __all__ = ["WorkerGroup", "check_group_size", "layout_of"]
 
 
 def check_group_size(rule: str, group_size) -> int:
-    if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
-        raise RuleArgumentError("group_size", f"{rule}: group_size must be an integer >= 1 "
-                                f"(ranks per worker), got {group_size!r}")
-    return int(group_size)
+    return whole_argument(rule, "group_size", group_size, what=" (ranks per worker)")
 
 
 def layout_of(rule: str, comm, group_size: int, first: int) -> Groups:

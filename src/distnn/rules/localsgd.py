@@ -34,9 +34,8 @@ import time
 
 import numpy as np
 
-from .. import distributed as dist
-from ._p2p import Traffic, gather_states, local_state, pick_state, restore_local_state
-from .base import Message, Rule
+from ._p2p import LocalReplicas
+from .base import Message, RuleArgumentError, whole_argument
 from .groups import GroupedReplicas, check_group_size
 
 WEIGHTINGS = ("wavg", "avg", "invwavg")
@@ -68,7 +67,7 @@ def sync_weights(samples: np.ndarray, weighting: str, taking_part: np.ndarray) -
     return w / total
 
 
-class LocalSGD(GroupedReplicas, Rule):
+class LocalSGD(GroupedReplicas, LocalReplicas):
     """Local steps, then an all-reduce average of the weights every ``sync_every`` batches.
 
     Args:
@@ -98,29 +97,23 @@ class LocalSGD(GroupedReplicas, Rule):
     def __init__(self, *, sync_every: int | None = None, group_size: int = 1,
                  weighting: str = "wavg", participation: str = "all", min_avail: int = 0,
                  sync_dtype: str = "none"):
-        sync_every = self.default_period if sync_every is None else sync_every
-        if isinstance(sync_every, bool) or int(sync_every) != sync_every or sync_every < 1:
-            raise ValueError(f"localsgd: sync_every must be an integer >= 1, got {sync_every!r}")
+        self.sync_every = whole_argument(self.name, "sync_every", sync_every,
+                                         default=self.default_period)
         for arg, value, choices in (("weighting", weighting, WEIGHTINGS),
                                     ("participation", participation, PARTICIPATIONS),
                                     ("sync_dtype", sync_dtype, tuple(SYNC_DTYPES))):
             if value not in choices:
-                raise ValueError(f"localsgd: {arg} must be one of {', '.join(choices)}, "
-                                 f"got {value!r}")
-        if isinstance(min_avail, bool) or int(min_avail) != min_avail or min_avail < 0:
-            raise ValueError(f"localsgd: min_avail must be an integer >= 0, got {min_avail!r}")
-        self.sync_every = int(sync_every)
+                raise RuleArgumentError(arg, f"localsgd: {arg} must be one of "
+                                        f"{', '.join(choices)}, got {value!r}")
+        self.min_avail = whole_argument(self.name, "min_avail", min_avail, least=0)
         self.weighting, self.participation = weighting, participation
-        self.min_avail, self.sync_dtype = int(min_avail), sync_dtype
+        self.sync_dtype = sync_dtype
         self.skipped = 0
         self.left_out = 0
         self._stale = False
         self.group_size = check_group_size(self.name, group_size)
         self._group = None
-        self.traffic = Traffic()
-        self.averages = 0
-        self._states: list = []
-        self._resume = None
+        super().__init__("averages")
 
     def bind(self, trainer, optimizer):
         self._p2p = None
@@ -141,9 +134,7 @@ class LocalSGD(GroupedReplicas, Rule):
         return optimizer
 
     def begin(self, trainer) -> None:
-        dist.broadcast_parameters(trainer.model, comm=trainer.comm)
-        restore_local_state(trainer, pick_state(self.name, self._resume, trainer.comm))
-        self._resume = None
+        self.resume_replica(trainer)
         self._steps = 0
         self._samples = 0
 
@@ -267,19 +258,10 @@ class LocalSGD(GroupedReplicas, Rule):
         if self._steps % self.sync_every or self._stale or self.participation == "ready":
             self._average(trainer, final=True)
         self._steps = 0
-        # the replicas are equal now; their optimizers are not
-        self._states = gather_states(trainer, local_state(trainer, weights=False))
-
-    def state_dict(self):
-        return {"averages": self.averages, "ranks": self._states}
-
-    def load_state_dict(self, state):
-        self.averages = int(state.get("averages", 0))
-        self._resume = state.get("ranks")
+        self.keep_states(trainer)
 
     def stats(self):
-        out = self.traffic.as_dict()
-        out["averages"] = float(self.averages)
+        out = super().stats()
         if self.skipped:
             out["skipped"] = float(self.skipped)
         if self.participation == "ready":

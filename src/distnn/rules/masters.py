@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import RuleArgumentError
+from .base import RuleArgumentError, whole_argument
 
 __all__ = ["MasterTree", "check_masters", "role_of"]
 
 
 def check_masters(rule: str, masters, synchronous: bool) -> int:
-    if isinstance(masters, bool) or int(masters) != masters or masters < 1:
-        raise RuleArgumentError("masters", f"{rule}: masters must be an integer >= 1, got "
-                                f"{masters!r}")
+    masters = whole_argument(rule, "masters", masters)
     if masters > 1 and synchronous:
         raise RuleArgumentError("masters", f"{rule}: several masters serve asynchronous "
                                 f"workers; masters={masters} with synchronous=True is not "
                                 "built: drop one of them")
-    return int(masters)
+    return masters
 
 
 def _ranks(ranks) -> str:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import distributed as dist
-from ._p2p import Traffic, gather_states, local_state, restore_local_state
-from .base import Message, Rule, RuleArgumentError
+from ._p2p import LocalReplicas, restore_local_state
+from .base import Message, RuleArgumentError, whole_argument
 
 
 def chunk_edges(n: int, chunks: int) -> np.ndarray:
@@ -34,7 +34,7 @@ def chunk_edges(n: int, chunks: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-class PartialUpdate(Rule):
+class PartialUpdate(LocalReplicas):
     """Local steps; after each, one chunk of the weights is averaged, in turn.
 
     Args:
@@ -59,15 +59,9 @@ class PartialUpdate(Rule):
     lockstep = False
 
     def __init__(self, *, chunks: int = 4):
-        if isinstance(chunks, bool) or int(chunks) != chunks or chunks < 1:
-            raise RuleArgumentError("chunks", f"partial: chunks must be an integer >= 1, got "
-                                    f"{chunks!r}")
-        self.chunks = int(chunks)
+        self.chunks = whole_argument(self.name, "chunks", chunks)
         self.position = 0   # the chunk averaged after the next step
-        self.traffic = Traffic()
-        self.averages = 0   # chunk averages made (an epoch end's full average counts once)
-        self._states: list = []
-        self._resume = None
+        super().__init__("averages")  # chunk averages (an epoch end's full one counts once)
         self._resume_chunks = self.chunks
 
     def bind(self, trainer, optimizer):
@@ -151,23 +145,16 @@ class PartialUpdate(Rule):
             self._average(trainer, parts, buf)
         self._samples[...] = 0
         self._steps[...] = 0
-        if trainer.comm.size > 1:  # the replicas are equal now; their optimizers are not
-            self._states = gather_states(trainer, local_state(trainer, weights=False))
+        if trainer.comm.size > 1:
+            self.keep_states(trainer)
 
     def state_dict(self):
-        return {"position": self.position, "chunks": self.chunks, "averages": self.averages,
-                "ranks": self._states}
+        return {"position": self.position, "chunks": self.chunks, **super().state_dict()}
 
     def load_state_dict(self, state):
+        super().load_state_dict(state)
         self.position = int(state.get("position", 0))
         self._resume_chunks = int(state.get("chunks", self.chunks))
-        self.averages = int(state.get("averages", 0))
-        self._resume = state.get("ranks")
-
-    def stats(self):
-        out = self.traffic.as_dict()
-        out["averages"] = float(self.averages)
-        return out
 
     def __repr__(self) -> str:
         return f"PartialUpdate(chunks={self.chunks})"

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import distributed as dist
 from ..distributed.coordination import wait_all
-from .base import Rule, RuleArgumentError
+from .base import Rule, RuleArgumentError, whole_argument
 from .pipeline_stages import (SCHEDULES, CacheSlots, StageModel, live_micro_batches,
                               stage_starts)
 
@@ -138,8 +138,7 @@ class Pipeline(Rule):
                  balance: Any = "time", probe_rows: int = 16, bucket_size_mb: float = 4.0):
         for arg, value in (("stages", stages), ("micro_batches", micro_batches),
                            ("probe_rows", probe_rows)):
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise RuleArgumentError(arg, f"{arg} must be an integer >= 1, got {value!r}")
+            whole_argument(self.name, arg, value)
         if schedule not in SCHEDULES:
             raise RuleArgumentError("schedule", f"pipeline schedule must be one of "
                                     f"{sorted(SCHEDULES)}, got {schedule!r}")

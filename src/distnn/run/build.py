@@ -175,6 +175,7 @@ class Run:
         another loaded ``Checkpoint``; ``global_batch_size``: instead of the run's. Errors a
         user can cause are ``RunError``s naming the option. Returns the ``History``."""
         from ..fileio import WriteError
+        from ..rules import RuleStateError
         from ..training.checkpoint import CheckpointError
         from ..training.trainer import NonFiniteLossError
         self.announce()
@@ -195,7 +196,7 @@ class Run:
                 history_file=history_file, resume=resume,
                 eval_batch_size=self.eval_batch_size,
                 resume_lr=self.lr if planned else None)
-        except CheckpointError as exc:
+        except (CheckpointError, RuleStateError) as exc:
             raise RunError(f"--resume: {exc}") from None
         except WriteError as exc:
             raise RunError(f"{_WRITE_OPTIONS.get(exc.what, '--checkpoint')}: {exc}") from None
@@ -306,6 +307,17 @@ def _say_unavailable_methods(cfg: RunConfig) -> None:
         print(line, flush=True)
 
 
+def _check_predictions_file(cfg: RunConfig) -> None:
+    """``distnn predict``'s --output names a file it can write."""
+    output = cfg.predict.output
+    if not output.lower().endswith((".npy", ".npz", ".csv")):
+        raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "
+                       f"{output!r}")
+    if cfg.predict.predictions_per_rank and output.lower().endswith(".npy"):
+        raise RunError(f"--output {output}: --predictions_per_rank writes each row's dataset "
+                       "index too: give a .npz or .csv file")
+
+
 def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
               callbacks: Sequence = (), explicit: Iterable[str] | None = None,
               threads: int | None = None) -> Run:
@@ -336,14 +348,8 @@ def build_run(cfg: RunConfig, comm=None, *, splits=None, train=None, val=None,
     if training and t.resume:
         from .resume import load_resume
         state = load_resume(comm, t.resume, t.every_rank_writes)
-    if cfg.command == PRED and not cfg.predict.output.lower().endswith((".npy", ".npz",
-                                                                          ".csv")):
-        raise RunError(f"--output: the file name must end in .npy, .npz or .csv, got "
-                       f"{cfg.predict.output!r}")
-    if (cfg.command == PRED and cfg.predict.predictions_per_rank
-            and cfg.predict.output.lower().endswith(".npy")):
-        raise RunError(f"--output {cfg.predict.output}: --predictions_per_rank writes each "
-                       "row's dataset index too: give a .npz or .csv file")
+    if cfg.command == PRED:
+        _check_predictions_file(cfg)
     preflight.check_outputs(cfg, comm)
     rule = build_rule(cfg, comm) if training else None  # once: the readers ask it too
     if splits is None:

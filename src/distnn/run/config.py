@@ -38,7 +38,7 @@ def _option_fields(command: str | None = None):
     """(section name, field) of every option, in the sections' order (that of --help)."""
     for name, cls in SECTIONS.items():
         for f in fields(cls):
-            if command is None or command in f.metadata["commands"]:
+            if command is None or command in cls.commands_of(f):
                 yield name, f
 
 
@@ -104,10 +104,15 @@ NOT_DESCRIBING = ("dataset_path", "dataset_test_path", "history_file", "save_wei
 
 def rule_error(parallel: ParallelConfig, exc: ValueError) -> ConfigError:
     """A training rule's refusal (``exc``) as the command says it: naming the option of the
-    constructor argument it names (``exc.argument``), else ``--parallel``."""
-    option = ParallelConfig.option_of(getattr(exc, "argument", None))
+    constructor argument it names (``exc.argument``), or its ``--rule_args`` pair, else
+    ``--parallel``."""
+    argument = getattr(exc, "argument", None)
+    option = ParallelConfig.option_of(argument)
     if option is not None:
         return ConfigError(f"--{option} {getattr(parallel, option)}: {exc}")
+    given = dict(parallel.rule_args)
+    if argument in given:
+        return ConfigError(f"--rule_args {argument}={given[argument]}: {exc}")
     return ConfigError(f"--parallel {parallel.parallel}: {exc}")
 
 
@@ -132,8 +137,8 @@ class Option:
     def of(cls, f, section: str) -> Option:
         """The option of config field ``f`` of ``section``."""
         m = f.metadata
-        return cls(f.name, m["kind"], f.default, m["help"], section, section, m["commands"],
-                   m["aliases"])
+        return cls(f.name, m["kind"], f.default, m["help"], section, section,
+                   SECTIONS[section].commands_of(f), m["aliases"])
 
     def flags(self, aliases: tuple[str, ...] = ()) -> list[str]:
         """``--name``, ``--name-with-dashes``, the aliases (and ``aliases``) alike, ``-short``."""

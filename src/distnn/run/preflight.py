@@ -264,6 +264,11 @@ def plan_resume(cfg: RunConfig, comm, explicit: set[str], state, trainer) -> Res
     changes that cannot be honoured. Raises RunError naming the option and the fix."""
     from ..training.checkpoint import keeps_state, stored_callbacks
     meta, path = state.meta, state.path
+    # first: under another rule the optimizer may be the rule's own (diloco's inner one)
+    stored_rule = (meta.get("rule") or {}).get("name", "data")
+    if stored_rule != trainer.rule.name:
+        raise RunError(f"--parallel {cfg.parallel.parallel}: {path} was trained under "
+                        f"training rule {stored_rule}; resume with --parallel {stored_rule}")
     notes = _resume_optimizer(cfg, explicit, state, trainer)
     seed = int(meta.get("seed", cfg.model.random_seed))
     if seed != cfg.model.random_seed and "random_seed" in explicit:

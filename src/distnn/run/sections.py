@@ -26,12 +26,13 @@ class ConfigError(ValueError):
     """A bad option value: the message names the option, the rule and the value."""
 
 
-def option(default: Any, kind: Kind, help: str, *, commands: tuple[str, ...] = ALL,
+def option(default: Any, kind: Kind, help: str, *, commands: tuple[str, ...] | None = None,
            aliases: tuple[str, ...] = (), argument: str | None = None) -> Any:
     """A config field that is an option: ``--NAME`` (also with dashes, and ``--ALIAS``),
     the key ``NAME`` in TOML files. ``kind`` parses and checks its values; ``commands``
-    take it; ``argument``: the training rule's constructor argument it sets, when that is
-    not the field's own name (``ParallelConfig.rule_arguments``)."""
+    take it (default: those of its section, ``Section.commands``); ``argument``: the
+    training rule's constructor argument it sets, when that is not the field's own name
+    (``ParallelConfig.rule_arguments``)."""
     meta = {"kind": kind, "help": help, "commands": commands, "aliases": aliases}
     if argument is not None:
         meta["argument"] = argument
@@ -40,9 +41,16 @@ def option(default: Any, kind: Kind, help: str, *, commands: tuple[str, ...] = A
 
 class Section:
     """Base of the section dataclasses: ``__post_init__`` checks every field by its kind
-    (the error names the option); ``title`` heads the section's options in ``--help``."""
+    (the error names the option); ``title`` heads the section's options in ``--help``;
+    ``commands`` take its options, but those that name their own (``option(commands=)``)."""
 
     title: ClassVar[str] = ""
+    commands: ClassVar[tuple[str, ...]] = ALL
+
+    @classmethod
+    def commands_of(cls, f) -> tuple[str, ...]:
+        """The commands that take the option of field ``f``."""
+        return f.metadata["commands"] or cls.commands
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -166,62 +174,61 @@ class TrainConfig(Section):
     """Batch sizes, epochs, evaluation, history, weights and checkpoints."""
 
     title: ClassVar[str] = "Training"
+    commands: ClassVar[tuple[str, ...]] = (TRAIN,)
     batch_size: int = option(64, Int(1),
-        "Batch size PER RANK (global = batch_size x ranks).")
+        "Batch size PER RANK (global = batch_size x ranks).", commands=ALL)
     global_batch_size: int | None = option(None, Maybe(Int(1)),
-        "Global batch size over all ranks (overrides --batch_size).")
+        "Global batch size over all ranks (overrides --batch_size).", commands=ALL)
     num_epochs: int = option(3, Int(0),
-        "Number of epochs (in total, when resuming).", commands=(TRAIN,))
+        "Number of epochs (in total, when resuming).")
     steps_per_epoch: int = option(0, Int(0),
-        "Use at most this many batches per epoch (0: all); evaluation is trimmed alike.")
+        "Use at most this many batches per epoch (0: all); evaluation is trimmed alike.",
+        commands=ALL)
     evaluate: bool | None = option(None, Maybe(Bool()),
         "true: evaluate on the test split before and after training (PyDTNN); false: never; "
-        "none: after training only.", commands=(TRAIN,))
+        "none: after training only.")
     evaluate_only: bool = option(False, Bool(),
-        "Only evaluate the model (with --weights_and_bias_filename) on the test split.",
-        commands=(TRAIN,))
+        "Only evaluate the model (with --weights_and_bias_filename) on the test split.")
     history_file: str | None = option(None, Maybe(Str(metavar="FILE")),
-        "Write the per-epoch history here (JSON, or CSV for a .csv name).", commands=(TRAIN,))
+        "Write the per-epoch history here (JSON, or CSV for a .csv name).")
     validate_every: int = option(0, Int(0),
         "NNLO: also validate every N updates (0: only after each epoch); the results are "
-        "printed on rank 0.", commands=(TRAIN,))
+        "printed on rank 0.")
     save_weights: str | None = option(None, Maybe(Str(metavar="FILE")),
-        "Write the final weights (.npz) here (rank 0).", commands=(TRAIN,))
+        "Write the final weights (.npz) here (rank 0).")
     weights_layout: str = option("distnn", Str(("distnn", "pydtnn")),
         "Layout of the --save_weights file: distnn ('layer/name' keys) or pydtnn (PyDTNN's "
-        "'1_Conv2D_w' keys, which PyDTNN loads; --weights_and_bias_filename reads either).",
-        commands=(TRAIN,))
+        "'1_Conv2D_w' keys, which PyDTNN loads; --weights_and_bias_filename reads either).")
     every_rank_writes: bool = option(False, Bool(),
         "Every rank writes its own copy of --history_file and --save_weights, and the first "
         "rank of every node its node's --checkpoint (for node-local disks; '{rank}' in a name "
-        "is replaced by the rank); default: rank 0 writes them.", commands=(TRAIN,))
+        "is replaced by the rank); default: rank 0 writes them.")
     checkpoint: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Write the full training state here every --checkpoint_freq epochs (atomic; for "
-        "--resume).", commands=(TRAIN,))
+        "--resume).")
     checkpoint_freq: int = option(1, Int(1),
         "Epochs between full-state checkpoints.",
-        commands=(TRAIN,), aliases=("checkpoint_interval",))
+        aliases=("checkpoint_interval",))
     checkpoint_steps: int = option(0, Int(0),
         "Also write the checkpoint every N training steps (0: only at epoch ends); a resume "
         "continues mid-epoch at the exact batch, so a restart redoes at most N steps "
-        "(synchronous rules).", commands=(TRAIN,))
+        "(synchronous rules).")
     progress_file: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Rank 0 keeps this file holding 'global_step epoch epoch_step global_batch' after every "
-        "step (distnn launch reads it to say how many samples a restart redoes).",
-        commands=(TRAIN,))
+        "step (distnn launch reads it to say how many samples a restart redoes).")
     resume: str | None = option(None, Maybe(Str(metavar="FILE")),
         "Continue the run saved in this checkpoint (same model, optimizer and schedulers; keeps "
         "its global batch) and keep checkpointing to it (unless --checkpoint names another "
-        "file).", commands=(TRAIN,))
+        "file).")
     overwrite: bool = option(False, Bool(),
         "Replace an existing --checkpoint file, or an existing --save_weights, --history_file, "
         "--trace, --plot or --cprofile file (without it, a run refuses to start over a file "
-        "it does not --resume).", commands=(TRAIN,))
+        "it does not --resume).")
     ignore_nan: bool = option(False, Bool(),
         "Keep training when the loss becomes NaN or infinite (default: stop at the first such "
-        "step, exit status 3).", commands=(TRAIN,))
+        "step, exit status 3).")
     shuffle: bool = option(True, Bool(),
-        "Shuffle the training set every epoch.", commands=(TRAIN,))
+        "Shuffle the training set every epoch.")
 
 
 @dataclass(frozen=True)
@@ -229,41 +236,41 @@ class OptimizerConfig(Section):
     """Optimizer, its hyper-parameters (PyDTNN names), loss and metrics."""
 
     title: ClassVar[str] = "Optimizer"
+    commands: ClassVar[tuple[str, ...]] = (TRAIN,)
     optimizer: str = option("sgd", Str(optimizers),
-        "Optimizer: sgd, rmsprop, adam, adamw, nadam, adadelta.", commands=(TRAIN,))
+        "Optimizer: sgd, rmsprop, adam, adamw, nadam, adadelta.")
     learning_rate: float = option(0.01, Float(0.0),
-        "Learning rate.", commands=(TRAIN,), aliases=("lr",))
+        "Learning rate.", aliases=("lr",))
     learning_rate_scaling: bool = option(False, Bool(),
-        "Multiply the learning rate by the number of ranks (use with warm-up).", commands=(TRAIN,))
+        "Multiply the learning rate by the number of ranks (use with warm-up).")
     lr_per_sample: bool = option(False, Bool(),
         "--learning_rate is a rate per sample (PyDTNN's meaning): each step applies it divided "
         "by the global batch size (batch_size x ranks). distnn train --like pydtnn sets it "
-        "(a note says so); give true or false to decide.", commands=(TRAIN,))
+        "(a note says so); give true or false to decide.")
     momentum: float = option(0.9, Float(0.0),
-        "Momentum (sgd, rmsprop).", commands=(TRAIN,))
+        "Momentum (sgd, rmsprop).")
     nesterov: bool = option(False, Bool(),
-        "Nesterov momentum (sgd).", commands=(TRAIN,))
+        "Nesterov momentum (sgd).")
     decay: float | None = option(None, Maybe(Float(0.0)),
         "Weight decay (default: the optimizer's own).",
-        commands=(TRAIN,), aliases=("weight_decay",))
+        aliases=("weight_decay",))
     beta1: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
-        "beta1 (adam, adamw, nadam; default 0.9).", commands=(TRAIN,))
+        "beta1 (adam, adamw, nadam; default 0.9).")
     beta2: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
-        "beta2 (adam, adamw, nadam; default 0.999).", commands=(TRAIN,))
+        "beta2 (adam, adamw, nadam; default 0.999).")
     epsilon: float | None = option(None, Maybe(Float(0.0, low_open=True)),
-        "epsilon (rmsprop, adam*, nadam, adadelta; default: the optimizer's own).",
-        commands=(TRAIN,))
+        "epsilon (rmsprop, adam*, nadam, adadelta; default: the optimizer's own).")
     rho: float | None = option(None, Maybe(Float(0.0, 1.0, high_open=True)),
-        "rho (rmsprop's alpha, adadelta; default: the optimizer's own).", commands=(TRAIN,))
+        "rho (rmsprop's alpha, adadelta; default: the optimizer's own).")
     clip_grad_norm: float | None = option(None, Maybe(Float(0.0, low_open=True)),
         "Clip the gradients of every step to this global L2 norm (after the all-reduce: every "
-        "rank clips the same sum).", commands=(TRAIN,))
+        "rank clips the same sum).")
     loss_func: str = option("categorical_cross_entropy", Str(losses),
         "Loss: categorical_cross_entropy, binary_cross_entropy, mse, mae. mse, mae and bce "
-        "train on one-hot labels.")
+        "train on one-hot labels.", commands=ALL)
     metrics: tuple[str, ...] = option(("categorical_accuracy",), List(),
         "Comma-separated metrics: categorical_accuracy (acc), top5, categorical_hinge, "
-        "categorical_mse, categorical_mae, mse, mae.")
+        "categorical_mse, categorical_mae, mse, mae.", commands=ALL)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -288,65 +295,62 @@ class ScheduleConfig(Section):
     """LR schedulers and callbacks and their parameters."""
 
     title: ClassVar[str] = "Learning-rate schedulers and callbacks"
+    commands: ClassVar[tuple[str, ...]] = (TRAIN,)
     lr_schedulers: tuple[str, ...] = option((), List(schedulers),
         "Comma-separated: warm_up, early_stopping, reduce_lr_on_plateau, "
-        "reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.", commands=(TRAIN,))
+        "reduce_lr_every_nepochs, stop_at_loss, model_checkpoint.")
     lr_schedule: str = option("constant", Str(("constant", "cosine")),
         "Learning rate over the steps: constant, or cosine (decay to --min_lr_ratio of it at "
-        "the last step); both after --warmup_steps of linear warm-up.", commands=(TRAIN,))
+        "the last step); both after --warmup_steps of linear warm-up.")
     warmup_steps: int = option(0, Int(0),
-        "--lr_schedule: steps of linear warm-up.", commands=(TRAIN,))
+        "--lr_schedule: steps of linear warm-up.")
     min_lr_ratio: float = option(0.0, Float(0.0, 1.0),
-        "--lr_schedule cosine: the fraction of the learning rate left at the end.",
-        commands=(TRAIN,))
+        "--lr_schedule cosine: the fraction of the learning rate left at the end.")
     warm_up_epochs: float = option(5.0, Float(0.0),
-        "warm_up: epochs of linear warm-up.", commands=(TRAIN,))
+        "warm_up: epochs of linear warm-up.")
     warm_up_batches: int = option(0, Int(0),
-        "warm_up: batches of linear warm-up (overrides --warm_up_epochs).", commands=(TRAIN,))
+        "warm_up: batches of linear warm-up (overrides --warm_up_epochs).")
     early_stopping: str | None = option(None, Maybe(Str(lower=False, metavar="SPEC")),
         "NNLO syntax 'metric,op,patience', e.g. 'val_loss,~<,4' ('~' compares the mean of the "
-        "last patience epochs with the patience before; '<'/'>' compare with the best).",
-        commands=(TRAIN,))
+        "last patience epochs with the patience before; '<'/'>' compare with the best).")
     early_stopping_metric: str = option("val_loss", Str(lower=False),
-        "early_stopping: metric.", commands=(TRAIN,))
+        "early_stopping: metric.")
     early_stopping_patience: int = option(10, Int(1),
-        "early_stopping: epochs without improvement.", commands=(TRAIN,))
+        "early_stopping: epochs without improvement.")
     early_stopping_min_delta: float = option(0.0, Float(0.0),
-        "early_stopping: minimum improvement.", commands=(TRAIN,))
+        "early_stopping: minimum improvement.")
     early_stopping_restore_best: bool = option(False, Bool(),
-        "early_stopping: restore the weights of the best epoch at the end.", commands=(TRAIN,))
+        "early_stopping: restore the weights of the best epoch at the end.")
     reduce_lr_on_plateau_metric: str = option("val_loss", Str(lower=False),
-        "reduce_lr_on_plateau: metric.", commands=(TRAIN,))
+        "reduce_lr_on_plateau: metric.")
     reduce_lr_on_plateau_factor: float = option(0.1, Float(0.0, 1.0, True, True),
-        "reduce_lr_on_plateau: new_lr = lr * factor.", commands=(TRAIN,))
+        "reduce_lr_on_plateau: new_lr = lr * factor.")
     reduce_lr_on_plateau_patience: int = option(5, Int(1),
-        "reduce_lr_on_plateau: epochs without improvement.", commands=(TRAIN,))
+        "reduce_lr_on_plateau: epochs without improvement.")
     reduce_lr_on_plateau_min_lr: float = option(0.0, Float(0.0),
-        "reduce_lr_on_plateau: lower bound.", commands=(TRAIN,))
+        "reduce_lr_on_plateau: lower bound.")
     reduce_lr_every_nepochs_factor: float = option(0.1, Float(0.0, 1.0, low_open=True),
-        "reduce_lr_every_nepochs: new_lr = lr * factor.", commands=(TRAIN,))
+        "reduce_lr_every_nepochs: new_lr = lr * factor.")
     reduce_lr_every_nepochs_nepochs: int = option(5, Int(1),
-        "reduce_lr_every_nepochs: period in epochs.", commands=(TRAIN,))
+        "reduce_lr_every_nepochs: period in epochs.")
     reduce_lr_every_nepochs_min_lr: float = option(0.0, Float(0.0),
-        "reduce_lr_every_nepochs: lower bound.", commands=(TRAIN,))
+        "reduce_lr_every_nepochs: lower bound.")
     stop_at_loss_metric: str = option("val_accuracy", Str(lower=False),
-        "stop_at_loss: metric.", commands=(TRAIN,))
+        "stop_at_loss: metric.")
     stop_at_loss_threshold: float | None = option(None, Maybe(Float(-math.inf)),
         "stop_at_loss: stop once the metric reaches this value (>= for accuracies, <= for "
-        "losses); required by stop_at_loss.", commands=(TRAIN,))
+        "losses); required by stop_at_loss.")
     target_metric: str | None = option(None, Maybe(Str(lower=False, metavar="SPEC")),
-        "NNLO syntax 'metric,op,value', e.g. 'val_acc,>,0.97': stop when reached.",
-        commands=(TRAIN,))
+        "NNLO syntax 'metric,op,value', e.g. 'val_acc,>,0.97': stop when reached.")
     model_checkpoint_metric: str = option("val_loss", Str(lower=False),
-        "model_checkpoint: metric for --model_checkpoint_best_only.", commands=(TRAIN,))
+        "model_checkpoint: metric for --model_checkpoint_best_only.")
     model_checkpoint_save_freq: int = option(2, Int(1),
-        "model_checkpoint: epochs between saves.", commands=(TRAIN,))
+        "model_checkpoint: epochs between saves.")
     model_checkpoint_best_only: bool = option(False, Bool(),
-        "model_checkpoint: save only when the metric improved.", commands=(TRAIN,))
+        "model_checkpoint: save only when the metric improved.")
     model_checkpoint_file: str = option(
         "checkpoint-{epoch:03d}.npz", Str(lower=False, metavar="PATTERN"),
-        "model_checkpoint: weights file name ({epoch} and logged keys are filled in).",
-        commands=(TRAIN,))
+        "model_checkpoint: weights file name ({epoch} and logged keys are filled in).")
 
     def __post_init__(self) -> None:
         super().__post_init__()

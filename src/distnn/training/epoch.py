@@ -75,6 +75,27 @@ class EpochLoop:
         if stall is not None:
             stall.phase("loss check")
 
+    # -- the first step's compilation --------------------------------------------------
+    def _announce_first_step(self) -> bool:
+        """Say, before this process's first step, that it compiles (or loads from numba's
+        cache) the model's compiled kernels; False when none run (NumPy, a torch model)."""
+        if getattr(self, "_first_step_done", False):
+            return False
+        self._first_step_done = True
+        from ..kernels.backend import compiled
+        from ..nn.base import Layer
+        if compiled() is None or not isinstance(self.model, Layer):
+            return False
+        self.reporter.print("First step: loading this model's compiled kernels from numba's "
+                            "cache, compiling those not cached yet ...")
+        return True
+
+    def _report_first_step(self, seconds: float) -> None:
+        from ..kernels.backend import compile_counts
+        made, loaded = compile_counts()
+        self.reporter.print(f"First step done in {seconds:.2f} s: {made} kernel signatures "
+                            f"compiled (cached for the next run), {loaded} loaded from the cache")
+
     # -- one epoch ----------------------------------------------------------------------
     def _epoch_seed(self, epoch: int) -> int:
         return int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
@@ -89,7 +110,9 @@ class EpochLoop:
         if done_sums is not None:
             sums[...] = done_sums
         self.epoch_sums, self.epoch_step = sums, skip
-        bar = self.reporter.open_bar(epoch_samples, f"Epoch {epoch + 1}/{self.num_epochs}")
+        desc = f"Epoch {epoch + 1}/{self.num_epochs}"
+        first = shard is not None and self._announce_first_step()
+        bar = None if first else self.reporter.open_bar(epoch_samples, desc)
         if shard is None:
             # This rank trains on no data (a master): the rule serves the others instead.
             t0 = time.perf_counter()
@@ -101,7 +124,7 @@ class EpochLoop:
         batches = train.batches(gbs, shuffle=shuffle, seed=self._epoch_seed(epoch),
                                 rank=shard, size=n_shards, drop_last=drop_last,
                                 augment=augment, prefetch=prefetch)
-        samples = 0
+        samples = shown = 0
         t0 = time.perf_counter()
         last_postfix = t0
         try:
@@ -109,6 +132,7 @@ class EpochLoop:
                 if i >= n_batches:
                     break
                 if i < skip:  # done before the checkpoint this run resumed
+                    shown += batch.global_size
                     if bar is not None:
                         bar.update(batch.global_size)
                     continue
@@ -121,6 +145,14 @@ class EpochLoop:
                 self.epoch_step = i + 1
                 samples += batch.global_size
                 self.batch_global_size = batch.global_size
+                if first:
+                    # The bar starts after the first step, so its rate and time left do
+                    # not count the kernels' compilation.
+                    first = False
+                    self._report_first_step(time.perf_counter() - t0)
+                    bar = self.reporter.open_bar(epoch_samples, desc)
+                    if bar is not None:
+                        bar.update(shown)
                 if callbacks:
                     batch_logs = self.metrics.logs(sums)
                     for cb in callbacks:
