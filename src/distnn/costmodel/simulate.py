@@ -170,6 +170,27 @@ def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tupl
 
 
 REPLAYS = ("auto", "ranks")
+# sgreplay.DIRECT_PEERS (that module imports SimGrid: not importable here)
+DIRECT_PEERS = 16
+
+
+def _rounds_unlikely(job: dict, hosts: int) -> bool:
+    """An ``spmd`` job whose rounds are known not to be symmetric on ``hosts`` hosts, sent
+    to the ranks replay from the start (in parallel with the rounds replay) rather than
+    tried by rounds and replayed again after: a direct exchange compacted to
+    DIRECT_PEERS spread peers (its flows cross different numbers of links, so the ranks'
+    round ends differ: an fp16 bucket's two exchanges, top-k's pairs), a binomial
+    broadcast (ranks have different rounds), MPICH's all-reduce fold of a host count
+    that is not a power of two. Only where each job goes depends on it: the times are
+    the same either way (the rounds replay checks symmetry and falls back)."""
+    folds = hosts & (hosts - 1) != 0
+    for op in job["ops"]:
+        if op[0] == "direct" and hosts - 1 > DIRECT_PEERS or op[0] == "bcast":
+            return True
+        if folds and (op[0] == "allreduce" and op[2] != "ring"
+                      or op[0] == "behind" and op[4] != "ring"):
+            return True
+    return False
 
 
 def _start(exe: str, spec: dict, tmp: str, timeout_s: float):
@@ -209,9 +230,10 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
     ``"auto"`` (the default): jobs that send the same messages as an earlier one are
     replayed once; the ``spmd`` jobs go to the rounds replay (one actor, every rank's
     round at once, each distinct round once: ``sgreplay.RoundsReplay``, exact where
-    every round is symmetric), while the master and push jobs run in the ranks replay
-    in a second process at the same time; an ``spmd`` job whose rounds are not symmetric
-    (a fold for a host count that is not a power of two, ...) is replayed by ranks after."""
+    every round is symmetric), while the master and push jobs, and the ``spmd`` jobs
+    known not to be symmetric (``_rounds_unlikely``), run in the ranks replay in a
+    second process at the same time; an ``spmd`` job the rounds replay finds not
+    symmetric is replayed by ranks after."""
     if topology not in TOPOLOGIES:
         raise SimulatorError(f"--topology: {topology!r} is not one of "
                              f"{', '.join(TOPOLOGIES)}")
@@ -241,8 +263,8 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
     with tempfile.TemporaryDirectory(prefix="distnn-sim-") as tmp:
         todo = list(unique.values())
         if replay == "auto":
-            spmd = [j for j in todo if j["kind"] == "spmd"]
-            rest = [j for j in todo if j["kind"] != "spmd"]
+            spmd = [j for j in todo if j["kind"] == "spmd" and not _rounds_unlikely(j, hosts)]
+            rest = [j for j in todo if j not in spmd]
             waits = [_start(exe, {**base, "replay": "rounds", "jobs": spmd}, tmp, timeout_s)
                      if spmd else None,
                      _start(exe, {**base, "replay": "ranks", "jobs": rest}, tmp, timeout_s)
