@@ -139,3 +139,43 @@ def test_plan_simulate_errors_are_one_line(tmp_path, args, env, words):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and all(w in lines[0] for w in words), lines
+
+
+def _plan_configs(cost):
+    from distnn.cli.plan import _bucket_variants
+    return DEFAULT_CONFIGS + _bucket_variants(cost, DEFAULT_CONFIGS)
+
+
+@needs_simgrid
+@pytest.mark.parametrize("topology", ["fat_tree", "torus"])
+@pytest.mark.parametrize("hosts", [8, 12, 16])
+def test_rounds_replay_gives_the_ranks_replays_step_times(hosts, topology):
+    """replay='auto' (the spmd jobs round by round, each distinct round once) against
+    replay='ranks' (an actor a rank, the reference): every configuration plan simulates,
+    the same step within 0.1% (SimGrid's own precision: exact for the rounds replay, 1e-5
+    for the master jobs run in another process); 12 hosts, not a power of two, falls back
+    to the ranks replay where the fold makes the rounds asymmetric."""
+    cost, link = _cost(), Link(10.0, 12e-6)
+    configs = _plan_configs(cost)
+    auto = simulate(configs, cost, hosts, link, topology=topology, hop_latency_s=0.5e-6,
+                    python=SIMGRID)
+    ranks = simulate(configs, cost, hosts, link, topology=topology, hop_latency_s=0.5e-6,
+                     python=SIMGRID, replay="ranks")
+    for a, r in zip(auto, ranks):
+        assert r.replay == "ranks"
+        assert a.step_s == pytest.approx(r.step_s, rel=1e-3), (a.config, a.replay)
+    used = {a.config.label: a.replay for a in auto}
+    if hosts & (hosts - 1) == 0:   # a power of two: the all-reduces' rounds are symmetric
+        assert used["data"] == used["localsgd (every 8)"] == "rounds", used
+    assert used["easgd (every 4)"] == "ranks"  # a master job: the ranks replay always
+
+
+def test_the_routing_knows_sgreplays_direct_peers():
+    """simulate.DIRECT_PEERS (which jobs go to the ranks replay from the start) is
+    sgreplay's (which cannot be imported without SimGrid)."""
+    import re
+    from pathlib import Path
+
+    from distnn.costmodel import simulate as sim
+    text = (Path(sim.__file__).with_name("sgreplay.py")).read_text()
+    assert re.search(r"^DIRECT_PEERS = (\d+)$", text, re.M).group(1) == str(sim.DIRECT_PEERS)

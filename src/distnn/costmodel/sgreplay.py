@@ -80,10 +80,18 @@ def _torus_offsets(dims, k):
     return out
 
 
+class Asymmetric(Exception):
+    """A collective whose rounds are not the same for every rank at the same instant:
+    the rounds replay cannot stand for it (the ranks replay then runs it)."""
+
+
 class Rank:
     """One rank's point-to-point layer: a mailbox per (sender, receiver) pair, so that the
     messages between two ranks match in the order they were posted; ``dims``: the torus
-    it sits on (None: a full-bisection network)."""
+    it sits on (None: a full-bisection network). Each collective is a generator of its
+    rounds, ``(sends [(peer, bytes)], recvs [peer])``, which both replays play: the ranks
+    replay one rank's rounds in its own actor, the rounds replay every rank's round k at
+    once (``RoundsReplay``)."""
 
     def __init__(self, me, size, alpha, dims=None):
         self.me, self.size, self.alpha, self.dims = me, size, alpha, dims
@@ -114,8 +122,21 @@ class Rank:
         gets = [self.box(peer, self.me).get_async() for peer in recvs]
         Comm.wait_all(comms + [g[0] for g in gets])
 
-    def exchange(self, peer, nbytes):
-        self.round([(peer, nbytes)], [peer])
+    def play(self, op):
+        """The ranks replay of one collective op: this rank's rounds one after the other."""
+        for sends, recvs in self.rounds(op):
+            self.round(sends, recvs)
+
+    def rounds(self, op):
+        """This rank's rounds of the collective ``op`` (``["allreduce", bytes,
+        algorithm]``, ``["direct", part]``, ``["allgather_ring", part]``, ``["bcast",
+        bytes]``)."""
+        kind = op[0]
+        if kind == "allreduce":
+            return getattr(self, f"allreduce_{op[2]}")(op[1])
+        if kind in ("direct", "allgather_ring", "bcast"):
+            return getattr(self, kind)(op[1])
+        raise ValueError(f"unknown op {kind!r}")
 
     # MPICH's all-reduce algorithms (src/mpi/coll/allreduce), the data left out
 
@@ -126,9 +147,9 @@ class Rank:
         rem = self.size - p
         if self.me < 2 * rem:
             if self.me % 2 == 0:
-                self.round([(self.me + 1, nbytes)], [])
+                yield [(self.me + 1, nbytes)], []
                 return p, -1
-            self.round([], [self.me - 1])
+            yield [], [self.me - 1]
             return p, self.me // 2
         return p, self.me - rem
 
@@ -136,63 +157,66 @@ class Rank:
         rem = self.size - p
         if self.me < 2 * rem:
             if self.me % 2 == 0:
-                self.round([], [self.me + 1])
+                yield [], [self.me + 1]
             else:
-                self.round([(self.me - 1, nbytes)], [])
+                yield [(self.me - 1, nbytes)], []
 
     def _real(self, newrank, p):
         rem = self.size - p
         return newrank * 2 + 1 if newrank < rem else newrank + rem
 
+    def _exchange(self, peer, nbytes):
+        return [(peer, nbytes)], [peer]
+
     def allreduce_recursive_doubling(self, nbytes):
-        p, new = self._fold(nbytes)
+        p, new = yield from self._fold(nbytes)
         if new >= 0:
             mask = 1
             while mask < p:
-                self.exchange(self._real(new ^ mask, p), nbytes)
+                yield self._exchange(self._real(new ^ mask, p), nbytes)
                 mask <<= 1
-        self._unfold(p, nbytes)
+        yield from self._unfold(p, nbytes)
 
     def allreduce_rabenseifner(self, nbytes):
         """Reduce-scatter by recursive halving (halves of the buffer, the nearest partner
         first), then all-gather by recursive doubling back up."""
-        p, new = self._fold(nbytes)
+        p, new = yield from self._fold(nbytes)
         if new >= 0:
             part, mask, sizes = nbytes, 1, []
             while mask < p:
                 part /= 2
                 sizes.append(part)
-                self.exchange(self._real(new ^ mask, p), part)
+                yield self._exchange(self._real(new ^ mask, p), part)
                 mask <<= 1
             mask >>= 1
             for part in reversed(sizes):
-                self.exchange(self._real(new ^ mask, p), part)
+                yield self._exchange(self._real(new ^ mask, p), part)
                 mask >>= 1
-        self._unfold(p, nbytes)
+        yield from self._unfold(p, nbytes)
 
     def allreduce_ring(self, nbytes):
         """Reduce-scatter then all-gather around the ring: 2(P-1) rounds of n/P."""
         nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
         for _ in range(2 * (self.size - 1)):
-            self.round([(nxt, nbytes / self.size)], [prv])
+            yield [(nxt, nbytes / self.size)], [prv]
 
     def allgather_ring(self, part):
         nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
         for _ in range(self.size - 1):
-            self.round([(nxt, part)], [prv])
+            yield [(nxt, part)], [prv]
 
     def bcast(self, nbytes):
         """Binomial tree from rank 0 (MPICH's short-message broadcast)."""
         mask = 1
         while mask < self.size:
             if self.me & mask:
-                self.round([], [self.me - mask])
+                yield [], [self.me - mask]
                 break
             mask <<= 1
         mask >>= 1
         while mask > 0:
             if self.me + mask < self.size:
-                self.round([(self.me + mask, nbytes)], [])
+                yield [(self.me + mask, nbytes)], []
             mask >>= 1
 
     def direct(self, part):
@@ -204,16 +228,16 @@ class Rank:
         if self.dims is not None and others > k:
             vecs = _torus_offsets(self.dims, k)
             scale = others / len(vecs)
-            self.round([(self._moved(v, 1), part * scale) for v in vecs],
-                       [self._moved(v, -1) for v in vecs])
+            yield ([(self._moved(v, 1), part * scale) for v in vecs],
+                   [self._moved(v, -1) for v in vecs])
             return
         offsets = sorted({1 + j * others // k for j in range(k)})
         scale = others / len(offsets)
-        self.round([((self.me + o) % self.size, part * scale) for o in offsets],
-                   [(self.me - o) % self.size for o in offsets])
+        yield ([((self.me + o) % self.size, part * scale) for o in offsets],
+               [(self.me - o) % self.size for o in offsets])
 
-    def allreduce(self, nbytes, algorithm):
-        getattr(self, f"allreduce_{algorithm}")(nbytes)
+
+COLLECTIVES = ("allreduce", "direct", "allgather_ring", "bcast")
 
 
 def _spmd(rank, job, t0):
@@ -224,14 +248,8 @@ def _spmd(rank, job, t0):
         elif kind == "at":
             if Engine.clock < t0 + op[1]:
                 this_actor.sleep_until(t0 + op[1])
-        elif kind == "allreduce":
-            rank.allreduce(op[1], op[2])
-        elif kind == "direct":
-            rank.direct(op[1])
-        elif kind == "allgather_ring":
-            rank.allgather_ring(op[1])
-        elif kind == "bcast":
-            rank.bcast(op[1])
+        elif kind in COLLECTIVES:
+            rank.play(op)
         elif kind == "behind":
             _behind(rank, *op[1:])
         else:
@@ -247,7 +265,7 @@ def _behind(rank, steps, compute_s, nbytes, algorithm):
         if comm is not None:
             comm.join()
         comm = Actor.create(f"ar{rank.me}", this_actor.get_host(),
-                            rank.allreduce, nbytes, algorithm)
+                            rank.play, ["allreduce", nbytes, algorithm])
     if comm is not None:
         comm.join()
 
@@ -291,6 +309,127 @@ def _push(rank, job, draws, marks):
         pending.wait()
 
 
+class RoundsReplay:
+    """The rounds replay of ``spmd`` jobs: one actor posts every rank's messages of a
+    round at once as host-to-host flows and waits for them all, round after round.
+
+    It stands for the ranks replay exactly where every round is *symmetric*: all ranks
+    have the same number of rounds, each rank's round k sends and receives something,
+    the receives of round k are the sends of round k, and all the round's flows end at
+    the same instant. Then, by induction over the rounds, every rank starts round k at
+    the same instant T_k (the job starts after a barrier and ``compute``/``at`` are the
+    same on every rank), pays the stack's latency, and posts its messages at T_k + alpha;
+    in the ranks replay each message moves once both ends posted it, at that instant
+    too, on a network that the round before left empty: the same flows from the same
+    instant as here, so the same ends, and every rank's round ends at T_k + alpha + d_k.
+    The round's duration d_k then depends only on its flows (the network is empty at its
+    start): a round that sends the same flows again (Rabenseifner's all-gather repeats
+    its reduce-scatter's partners and bytes, backwards; fp16's two phases; another
+    configuration's identical bucket) is not replayed again. A round whose flows do not
+    end together (a fold for a P that is not a power of two, a torus whose dimensions
+    the pattern does not divide, a fat tree's shared uplinks) raises ``Asymmetric`` and
+    its job goes to the ranks replay."""
+
+    def __init__(self, hosts, size, alpha, dims, tolerance=1e-9):
+        self.hosts, self.size, self.alpha, self.dims = hosts, size, alpha, dims
+        self.tolerance = tolerance
+        self.rounds_cache, self.ops_cache = {}, {}
+        self.played = self.reused = 0
+
+    def _flows(self, seqs, k):
+        flows, wanted = [], []
+        for me, seq in enumerate(seqs):
+            sends, recvs = seq[k]
+            if not sends and not recvs:
+                raise Asymmetric(f"rank {me} sits out round {k}")
+            flows += [(me, peer, max(1, int(nbytes))) for peer, nbytes in sends]
+            wanted += [(peer, me) for peer in recvs]
+        if sorted(wanted) != sorted((s, d) for s, d, _ in flows):
+            raise Asymmetric(f"round {k}'s receives are not its sends")
+        return tuple(flows)
+
+    def _play(self, flows):
+        """The round's duration: from the posting to the last rank's end (a rank's round
+        ends once all its messages, sent and received, have)."""
+        t0 = Engine.clock
+        comms = [Comm.sendto_async(self.hosts[s], self.hosts[d], b) for s, d, b in flows]
+        Comm.wait_all(comms)
+        ends = [t0] * self.size
+        for (s, d, _), comm in zip(flows, comms):
+            t = comm.finish_time
+            ends[s], ends[d] = max(ends[s], t), max(ends[d], t)
+        first, last = min(ends) - t0, max(ends) - t0
+        if last - first > self.tolerance * last:
+            raise Asymmetric(f"the ranks' round ends from {first:.9g} to {last:.9g} s")
+        return last
+
+    def collective_s(self, op):
+        key = tuple(op)
+        if key not in self.ops_cache:
+            ranks = [Rank(me, self.size, self.alpha, self.dims) for me in range(self.size)]
+            seqs = [list(r.rounds(op)) for r in ranks]
+            if len({len(s) for s in seqs}) != 1:
+                raise Asymmetric("ranks have different numbers of rounds")
+            total = 0.0
+            for k in range(len(seqs[0])):
+                flows = self._flows(seqs, k)
+                if flows not in self.rounds_cache:
+                    self.rounds_cache[flows] = self._play(flows)
+                    self.played += 1
+                else:
+                    self.reused += 1
+                total += self.alpha + self.rounds_cache[flows]
+            self.ops_cache[key] = total
+        return self.ops_cache[key]
+
+    def job_s(self, job):
+        """A job's seconds: every rank in step, so one timeline stands for all."""
+        t = 0.0
+        for op in job["ops"]:
+            kind = op[0]
+            if kind == "compute":
+                t += op[1]
+            elif kind == "at":
+                t = max(t, op[1])
+            elif kind in COLLECTIVES:
+                t += self.collective_s(op)
+            elif kind == "behind":  # steps, compute_s, bytes, algorithm
+                ar, done = self.collective_s(["allreduce", op[3], op[4]]), None
+                for _ in range(int(op[1])):
+                    t += op[2]
+                    if done is not None:
+                        t = max(t, done)
+                    done = t + ar
+                t = t if done is None else done
+            else:
+                raise ValueError(f"unknown op {kind!r}")
+        return t
+
+
+def _rounds_main(spec, e, all_hosts, dims):
+    """Replay the ``spmd`` jobs round by round (``RoundsReplay``); the others, and those
+    whose rounds are not symmetric, come back as ``{"name", "fallback": why}``."""
+    jobs, out = spec["jobs"], []
+    replay = RoundsReplay(all_hosts, len(all_hosts), spec["software_latency_s"], dims)
+
+    def driver():
+        for job in jobs:
+            if job["kind"] != "spmd":
+                out.append({"name": job["name"], "fallback": f"a {job['kind']} job"})
+                continue
+            try:
+                t = replay.job_s(job)
+            except Asymmetric as exc:
+                out.append({"name": job["name"], "fallback": str(exc)})
+                continue
+            out.append({"name": job["name"], "seconds": t, "mean_s": t,
+                        "replay": "rounds"})
+
+    Actor.create("rounds", all_hosts[0], driver)
+    e.run()
+    return out, {"rounds_played": replay.played, "rounds_reused": replay.reused}
+
+
 def main():
     spec = json.load(sys.stdin)
     p = spec["platform"]
@@ -303,6 +442,12 @@ def main():
                 "--cfg=network/TCP-gamma:1e15", "--cfg=contexts/factory:thread"])
     e.load_platform(path)
     all_hosts = sorted(e.all_hosts, key=lambda h: int(h.name[1:]))
+    dims = tuple(p["torus_dims"]) if p["topology"] == "torus" else None
+    version = getattr(simgrid, "simgrid_version", None)
+    if spec.get("replay", "ranks") == "rounds":
+        out, counts = _rounds_main(spec, e, all_hosts, dims)
+        json.dump({"jobs": out, "simgrid": version, **counts}, sys.stdout)
+        return
     jobs, barrier = spec["jobs"], Barrier(hosts)
     ends = [[0.0] * hosts for _ in jobs]
     marks = [[None] * hosts for _ in jobs]  # a rank's time once its ``skip`` rounds ended
@@ -311,8 +456,6 @@ def main():
         if job["kind"] == "push":
             rng = random.Random(job.get("seed", 0))
             job["_draws"] = [[rng.random() for _ in range(job["steps"])] for _ in range(hosts)]
-
-    dims = tuple(p["torus_dims"]) if p["topology"] == "torus" else None
 
     def actor(me):
         rank = Rank(me, hosts, spec["software_latency_s"], dims)
@@ -341,13 +484,12 @@ def main():
     out = []
     for j, job in enumerate(jobs):
         res = {"name": job["name"], "seconds": max(ends[j]) - starts[j],
-               "mean_s": sum(ends[j]) / hosts - starts[j]}
+               "mean_s": sum(ends[j]) / hosts - starts[j], "replay": "ranks"}
         steady = [e - m for e, m in zip(ends[j], marks[j]) if m is not None]
         if steady:  # after the first rounds, in which every rank starts at once
             res["steady_s"] = sum(steady) / len(steady)
         out.append(res)
-    json.dump({"jobs": out, "simgrid": simgrid.simgrid_version if hasattr(
-        simgrid, "simgrid_version") else None}, sys.stdout)
+    json.dump({"jobs": out, "simgrid": version}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from .collectives import TOPOLOGIES, Link, torus_dims
 from .predict import Config, ModelCost, data_messages, half_bucket
 
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
-           "simgrid_python", "replay_jobs", "config_job", "simulate"]
+           "simgrid_python", "REPLAYS", "replay_jobs", "config_job", "simulate"]
 
 # One thread a simulated rank (SimGrid's Python actors): past this the replay's memory
 # and time grow beyond what a planning command should take.
@@ -74,7 +74,8 @@ FABRICS = {1.0: Fabric("1 Gbit/s Ethernet, TCP", 1.0, 50e-6, 1e-6),
 class Simulated:
     """One configuration's simulated step on ``hosts`` hosts: ``step_s``, the ranks that
     compute, samples per second and scaling efficiency as ``predict.Prediction`` counts
-    them, and ``simulated_s`` (the seconds the replay covered: ``steps`` steps)."""
+    them, ``simulated_s`` (the seconds the replay covered: ``steps`` steps) and ``replay``
+    (``"rounds"`` or ``"ranks"``: which replay gave it, ``replay_jobs``)."""
     config: Config
     hosts: int
     topology: str
@@ -84,6 +85,7 @@ class Simulated:
     efficiency: float
     simulated_s: float
     steps: int
+    replay: str = "ranks"
 
 
 def simgrid_python() -> str | None:
@@ -167,14 +169,76 @@ def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tupl
     raise SimulatorError(f"the simulator has no replay of message shape {m.shape!r}")
 
 
+REPLAYS = ("auto", "ranks")
+# sgreplay.DIRECT_PEERS (that module imports SimGrid: not importable here)
+DIRECT_PEERS = 16
+
+
+def _rounds_unlikely(job: dict, hosts: int) -> bool:
+    """An ``spmd`` job whose rounds are known not to be symmetric on ``hosts`` hosts, sent
+    to the ranks replay from the start (in parallel with the rounds replay) rather than
+    tried by rounds and replayed again after: a direct exchange compacted to
+    DIRECT_PEERS spread peers (its flows cross different numbers of links, so the ranks'
+    round ends differ: an fp16 bucket's two exchanges, top-k's pairs), a binomial
+    broadcast (ranks have different rounds), MPICH's all-reduce fold of a host count
+    that is not a power of two. Only where each job goes depends on it: the times are
+    the same either way (the rounds replay checks symmetry and falls back)."""
+    folds = hosts & (hosts - 1) != 0
+    for op in job["ops"]:
+        if op[0] == "direct" and hosts - 1 > DIRECT_PEERS or op[0] == "bcast":
+            return True
+        if folds and (op[0] == "allreduce" and op[2] != "ring"
+                      or op[0] == "behind" and op[4] != "ring"):
+            return True
+    return False
+
+
+def _start(exe: str, spec: dict, tmp: str, timeout_s: float):
+    """One ``sgreplay`` child on ``spec`` (its platform file in ``tmp``); returns a
+    function that waits for it and gives its decoded output."""
+    spec = {**spec, "platform_file": str(Path(tmp) / f"platform-{spec['replay']}.xml")}
+    proc = subprocess.Popen([exe, str(Path(__file__).with_name("sgreplay.py"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp)
+
+    def wait() -> dict:
+        try:
+            out, err = proc.communicate(json.dumps(spec), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise SimulatorError(f"the SimGrid replay of {spec['platform']['hosts']} hosts "
+                                 f"took more than {timeout_s:g} s") from None
+        if proc.returncode != 0:
+            tail = [ln for ln in err.splitlines() if "xbt_cfg/INFO" not in ln][-3:]
+            raise SimulatorError(
+                f"the SimGrid replay of {spec['platform']['hosts']} hosts "
+                f"({spec['platform']['topology']}) failed (exit {proc.returncode}): "
+                f"{' / '.join(tail)}")
+        return json.loads(out)
+    return wait
+
+
 def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tree",
                 software_latency_s: float = 0.0, hop_latency_s: float = 0.0,
-                python: str | None = None, timeout_s: float = 3600) -> list[dict]:
+                python: str | None = None, timeout_s: float = 3600,
+                replay: str = "auto") -> list[dict]:
     """Run ``jobs`` (``sgreplay``'s format) on a generated platform; returns its
-    [{"name", "seconds", "mean_s"}]."""
+    [{"name", "seconds", "mean_s", "replay"}], in the order of ``jobs``.
+
+    ``replay="ranks"``: every job in an actor a rank (an OS thread each), the reference.
+    ``"auto"`` (the default): jobs that send the same messages as an earlier one are
+    replayed once; the ``spmd`` jobs go to the rounds replay (one actor, every rank's
+    round at once, each distinct round once: ``sgreplay.RoundsReplay``, exact where
+    every round is symmetric), while the master and push jobs, and the ``spmd`` jobs
+    known not to be symmetric (``_rounds_unlikely``), run in the ranks replay in a
+    second process at the same time; an ``spmd`` job the rounds replay finds not
+    symmetric is replayed by ranks after."""
     if topology not in TOPOLOGIES:
         raise SimulatorError(f"--topology: {topology!r} is not one of "
                              f"{', '.join(TOPOLOGIES)}")
+    if replay not in REPLAYS:
+        raise SimulatorError(f"replay: {replay!r} is not one of {', '.join(REPLAYS)}")
     if not 1 <= hosts <= MAX_HOSTS:
         raise SimulatorError(f"--hosts: the simulator holds 1 to {MAX_HOSTS} hosts (a "
                              f"thread each), got {hosts}; use the analytic model alone "
@@ -184,25 +248,43 @@ def replay_jobs(jobs: list, hosts: int, gbits: float, *, topology: str = "fat_tr
         raise SimulatorError("--simulate: SimGrid's Python bindings are not installed "
                              "(apt-get install python3-simgrid, or scripts/setup.sh "
                              "--simgrid; another Python: DISTNN_SIMGRID_PYTHON)")
+    # one replay of each distinct job: configurations that send the same messages
+    # (data and its shards, top-k past its crossover) share it
+    keys = [json.dumps({k: v for k, v in job.items() if k != "name"}, sort_keys=True)
+            for job in jobs]
+    unique = {}
+    for key, job in zip(keys, jobs):
+        unique.setdefault(key, {**job, "name": f"job{len(unique)}"})
+    base = {"platform": {"topology": topology, "hosts": hosts, "gbits": gbits,
+                         "hop_latency_s": hop_latency_s,
+                         "torus_dims": list(torus_dims(hosts))},
+            "software_latency_s": software_latency_s}
+    found = {}
     with tempfile.TemporaryDirectory(prefix="distnn-sim-") as tmp:
-        spec = {"platform": {"topology": topology, "hosts": hosts, "gbits": gbits,
-                             "hop_latency_s": hop_latency_s,
-                             "torus_dims": list(torus_dims(hosts))},
-                "software_latency_s": software_latency_s,
-                "platform_file": str(Path(tmp) / "platform.xml"), "jobs": jobs}
-        proc = subprocess.run([exe, str(Path(__file__).with_name("sgreplay.py"))],
-                              input=json.dumps(spec), capture_output=True, text=True,
-                              timeout=timeout_s, cwd=tmp)
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if "xbt_cfg/INFO" not in ln][-3:]
-        raise SimulatorError(f"the SimGrid replay of {hosts} hosts ({topology}) failed "
-                             f"(exit {proc.returncode}): {' / '.join(tail)}")
-    return json.loads(proc.stdout)["jobs"]
+        todo = list(unique.values())
+        if replay == "auto":
+            spmd = [j for j in todo if j["kind"] == "spmd" and not _rounds_unlikely(j, hosts)]
+            rest = [j for j in todo if j not in spmd]
+            waits = [_start(exe, {**base, "replay": "rounds", "jobs": spmd}, tmp, timeout_s)
+                     if spmd else None,
+                     _start(exe, {**base, "replay": "ranks", "jobs": rest}, tmp, timeout_s)
+                     if rest else None]
+            for wait in waits:
+                for res in (wait() if wait else {"jobs": []})["jobs"]:
+                    if "fallback" not in res:
+                        found[res["name"]] = res
+            todo = [j for j in todo if j["name"] not in found]
+        if todo:
+            for res in _start(exe, {**base, "replay": "ranks", "jobs": todo}, tmp,
+                              timeout_s)()["jobs"]:
+                found[res["name"]] = res
+    return [{**found[unique[key]["name"]], "name": job["name"]}
+            for key, job in zip(keys, jobs)]
 
 
 def simulate(configs, model: ModelCost, hosts: int, link: Link, *,
              topology: str = "fat_tree", hop_latency_s: float = 0.0,
-             python: str | None = None) -> list[Simulated]:
+             python: str | None = None, replay: str = "auto") -> list[Simulated]:
     """Each of ``configs`` on ``hosts`` hosts joined by ``link``s: the analytic model's
     alpha is the end-to-end latency of two neighbours (the host's stack plus two links
     of ``hop_latency_s``); farther hosts cross more links, and links are shared."""
@@ -210,12 +292,12 @@ def simulate(configs, model: ModelCost, hosts: int, link: Link, *,
     software = max(0.0, link.latency_s - 2 * hop_latency_s)
     res = replay_jobs([b[0] for b in built], hosts, link.gbits, topology=topology,
                       software_latency_s=software, hop_latency_s=hop_latency_s,
-                      python=python)
+                      python=python, replay=replay)
     out = []
     for cfg, (_, steps, computing), r in zip(configs, built, res):
         step = r.get("steady_s", r["seconds"]) / steps
         sps = computing * model.batch / step
         out.append(Simulated(cfg, hosts, topology, step, computing, sps,
                              sps / (hosts * model.batch / model.compute_s),
-                             r["seconds"], steps))
+                             r["seconds"], steps, r["replay"]))
     return out
