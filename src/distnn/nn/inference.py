@@ -207,7 +207,10 @@ class _Program:
         last = step.branch[-1]
         prim = conv(ConvStep(last.conv, last.bn, step.relu), bdims, True)
         into = None if G.equal(smd, prim.dst_md) else G.Convert(smd, prim.dst_md)
-        self.ops.append(("swap", into, prim.size))
+        # an identity shortcut's array is the input itself, which the branch's first
+        # convolution has read before its last one adds into it (where there are two)
+        inplace = not step.shortcut and into is None and len(step.branch) >= 2
+        self.ops.append(("swap", into, prim.size, inplace))
         self.ops.extend(self._later)
         self._later = []
         op = self._convert(bmd, prim.src_md, bdims)
@@ -249,9 +252,11 @@ class _Program:
                     stack.append(cur)
                     cur = (cur[0], False)
                 elif kind == "swap":  # cur: the shortcut's result; back to the input
-                    into, size = op[1], op[2]
+                    into, size, inplace = op[1], op[2], op[3]
                     short, cur = cur, stack.pop()
-                    if into is not None or not short[1]:
+                    if inplace and cur[1]:  # the branch reads x, the sum writes into it
+                        short, cur = cur, (cur[0], False)
+                    elif into is not None or not short[1]:
                         out = pool.take(size)
                         if into is not None:
                             into.reorder(short[0].data, out)
