@@ -21,6 +21,7 @@ from .geometry import ConvGeometry
 _FORWARD_INFERENCE = 96
 _ELTWISE_RELU = 0x20
 _POOLING_MAX = 0x1FF
+_POOLING_AVG = 0x2FF  # include padding (the average pools here have none)
 _DT_UNDEF = 0
 _p = ctypes.c_void_p
 _bound = [False]
@@ -232,17 +233,18 @@ class Conv:
 
 
 class MaxPool:
-    """Max pooling in the layout the library picks for its input (``src_md``)."""
+    """Max pooling (or, with ``average``, average pooling without padding) in the layout the library picks for its input (``src_md``)."""
 
     def __init__(self, src_md: _p, dims: tuple, out_hw: tuple, kernel: tuple, strides: tuple,
-                 pads: tuple):
+                 pads: tuple, average: bool = False):
         lib, engine = D._state["lib"], D._state["engine"]
         n, c = dims[:2]
         self.dims = (n, c, *out_hw)
         anyy = D._md(self.dims, D._F32, D._ANY)
         pd = _p()
         D._check(lib.dnnl_pooling_forward_primitive_desc_create(
-            ctypes.byref(pd), engine, _FORWARD_INFERENCE, _POOLING_MAX, src_md, anyy,
+            ctypes.byref(pd), engine, _FORWARD_INFERENCE, _POOLING_AVG if average else _POOLING_MAX,
+            src_md, anyy,
             D._dims(strides), D._dims(kernel), D._dims((0, 0)), D._dims(pads[::2]),
             D._dims(pads[1::2]), None), "pooling_forward_primitive_desc_create")
         q = lambda what: lib.dnnl_primitive_desc_query_md(pd, what, 0)  # noqa: E731

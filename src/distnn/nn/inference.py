@@ -1,5 +1,5 @@
 """Inference programs: a built model's leading convolutions, batch norms, ReLUs, residual
-sums and max poolings run as oneDNN inference primitives over blocked layouts
+sums, max poolings and a last global average pool run as oneDNN inference primitives over blocked layouts
 (``kernels._onednn_graph``), the rest of the model by its own layers.
 
 The model pass is decided here, in one place (``plan``): each ``Conv2D`` takes the
@@ -28,7 +28,7 @@ from .activations import ReLU
 from .containers import Add, Sequential
 from .conv import Conv2D
 from .normalization import BatchNormalization
-from .pooling import MaxPool2D
+from .pooling import GlobalAvgPool2D, MaxPool2D
 
 _PROGRAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -88,6 +88,10 @@ def _steps(layers: list, whole: bool) -> tuple[list, int]:
             steps.append(PoolStep(layer))
             i += 1
             continue
+        if type(layer) is GlobalAvgPool2D and not whole:  # the program's last step
+            steps.append(PoolStep(layer))
+            i += 1
+            break
         if type(layer) is Add and len(layer.branches) == 2:
             main, short = (getattr(b, "layers", None) for b in layer.branches)
             if isinstance(main, list) and isinstance(short, list) and main:
@@ -134,6 +138,7 @@ class _Program:
         self.convs: list[tuple[ConvStep, object]] = []
         self.ops: list = []
         self._later: list = []
+        self.flat = False  # a global average pool's (n, c, 1, 1) output taken as (n, c)
 
         def conv(step: ConvStep, dims: tuple, sum_: bool):
             layer = step.conv
@@ -187,6 +192,11 @@ class _Program:
         if isinstance(step, PoolStep):
             p = step.pool
             _, c, h, w = dims
+            if type(p) is GlobalAvgPool2D:
+                prim = G.MaxPool(md, dims, (1, 1), (h, w), (1, 1), (0, 0, 0, 0), average=True)
+                self.ops.append(("pool", prim))
+                self.flat = True
+                return prim.dst_md, prim.dims
             (kh, kw), (sh, sw), (ph, pw) = p.pool_size, p.strides, p.padding
             out = ((h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
             prim = G.MaxPool(md, dims, out, (kh, kw), (sh, sw), (ph, ph, pw, pw))
@@ -283,7 +293,7 @@ class _Program:
                     cur = (nv, True)
             y = self.output(cur[0])
             release(cur)
-        return y
+        return y.reshape(len(y), -1) if self.flat else y
 
 
 # -- what predict asks -------------------------------------------------------------------
