@@ -51,8 +51,9 @@ class ModelMethods:
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Outputs of ``x`` in inference mode, ``batch_size`` samples at a time."""
-        outs = [self.forward(x[i:i + batch_size], training=False)
-                for i in range(0, len(x), batch_size)]
+        from .inference import runner
+        forward = runner(self) or (lambda b: self.forward(b, training=False))
+        outs = [forward(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]
         return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, self.dtype)
 
     def named_arrays(self) -> dict[str, np.ndarray]:

@@ -157,12 +157,14 @@ def predict(model, comm, data, *, batch_size: int = 256, steps: int = 0,
     _, gbs = resolve_batch_sizes(batch_size, None, comm.size)
     empty = np.empty((0,) + tuple(model.output_shape), model.dtype)
     outs, labels, index = [], [], []
+    from ..nn.inference import runner
+    forward = runner(model) or (lambda x: model.forward(x, training=False))
     batches = data.batches(gbs, shuffle=False, rank=comm.rank, size=comm.size)
     try:
         for i, batch in enumerate(batches):
             if steps and i >= steps:
                 break
-            outs.append(model.forward(batch.x, training=False) if len(batch.x) else empty)
+            outs.append(forward(batch.x) if len(batch.x) else empty)
             labels.append(batch.y)
             start = i * gbs  # this rank's np.array_split piece of global batch i
             rows = np.arange(start, min(start + gbs, len(data)))
