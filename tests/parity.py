@@ -70,3 +70,15 @@ def randomized(layer, seed=1):
     for p in layer.params.values():
         p[...] = rng.uniform(0.5, 1.5, p.shape) * rng.choice([-1, 1], p.shape)
     return layer
+
+
+def perturb_batch_norms(model, rng, spread: float = 0.2, var=(0.5, 2.0)) -> None:
+    """Non-trivial batch norms: running statistics and affine parameters away from 0/1."""
+    from distnn.nn import BatchNormalization
+    for layer in model.walk():
+        if isinstance(layer, BatchNormalization):
+            c = layer.buffers["running_mean"].shape
+            layer.buffers["running_mean"][...] = rng.normal(0, spread, c)
+            layer.buffers["running_var"][...] = rng.uniform(*var, c)
+            layer.params["gamma"][...] = rng.uniform(0.5, 1.5, c)
+            layer.params["beta"][...] = rng.normal(0, spread, c)

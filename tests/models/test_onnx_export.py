@@ -8,6 +8,7 @@ from distnn.models import MODELS, get_model
 from distnn.nn import (Add, AvgPool2D, BatchNormalization, Concat, Conv2D, Dense, Dropout,
                        Flatten, GlobalAvgPool2D, LeakyReLU, MaxPool2D, PaddingMask, ReLU,
                        Sequential, Sigmoid, Softmax, Tanh)
+from parity import perturb_batch_norms
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -23,17 +24,6 @@ def _input_shape(name):
     if name == "alexnet_imagenet":  # its 11x11/4 stem and three 3x3/2 pools need more
         return (3, 99, 99)
     return SMALL.get(MODELS[name][1])
-
-
-def _perturb_statistics(model, rng):
-    """Non-trivial batch norms: running statistics and affine parameters away from 0/1."""
-    for layer in model.walk():
-        if isinstance(layer, BatchNormalization):
-            c = layer.buffers["running_mean"].shape
-            layer.buffers["running_mean"][...] = rng.normal(0, 0.2, c)
-            layer.buffers["running_var"][...] = rng.uniform(0.5, 2.0, c)
-            layer.params["gamma"][...] = rng.uniform(0.5, 1.5, c)
-            layer.params["beta"][...] = rng.normal(0, 0.2, c)
 
 
 def _outputs(model, x, path):
@@ -58,7 +48,7 @@ def test_zoo_model_round_trips(name, tmp_path):
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
     model = get_model(name, input_shape=_input_shape(name), rng=2)
-    _perturb_statistics(model, rng)
+    perturb_batch_norms(model, rng)
     x = rng.standard_normal((3, *model.input_shape)).astype(np.float32)
     if MODELS[name][1] == "text":  # token ids of the text models' 256 bytes
         x = rng.integers(0, 256, x.shape).astype(np.float32)
@@ -93,7 +83,7 @@ def test_every_layer_option_round_trips(tmp_path, dtype):
     model = _every_layer()
     model.build((3, 12, 11), rng=0, dtype=dtype)
     rng = np.random.default_rng(3)
-    _perturb_statistics(model, rng)
+    perturb_batch_norms(model, rng)
     x = rng.standard_normal((4, 3, 12, 11)).astype(dtype)
     y, y_onnx, y_torch = _outputs(model, x, model.to_onnx(tmp_path / "every.onnx"))
     assert y_torch.dtype == dtype

@@ -12,21 +12,14 @@ from helpers import run_distnn
 from distnn import distributed as dist
 from distnn.data import ArrayDataset
 from distnn.models import get_model
-from distnn.nn import BatchNormalization
 from distnn.nn.inference import why_not
 from distnn.training import predict
+from parity import perturb_batch_norms
 
 
 def _model(name, shape, seed=0):
     model = get_model(name, input_shape=shape, rng=seed)
-    rng = np.random.default_rng(seed + 1)
-    for layer in model.walk():
-        if isinstance(layer, BatchNormalization):
-            c = layer.buffers["running_mean"].shape
-            layer.buffers["running_mean"][...] = rng.normal(0, 0.1, c)
-            layer.buffers["running_var"][...] = rng.uniform(0.5, 1.5, c)
-            layer.params["gamma"][...] = rng.uniform(0.5, 1.5, c)
-            layer.params["beta"][...] = rng.normal(0, 0.1, c)
+    perturb_batch_norms(model, np.random.default_rng(seed + 1), spread=0.1, var=(0.5, 1.5))
     return model
 
 

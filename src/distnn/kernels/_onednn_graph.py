@@ -233,7 +233,8 @@ class Conv:
 
 
 class MaxPool:
-    """Max pooling (or, with ``average``, average pooling without padding) in the layout the library picks for its input (``src_md``)."""
+    """Max pooling (or, with ``average``, average pooling without padding) in the layout
+    the library picks for its input (``src_md``)."""
 
     def __init__(self, src_md: _p, dims: tuple, out_hw: tuple, kernel: tuple, strides: tuple,
                  pads: tuple, average: bool = False):

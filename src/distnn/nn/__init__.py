@@ -26,6 +26,7 @@ def _family_layers() -> dict[str, type]:
 
 _LAYERS = _family_layers()
 globals().update(_LAYERS)
+import_module(f"{__name__}.inference")  # Model.predict's oneDNN programs (nn/model.py)
 
 reuse_freed_memory()
 

@@ -1,6 +1,6 @@
 """Inference programs: a built model's leading convolutions, batch norms, ReLUs, residual
-sums, max poolings and a last global average pool run as oneDNN inference primitives over blocked layouts
-(``kernels._onednn_graph``), the rest of the model by its own layers.
+sums, max poolings and a last global average pool run as oneDNN inference primitives over
+blocked layouts (``kernels._onednn_graph``), the rest of the model by its own layers.
 
 The model pass is decided here, in one place (``plan``): each ``Conv2D`` takes the
 ``BatchNormalization`` right after it folded into its weights and bias (w * s, (b - mean)
@@ -26,6 +26,7 @@ import numpy as np
 from . import fusion
 from .activations import ReLU
 from .containers import Add, Sequential
+from .model import PREDICT_RUNNER
 from .conv import Conv2D
 from .normalization import BatchNormalization
 from .pooling import GlobalAvgPool2D, MaxPool2D
@@ -346,3 +347,6 @@ def why_not(model) -> str | None:
     if reason is None and not plan(model)[0]:
         reason = "no leading layer fits"
     return reason
+
+
+PREDICT_RUNNER[:] = [runner]

@@ -46,13 +46,18 @@ class Model(Protocol):
     def load_weights(self, path) -> None: ...
 
 
+# distnn.nn.inference (imported with distnn.nn) puts its ``runner`` here: predict asks it for
+# a program of oneDNN primitives for the model, and runs the layers where it gives none
+PREDICT_RUNNER: list = []
+
+
 class ModelMethods:
     """The members of ``Model`` that follow from the others (mixed into the models)."""
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """Outputs of ``x`` in inference mode, ``batch_size`` samples at a time."""
-        from .inference import runner
-        forward = runner(self) or (lambda b: self.forward(b, training=False))
+        program = PREDICT_RUNNER[0](self) if PREDICT_RUNNER else None
+        forward = program or (lambda b: self.forward(b, training=False))
         outs = [forward(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]
         return np.concatenate(outs) if outs else np.empty((0,) + self.output_shape, self.dtype)
 
