@@ -92,6 +92,23 @@ def test_simulated_steps_of_the_collective_rules_match_the_model_on_a_crossbar()
                                            rel=1e-6), sim.config.label
 
 
+@needs_simgrid
+@pytest.mark.parametrize("hosts", [3, 4])
+def test_sharded_steps_replay_their_reduce_scatters_and_all_gathers(hosts):
+    """--shard 1/2/3 on a crossbar: the replayed step is the model's (stage 1's buckets and
+    its all-gather; 2 and 3's layer slices reduce-scattered by recursive halving on 4
+    hosts, pairwise on 3; stage 3's two all-gathers, by recursive doubling or Bruck), and
+    not the data rule's step that the simulator replayed for them before."""
+    cost, link = _cost(), Link(1.0, 50e-6)
+    configs = [Config("data", shard=k) for k in (1, 2, 3)]
+    sims = simulate(configs + [Config("data")], cost, hosts, link, topology="flat",
+                    hop_latency_s=0.0, python=SIMGRID)
+    for sim in sims:   # 1e-5: a message's bytes are whole in SimGrid (n/3 is not)
+        assert sim.step_s == pytest.approx(predict(sim.config, cost, hosts, link).step_s,
+                                           rel=1e-5), sim.config.label
+    assert len({round(sim.step_s, 12) for sim in sims}) == 4
+
+
 def _model_file(tmp_path):
     path = tmp_path / "mine.py"
     path.write_text("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"

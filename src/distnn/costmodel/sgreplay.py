@@ -12,8 +12,10 @@ per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
   ``["at", s]`` (wait until s after the job's start), ``["allreduce", bytes, algorithm]``
   (``recursive_doubling``, ``rabenseifner``, ``ring``), ``["direct", part_bytes]`` (a part
   to every other rank, all posted at once), ``["allgather_ring", part_bytes]``,
-  ``["bcast", bytes]`` (binomial tree from rank 0), ``["behind", steps, compute_s, bytes,
-  algorithm]`` (steps whose all-reduce runs while the next step computes);
+  ``["bcast", bytes]`` (binomial tree from rank 0), ``["reduce_scatter", bytes,
+  algorithm]`` (``recursive_halving``, ``pairwise``), ``["allgather", part_bytes,
+  algorithm]`` (``recursive_doubling``, ``bruck``, ``ring``), ``["behind", steps,
+  compute_s, bytes, algorithm]`` (steps whose all-reduce runs while the next step computes);
 - ``master``: rank 0 answers ``rounds`` x (hosts-1) requests of ``bytes`` with ``bytes``;
   each worker computes ``work_s`` then asks, ``rounds`` times; ``steady_s``: a worker's
   mean seconds over the rounds after the first ``skip`` (all workers start at once, so the
@@ -136,6 +138,8 @@ class Rank:
             return getattr(self, f"allreduce_{op[2]}")(op[1])
         if kind in ("direct", "allgather_ring", "bcast"):
             return getattr(self, kind)(op[1])
+        if kind in ("reduce_scatter", "allgather"):
+            return getattr(self, f"{kind}_{op[2]}")(op[1])
         raise ValueError(f"unknown op {kind!r}")
 
     # MPICH's all-reduce algorithms (src/mpi/coll/allreduce), the data left out
@@ -200,6 +204,40 @@ class Rank:
         for _ in range(2 * (self.size - 1)):
             yield [(nxt, nbytes / self.size)], [prv]
 
+    # MPICH's reduce-scatter (src/mpi/coll/reduce_scatter) and all-gather (allgather), the
+    # data left out: --shard's layer slices and parameters
+
+    def reduce_scatter_recursive_halving(self, nbytes):
+        """A power of two: halves of the buffer, the nearest partner first (as the
+        reduce-scatter half of rabenseifner), log2 P rounds."""
+        part, mask = nbytes, 1
+        while mask < self.size:
+            part /= 2
+            yield self._exchange(self.me ^ mask, part)
+            mask <<= 1
+
+    def reduce_scatter_pairwise(self, nbytes):
+        """P-1 rounds: round i sends the part of rank me+i and receives from me-i."""
+        for i in range(1, self.size):
+            yield [((self.me + i) % self.size, nbytes / self.size)], [(self.me - i) % self.size]
+
+    def allgather_recursive_doubling(self, part):
+        """A power of two: the partner at distance 1, 2, 4 ... gets all parts gathered so
+        far (1, 2, 4 ... parts)."""
+        mask = 1
+        while mask < self.size:
+            yield self._exchange(self.me ^ mask, part * mask)
+            mask <<= 1
+
+    def allgather_bruck(self, part):
+        """ceil(log2 P) rounds: round k sends min(2^k, P - 2^k) parts to rank me - 2^k and
+        receives as many from me + 2^k."""
+        k = 1
+        while k < self.size:
+            yield ([((self.me - k) % self.size, part * min(k, self.size - k))],
+                   [(self.me + k) % self.size])
+            k <<= 1
+
     def allgather_ring(self, part):
         nxt, prv = (self.me + 1) % self.size, (self.me - 1) % self.size
         for _ in range(self.size - 1):
@@ -237,7 +275,7 @@ class Rank:
                [(self.me - o) % self.size for o in offsets])
 
 
-COLLECTIVES = ("allreduce", "direct", "allgather_ring", "bcast")
+COLLECTIVES = ("allreduce", "direct", "allgather_ring", "bcast", "reduce_scatter", "allgather")
 
 
 def _spmd(rank, job, t0):

@@ -27,8 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .collectives import TOPOLOGIES, Link, torus_dims
-from .predict import Config, ModelCost, data_messages, half_bucket
+from .collectives import TOPOLOGIES, Link, allgather_time, torus_dims
+from .predict import Config, ModelCost, data_messages, half_bucket, slice_messages
 
 __all__ = ["Fabric", "FABRICS", "TOPOLOGIES", "MAX_HOSTS", "Simulated", "SimulatorError",
            "simgrid_python", "REPLAYS", "replay_jobs", "config_job", "simulate"]
@@ -126,12 +126,15 @@ def _exchange_ops(msg, hosts: int) -> list:
 def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tuple:
     """(job for ``sgreplay``, steps it covers, ranks computing) of one configuration."""
     c, n, item = model.compute_s, model.size, model.itemsize
+    options = {"shard": config.shard} if config.shard else {}
     declared = config.rule_class.step_messages(size=n, itemsize=item, period=config.period,
-                                               probability=config.probability)
+                                               probability=config.probability, **options)
     name = config.label
     if hosts <= 1:
         return {"name": name, "kind": "spmd", "ops": [["compute", c]]}, 1, hosts
     shapes = {m.shape for m in declared}
+    if config.shard:
+        return _sharded_job(name, declared, config, model, hosts, link), 1, hosts
     if shapes == {"gradients"}:
         fwd, back = c * (1 - model.backward_share), c * model.backward_share
         ops, later = [], []
@@ -167,6 +170,39 @@ def config_job(config: Config, model: ModelCost, hosts: int, link: Link) -> tupl
                 "p": m.per_step, "steps": STEPS_PUSH, "seed": 0,
                 "skip": SKIP_PUSH}, STEPS_PUSH - SKIP_PUSH, hosts
     raise SimulatorError(f"the simulator has no replay of message shape {m.shape!r}")
+
+
+_SLICE_ALGORITHMS = {"recursive halving": "recursive_halving",
+                     "pairwise exchange": "pairwise"}
+_GATHER_ALGORITHMS = {"recursive doubling": "recursive_doubling", "bruck": "bruck",
+                      "ring": "ring"}
+
+
+def _sharded_job(name: str, declared: list, config: Config, model: ModelCost, hosts: int,
+                 link: Link) -> dict:
+    """--shard's step as predict() has it: the gradients all-reduced in buckets (stage 1)
+    or reduce-scattered layer by layer (2, 3), each once backward has made it; after the
+    step's compute, the parameters all-gathered (stage 3: twice)."""
+    c = model.compute_s
+    fwd, back = c * (1 - model.backward_share), c * model.backward_share
+    ops, later = [], []
+    if any(m.shape == "gradients" for m in declared):
+        for msg in data_messages(config, model, hosts, link):
+            if msg[4] is None:
+                later += _exchange_ops(msg, hosts)
+            else:
+                ops += [["at", fwd + back * msg[4]], *_exchange_ops(msg, hosts)]
+    else:
+        for _, nbytes, _, alg, ready in slice_messages(model, hosts, link):
+            ops += [["at", fwd + back * ready],
+                    ["reduce_scatter", float(nbytes), _SLICE_ALGORITHMS[alg]]]
+    ops += [["at", c], *later]
+    for m in declared:
+        if m.shape == "allgather":
+            alg = allgather_time(m.nbytes, hosts, link)[1]
+            ops += [["allgather", m.nbytes / hosts, _GATHER_ALGORITHMS[alg]]] * \
+                round(m.per_step)
+    return {"name": name, "kind": "spmd", "ops": ops}
 
 
 REPLAYS = ("auto", "ranks")
