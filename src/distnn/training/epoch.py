@@ -146,13 +146,9 @@ class EpochLoop:
                 samples += batch.global_size
                 self.batch_global_size = batch.global_size
                 if first:
-                    # The bar starts after the first step, so its rate and time left do
-                    # not count the kernels' compilation.
                     first = False
-                    self._report_first_step(time.perf_counter() - t0)
-                    bar = self.reporter.open_bar(epoch_samples, desc)
-                    if bar is not None:
-                        bar.update(shown)
+                    bar = self._open_bar_after_first_step(time.perf_counter() - t0,
+                                                          epoch_samples, desc, shown)
                 if callbacks:
                     batch_logs = self.metrics.logs(sums)
                     for cb in callbacks:
@@ -169,6 +165,16 @@ class EpochLoop:
             if close is not None:
                 close()
         return self._end_epoch(epoch, sums, samples, t0, bar)
+
+    def _open_bar_after_first_step(self, seconds, epoch_samples, desc, shown):
+        """The first step reported and the epoch's bar opened only now, so its rate and
+        time left do not count the kernels' compilation (``shown``: samples skipped on a
+        resume)."""
+        self._report_first_step(seconds)
+        bar = self.reporter.open_bar(epoch_samples, desc)
+        if bar is not None:
+            bar.update(shown)
+        return bar
 
     def _check_loss(self, epoch: int, step: int, steps: int) -> None:
         """Stop at the first non-finite loss of any rank, on every rank (one small
