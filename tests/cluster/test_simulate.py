@@ -109,6 +109,18 @@ def test_sharded_steps_replay_their_reduce_scatters_and_all_gathers(hosts):
     assert len({round(sim.step_s, 12) for sim in sims}) == 4
 
 
+def test_shards_rings_are_not_replayed_beyond_their_host_count():
+    """--shard's ring all-gather (and pairwise reduce-scatter) is P-1 rounds that a fat
+    tree makes asymmetric (the ranks replay: P(P-1) messages): past RING_HOSTS_MAX hosts
+    plan leaves them out of the simulated table with a line naming why."""
+    from distnn.costmodel.simulate import RING_HOSTS_MAX, not_replayed
+    cost, link = _cost(), Link(10.0, 12e-6)
+    why = not_replayed(Config("data", shard=3), cost, 1024, link)
+    assert why is not None and "all-gather" in why and "1023 a rank" in why, why
+    assert not_replayed(Config("data", shard=3), cost, RING_HOSTS_MAX, link) is None
+    assert not_replayed(Config("data"), cost, 1024, link) is None
+
+
 def _model_file(tmp_path):
     path = tmp_path / "mine.py"
     path.write_text("from distnn.nn import Dense, Flatten, ReLU, Sequential\n\n\n"

@@ -254,7 +254,7 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
     from dataclasses import replace
 
     from ..costmodel.predict import DEFAULT_CONFIGS, Link, pick, predict
-    from ..costmodel.simulate import SimulatorError, simulate
+    from ..costmodel.simulate import SimulatorError, not_replayed, simulate
     configs = DEFAULT_CONFIGS + _bucket_variants(cost, DEFAULT_CONFIGS)
     label = {c: c.label + ("" if c.bucket_size_mb == 4.0 else
                            f", buckets {c.bucket_size_mb:g} MB") for c in configs}
@@ -267,23 +267,30 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
         link = Link(gbits, args.latency_us * 1e-6)
         # the analytic side on the same network: a torus's hops and shared links
         on_topology = replace(link, topology=args.topology, hop_s=hop)
-        sims = {}
+        sims, skipped = {}, []
         for h in [h for h in hosts if h > 1]:
             t = time.perf_counter()
+            why = {c: not_replayed(c, cost, h, link) for c in configs}
+            skipped += [f"{label[c]} at {h} hosts: not simulated ({w})"
+                        for c, w in why.items() if w]
             try:
-                got = simulate(configs, cost, h, link, topology=args.topology,
-                               hop_latency_s=hop, python=args.simgrid_python)
+                got = simulate([c for c in configs if not why[c]], cost, h, link,
+                               topology=args.topology, hop_latency_s=hop,
+                               python=args.simgrid_python)
             except SimulatorError as exc:
                 raise RunError(str(exc)) from None
-            sims[h] = (got, time.perf_counter() - t)
+            sims[h] = ({s.config: s for s in got}, time.perf_counter() - t)
         print(f"\n### {gbits:g} Gbit/s, simulated: step ms analytic / simulated "
               "(simulated efficiency, error of the analytic)\n")
         print("| configuration | " + " | ".join(f"{h} hosts" for h in sims) + " |")
         print("|---|" + "---|" * len(sims))
-        for i, cfg in enumerate(configs):
+        for cfg in configs:
             cells = []
             for h, (got, wall) in sims.items():
-                a, s = predict(cfg, cost, h, on_topology), got[i]
+                a, s = predict(cfg, cost, h, on_topology), got.get(cfg)
+                if s is None:
+                    cells.append(f"{a.step_s * 1e3:.2f} / -")
+                    continue
                 err = a.step_s / s.step_s - 1
                 cells.append(f"{a.step_s * 1e3:.2f} / {s.step_s * 1e3:.2f} "
                              f"({s.efficiency:.0%}, {err:+.0%})")
@@ -298,8 +305,10 @@ def _simulate(args, cost, hosts, rates) -> list[dict]:
             print(f"| {label[cfg]} | " + " | ".join(cells) + " |")
         print("| simulator wall s | " + " | ".join(f"{w:.1f}" for _, w in sims.values())
               + " |")
+        for line in skipped:
+            print(line)
         for h, (got, _) in sims.items():
-            best = pick(got, args.efficiency)  # Simulated has the fields pick reads
+            best = pick(list(got.values()), args.efficiency)  # Simulated has pick's fields
             if h == max(sims):
                 print(f"\nsimulated pick at {h} hosts on {gbits:g} Gbit/s "
                       f"({args.topology}): {label[best.config]} "

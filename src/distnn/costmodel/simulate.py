@@ -205,6 +205,26 @@ def _sharded_job(name: str, declared: list, config: Config, model: ModelCost, ho
     return {"name": name, "kind": "spmd", "ops": ops}
 
 
+# A ring or pairwise exchange is P-1 rounds, and on a fat tree or torus not symmetric
+# (neighbours across a switch end later), so it goes to the ranks replay: P (P-1) messages,
+# 1,046,529 at 1,024 hosts (over 15 minutes). Replayed up to this many hosts.
+RING_HOSTS_MAX = 256
+
+
+def not_replayed(config: Config, model: ModelCost, hosts: int, link: Link) -> str | None:
+    """Why ``config`` is not replayed on ``hosts`` hosts (None: it is)."""
+    if hosts <= RING_HOSTS_MAX or not config.shard:
+        return None
+    job = config_job(config, model, hosts, link)[0]
+    names = {"allgather": "all-gather", "reduce_scatter": "reduce-scatter"}
+    rings = sorted({names[op[0]] for op in job["ops"]
+                    if op[0] in names and op[2] in ("ring", "pairwise")})
+    if not rings:
+        return None
+    return (f"its {' and '.join(rings)} go by ring or pairwise rounds, {hosts - 1} a "
+            f"rank; replayed up to {RING_HOSTS_MAX} hosts")
+
+
 REPLAYS = ("auto", "ranks")
 # sgreplay.DIRECT_PEERS (that module imports SimGrid: not importable here)
 DIRECT_PEERS = 16
