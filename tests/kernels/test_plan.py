@@ -111,6 +111,36 @@ def test_winograds_backward_over_column_copies_on_avx512_only(shape, want):
         assert plan.plan_conv(g, f, np.float32, cpu=AVX512).method == "winograd"
 
 
+# (layer, geometry, filters) -> whether its backward runs on oneDNN's primitives
+# (``plan.onednn_backward``) on AVX-512, float32, 1 thread: resnet20's 32- and 64-channel
+# 3x3 layers; not its 16-channel ones (a tie), not vgg11bn's wider ones, not 1x1 kernels
+ONEDNN_CASES = [
+    ("resnet20 3->16 32x32", geo(64, 3, 32), 16, False),
+    ("resnet20 16->16 32x32", geo(64, 16, 32), 16, False),
+    ("resnet20 16->32 s2", geo(64, 16, 32, stride=2), 32, False),
+    ("resnet20 32->32 16x16", geo(64, 32, 16), 32, True),
+    ("resnet20 32->64 s2", geo(64, 32, 16, stride=2), 64, True),
+    ("resnet20 32->64 1x1 s2", geo(64, 32, 16, k=1, stride=2, pad=0), 64, False),
+    ("resnet20 64->64 8x8", geo(64, 64, 8), 64, True),
+    ("resnet20 64->64 8x8 batch 32", geo(32, 64, 8), 64, True),
+    ("vgg11bn 64->128 16x16", geo(64, 64, 16), 128, False),
+    ("vgg11bn 512->512 2x2", geo(64, 512, 2), 512, False),
+]
+
+
+@pytest.mark.parametrize("name,g,f,want", ONEDNN_CASES, ids=[c[0] for c in ONEDNN_CASES])
+def test_onednns_backward_on_avx512_at_one_thread_only(name, g, f, want):
+    assert plan.onednn_backward(g, f, np.float32, 1, cpu=AVX512) is want
+    for cpu in (AVX2, GENERIC):  # the other kinds' plans do not change
+        assert not plan.onednn_backward(g, f, np.float32, 1, cpu=cpu)
+    assert not plan.onednn_backward(g, f, np.float64, 1, cpu=AVX512)
+    assert not plan.onednn_backward(g, f, np.float32, 2, cpu=AVX512)
+    off = replace(plan.LIMITS, onednn_backward=False)
+    assert not plan.onednn_backward(g, f, np.float32, 1, cpu=AVX512, limits=off)
+    if want:  # the forward stays the compiled path's
+        assert plan.plan_conv(g, f, np.float32, cpu=AVX512).method in ("vector", "winograd")
+
+
 def test_the_tiles_switch_sends_every_kind_to_blas_and_the_loops():
     off = replace(plan.LIMITS, register_tiles=False)
     for cpu in (AVX512, AVX2):

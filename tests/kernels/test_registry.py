@@ -325,6 +325,70 @@ def test_onednn_is_measured_but_never_the_fixed_plan(plans, kernel_backend, monk
     assert "onednn" in entry["seconds"] and entry["seconds"]["onednn"] > 0
 
 
+def _missing_onednn(monkeypatch):
+    """oneDNN's library as if it were not installed (for this test)."""
+    from distnn.kernels import _onednn
+    _onednn.unavailable_reason()
+    monkeypatch.setitem(_onednn._state, "reason", "no oneDNN library (a test)")
+
+
+def test_onednns_backward_in_the_fixed_plan_as_data(monkeypatch):
+    """The fixed plan sends the backward of resnet20's 32->32 16x16 layer to oneDNN on
+    AVX-512 at 1 thread where the library is here, never on AVX2 nor at 2 threads, and
+    without the library keeps the plan it had (the forward's own backward)."""
+    g, here = geo(64, 32, 16), ONEDNN.reason() is None
+    assert registry.onednn_backward(registry.Query(g, 32, np.float32, AVX512)) is here
+    for q in (registry.Query(g, 32, np.float32, AVX2),
+              registry.Query(g, 32, np.float32, AVX512, threads=2),
+              registry.Query(g, 32, np.float32, AVX512, compiled=False),
+              registry.Query(geo(64, 16, 32), 16, np.float32, AVX512)):
+        assert not registry.onednn_backward(q)
+    _missing_onednn(monkeypatch)
+    assert not registry.onednn_backward(registry.Query(g, 32, np.float32, AVX512))
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["library", "no library"])
+def test_onednns_backward_of_the_compiled_forwards_matches_the_reference(
+        missing, threads, kernel_backend, monkeypatch):
+    """Through the public entry points under the fixed plan, resnet20-like 32->32,
+    32->64 stride-2 and 64->64 layers: where the planner sends their backward to oneDNN
+    (this host's kind at 1 thread, the library here) the cache says so, the forward is the
+    compiled path's, and y, dx, dw, db are within 2e-6 of the float64 reference; with the
+    library missing the forward's own backward runs, to the same tolerance."""
+    if kernel_backend == "numpy":
+        pytest.skip("the NumPy backend's reference layouts have their own backward")
+    if missing:
+        _missing_onednn(monkeypatch)
+    measure.set_mode("fixed")
+    rng = np.random.default_rng(5)
+    for xs, f, stride, pads in (((3, 32, 16, 16), 32, (1, 1), (1,) * 4),
+                                ((3, 32, 16, 16), 64, (2, 2), (0, 1, 0, 1)),
+                                ((3, 64, 8, 8), 64, (1, 1), (1,) * 4)):
+        g = conv_geometry(xs, (3, 3), stride, pads)
+        x64, w64 = rng.standard_normal(xs), rng.standard_normal((f, xs[1], 3, 3)) * 0.1
+        b64 = rng.standard_normal(f)
+        dy64 = rng.standard_normal((g.n, f, g.oh, g.ow))
+        refs = _reference(x64, w64, b64, g, dy64)
+        x, w, b, dy = (a.astype(np.float32) for a in (x64, w64, b64, dy64))
+        y, cache = C.conv2d_forward(x, w, b, stride, pads)
+        q = C.query(g, f, np.float32)
+        want = (not missing and threads == 1 and planner.target().kind == "avx512"
+                and registry.onednn_backward(q))
+        assert cache.onednn_backward is want and cache.method in ("vector", "winograd")
+        assert registry.backward_name(cache) == ("onednn" if want else
+                                                 registry.fixed("conv2d_backward",
+                                                                registry.BackwardQuery(
+                                                                    g, f, np.float32, q.cpu,
+                                                                    cache=cache._replace(
+                                                                        onednn_backward=False
+                                                                    ))))
+        got = (y,) + C.conv2d_backward(dy, cache, w)
+        for r, ref, what in zip(got, refs, ("y", "dx", "dw", "db")):
+            assert r.dtype == np.float32, what
+            scale = float(np.abs(ref).max())
+            assert float(np.abs(r - ref).max()) <= 2e-6 * scale * (5 if what == "y" else 1), what
+
+
 def _info(backend: str, **env):
     import subprocess
 

@@ -413,8 +413,10 @@ def forward(x, w, b, g: ConvGeometry, threads: int):
 
 def backward(dy, cache: ConvCache, w, dw_out, db_out, need_dx: bool, need_db: bool,
              threads: int):
-    """(dx or None, dw, db or None) of ``forward``'s cache, dw and db written into
-    ``dw_out`` / ``db_out`` (new arrays where None or not contiguous)."""
+    """(dx or None, dw, db or None) of ``forward``'s cache, or of another forward's whose
+    ``x`` is the NCHW input (the register-tiled and Winograd caches the planner flags
+    ``onednn_backward``), dw and db written into ``dw_out`` / ``db_out`` (new arrays where
+    None or not contiguous)."""
     g, x = cache.geometry, cache.x
     dy = np.ascontiguousarray(dy, dtype=x.dtype)
     w = np.ascontiguousarray(w, dtype=x.dtype)
@@ -425,12 +427,13 @@ def backward(dy, cache: ConvCache, w, dw_out, db_out, need_dx: bool, need_db: bo
     if need_db:
         db = db_out if (db_out is not None and db_out.flags.c_contiguous
                         and db_out.dtype == x.dtype) else np.empty(f, x.dtype)
-    key = cache.chunks
+    own = cache.method == "onednn"  # else another forward's cache (``onednn_backward``)
+    key = cache.chunks if own else None
     if key is None or key[4] != threads:
         key = _key(g, f, x.dtype, True, threads)
     with _threads(threads):
         conv = _conv(key)
-        kept = cache.col if key == cache.chunks else None
+        kept = cache.col if own and key == cache.chunks else None
         dx = conv.backward(dy, x, kept, w, dw, db, need_dx, need_db)
     if dw_out is not None and dw is not dw_out:
         dw_out[...] = dw

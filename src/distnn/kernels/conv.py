@@ -118,6 +118,8 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         y, cache = registry.method("conv2d", name).run(x, w, b, g, ws, keep_columns)
         if cache.method == "winograd" and planner.vector_backward(g, f, x.dtype):
             cache = cache._replace(vector_backward=True)
+        if cache.method in ("vector", "winograd") and registry.onednn_backward(q):
+            cache = cache._replace(onednn_backward=True)
         return y, cache
     name = registry.ALIASES.get(method, method)
     if name == "direct" and compiled() is not None and planner.use_vector(g, f, x.dtype):

@@ -94,7 +94,9 @@ class ConvCache(NamedTuple):
     reference's "flat" (``x`` the padded channel-major input, ``col`` the kept columns or
     None) and "compact" (``col`` the column matrix). ``vector_backward``: a Winograd layer
     the planner chose whose backward runs on the register-tiled kernels
-    (``planner.vector_backward``).
+    (``planner.vector_backward``). ``onednn_backward``: a register-tiled or Winograd layer
+    the planner chose whose backward runs on oneDNN's primitives (``planner.onednn_backward``;
+    they read ``x``, the input).
     """
     geometry: ConvGeometry
     method: str
@@ -103,6 +105,7 @@ class ConvCache(NamedTuple):
     tile: int = 0
     chunks: tuple | None = None
     vector_backward: bool = False
+    onednn_backward: bool = False
 
     @property
     def winograd(self) -> bool:

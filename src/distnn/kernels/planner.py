@@ -183,6 +183,8 @@ class Limits:
         vector_cols: the register-tiled direct kernels over column-shifted copies of the
             input on narrow planes (``vector_cols``), and there the backward of Winograd's
             layers on them (``vector_backward``); False keeps the flat tiles and Winograd.
+        onednn_backward: the backward (dx, dw, db) of the layers ``onednn_backward`` names
+            on oneDNN's primitives where its library is here; False keeps the forward's own.
     """
     register_tiles: bool = True
     block_drivers: bool = True
@@ -209,6 +211,12 @@ class Limits:
     vector_max_cf2: int = 32 * 64
     # Winograd layers' backward on them over column copies up to this C*F
     vector_cols_max_cf: int = 64 * 64
+    # oneDNN's backward for 3x3 layers with this many channels and filters, up to this C*F
+    # (resnet20's 32- and 64-channel layers on an Intel AVX-512 host at 1 thread; fewer
+    # channels tied, vgg11bn's wider Winograd layers were faster on their own backward)
+    onednn_backward: bool = True
+    onednn_min_channels: int = 32
+    onednn_max_cf: int = 64 * 64
     # the 1x1 kernels up to this F*C (more channels on small planes: im2col's one GEMM)
     pointwise_max_fc: int = 1 << 16
     # Winograd's compiled block drivers up to this F*C (beyond, dU = dM V^T is BLAS's)
@@ -422,6 +430,21 @@ def vector_backward(g, f: int, dtype, cpu: CPU | None = None, limits: Limits | N
     return (tiles_on(cpu, lim) and cpu.kind == "avx512" and np.dtype(dtype) == np.float32
             and f % 8 == 0 and g.c % 8 == 0 and vector_cols(g, lim)
             and g.c * f <= lim.vector_cols_max_cf)
+
+
+def onednn_backward(g, f: int, dtype, threads: int = 1, cpu: CPU | None = None,
+                    limits: Limits | None = None) -> bool:
+    """Whether a register-tiled or Winograd layer's backward (dx, dw, db) runs on oneDNN's
+    primitives, its forward staying the compiled path's (where oneDNN's library is here:
+    ``registry`` asks that): float32 on AVX-512 at 1 thread, 3x3 undilated kernels, at
+    least onednn_min_channels channels and filters, up to onednn_max_cf filter pairs, the
+    switch on. Measured faster there in resnet20's step (its 32->32 16x16, 32->64 stride-2
+    and 64->64 8x8 layers); at 2 threads oneDNN's OpenMP pool and the block threads slowed
+    each other (benchmarks/RESULTS.md, "Engine vs PyTorch")."""
+    lim, cpu = _limits(limits), cpu or target()
+    return (lim.onednn_backward and cpu.kind == "avx512" and np.dtype(dtype) == np.float32
+            and threads == 1 and (g.kh, g.kw, g.dh, g.dw) == (3, 3, 1, 1)
+            and min(g.c, f) >= lim.onednn_min_channels and g.c * f <= lim.onednn_max_cf)
 
 
 def dw_shift(g, limits: Limits | None = None) -> bool:

@@ -316,8 +316,11 @@ def _vector_back_ok(q: BackwardQuery) -> bool:
 
 
 def _fixed_backward(q: BackwardQuery) -> str:
-    """The forward's own backward, but Winograd's layers the planner sends to the
-    register-tiled kernels (``planner.vector_backward``)."""
+    """The forward's own backward, but the layers the planner sends to oneDNN's
+    (``onednn_backward``) and Winograd's it sends to the register-tiled kernels
+    (``planner.vector_backward``)."""
+    if q.cache.onednn_backward:
+        return "onednn"
     if q.cache.vector_backward:
         return "vector"
     name = _cache_name(q.cache)
@@ -336,7 +339,21 @@ def _onednn_back(dy, cache, w, dw_out, db_out, need_dx, need_db, ws=None):
     return _onednn.backward(dy, cache, w, dw_out, db_out, need_dx, need_db, get_num_threads())
 
 
-register(Method("conv2d_backward", "onednn", _reads("onednn"), _onednn_back,
+def onednn_backward(q: Query) -> bool:
+    """Whether the backward of a register-tiled or Winograd forward of ``q`` runs on
+    oneDNN's primitives: where ``planner.onednn_backward`` says so and the library can run
+    them (without it, the forward's own backward: the same plan as before it)."""
+    return (q.compiled and planner.onednn_backward(q.geometry, q.filters, q.dtype, q.threads,
+                                                   q.cpu, q.lim)
+            and q.groups == 1 and _onednn_missing() is None and _onednn_ok(q))
+
+
+def _onednn_back_ok(q: BackwardQuery) -> bool:
+    """oneDNN's backward reads x itself: its own caches, and those its flag names."""
+    return _cache_name(q.cache) == "onednn" or q.cache.onednn_backward
+
+
+register(Method("conv2d_backward", "onednn", _onednn_back_ok, _onednn_back,
                 missing=_onednn_missing))
 register(Method("conv2d_backward", "reference", _reads("flat", "compact"), _reference_back,
                 compiled=False))
