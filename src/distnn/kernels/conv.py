@@ -46,6 +46,19 @@ def conv_flops(g: ConvGeometry, f: int, groups: int = 1) -> float:
     return 3 * 2.0 * g.n * f * (g.c // groups) * g.kh * g.kw * g.oh * g.ow
 
 
+def _planned_backward(cache: ConvCache, q: registry.Query) -> ConvCache:
+    """The cache of a planned forward, flagged where the planner sends its backward to
+    another method: Winograd's narrow layers to the register-tiled kernels
+    (``planner.vector_backward``), and the layers ``registry.onednn_backward`` names to
+    oneDNN's primitives."""
+    g = cache.geometry
+    if cache.method == "winograd" and planner.vector_backward(g, q.filters, q.dtype):
+        cache = cache._replace(vector_backward=True)
+    if cache.method in ("vector", "winograd") and registry.onednn_backward(q):
+        cache = cache._replace(onednn_backward=True)
+    return cache
+
+
 def _trial(family: str, x, w, b, g: ConvGeometry, groups: int):
     """``measure.choose``'s trial for a layer: a method's forward and backward on the
     layer's arrays (once to compile and warm, then timed), None where its y is off the
@@ -57,6 +70,8 @@ def _trial(family: str, x, w, b, g: ConvGeometry, groups: int):
         ws = m.prepare(query(g, w.shape[0], x.dtype, groups))
         args = (groups,) if family == "conv2d_grouped" else ()
         y, cache = m.run(x, w, b, g, ws, *args)
+        if family == "conv2d":
+            cache = _planned_backward(cache, query(g, w.shape[0], x.dtype))
         dw, db = np.empty_like(w), np.empty(w.shape[0], x.dtype)
         conv2d_backward(y, cache, w, dw_out=dw, db_out=db, need_db=b is not None, ws=ws)
         return y
@@ -116,11 +131,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         q = query(g, f, x.dtype)
         name = measure.choose("conv2d", q, _trial("conv2d", x, w, b, g, 1), conv_flops(g, f))
         y, cache = registry.method("conv2d", name).run(x, w, b, g, ws, keep_columns)
-        if cache.method == "winograd" and planner.vector_backward(g, f, x.dtype):
-            cache = cache._replace(vector_backward=True)
-        if cache.method in ("vector", "winograd") and registry.onednn_backward(q):
-            cache = cache._replace(onednn_backward=True)
-        return y, cache
+        return y, _planned_backward(cache, q)
     name = registry.ALIASES.get(method, method)
     if name == "direct" and compiled() is not None and planner.use_vector(g, f, x.dtype):
         name = "vector"  # the register-tiled kernels where they apply
