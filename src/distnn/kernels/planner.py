@@ -440,7 +440,7 @@ def onednn_backward(g, f: int, dtype, threads: int = 1, cpu: CPU | None = None,
     least onednn_min_channels channels and filters, up to onednn_max_cf filter pairs, the
     switch on. Measured faster there in resnet20's step (its 32->32 16x16, 32->64 stride-2
     and 64->64 8x8 layers); at 2 threads oneDNN's OpenMP pool and the block threads slowed
-    each other (benchmarks/RESULTS.md, "Engine vs PyTorch")."""
+    each other (benchmarks/history/2026-12-03-details.md: where resnet20's step goes)."""
     lim, cpu = _limits(limits), cpu or target()
     return (lim.onednn_backward and cpu.kind == "avx512" and np.dtype(dtype) == np.float32
             and threads == 1 and (g.kh, g.kw, g.dh, g.dw) == (3, 3, 1, 1)
