@@ -441,3 +441,22 @@ def test_a_measured_run_names_onednn_when_its_library_is_missing(tmp_path, kerne
     else:
         assert len(lines) == 1 and f"onednn (conv2d, conv2d_backward): the oneDNN library " \
             f"{missing} does not load" in lines[0], proc.stdout
+
+
+def test_info_kernels_names_onednns_backward(kernel_backend):
+    """The table of ``distnn info --kernels`` marks the layers whose backward runs on
+    oneDNN's primitives (``vector+onednn``) where the planner sends it there (this host's
+    kind at 1 thread, the library here), and no layer otherwise."""
+    from distnn.cli.kernel_info import kernel_report
+    previous = kernels.get_num_threads()
+    kernels.set_num_threads(1)
+    try:
+        table = kernel_report("resnet20", "fixed", batch=4)
+    finally:
+        kernels.set_num_threads(previous)
+    want = (kernel_backend == "numba" and planner.target().kind == "avx512"
+            and ONEDNN.reason() is None)
+    rows = [ln for ln in table.splitlines() if "+onednn" in ln]
+    assert bool(rows) is want, table
+    if want:  # resnet20's 32->32 16x16, 32->64 stride-2 and 64->64 8x8 layers
+        assert len(rows) == 3 and all(" k3x3 " in r for r in rows), table

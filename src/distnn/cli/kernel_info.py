@@ -5,7 +5,9 @@ One training step (forward and backward) of the zoo model on random data, the pl
 PLAN's mode (fixed, measure or plan:FILE) with every chosen method timed
 (``kernels.measure.recording``); the sgemm rate is NumPy's BLAS on a 1024^3 float32 product
 at the same threads (best of 5). A last line names the registered methods that cannot run
-here and why (``registry.unavailable_line``: oneDNN's without its library).
+here and why (``registry.unavailable_line``: oneDNN's without its library). A method
+shown as ``vector+onednn`` runs its backward on oneDNN's primitives
+(``planner.onednn_backward``); its time is forward and backward together.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def kernel_report(model_name: str, plan: str, batch: int = 64) -> str:
     lines = [f"kernels of {model_name} (batch {batch}, {kernels.get_num_threads()} thread(s), "
              f"backend {kernels.backend()}, --kernels {plan}): host sgemm {rate:.1f} GFLOP/s",
              f"{'family':<15} {'shape (NxCxHxW>F kernel stride pads dilation groups)':<58} "
-             f"{'method':<10} {'fixed':<10} {'ms':>8} {'GFLOP/s':>8} {'% sgemm':>8}  others (ms)"]
+             f"{'method':<16} {'fixed':<10} {'ms':>8} {'GFLOP/s':>8} {'% sgemm':>8}  others (ms)"]
     for k in layers:
         e = measure.RECORDS[k]
         s = e["seconds"].get(e["method"])
@@ -55,7 +57,8 @@ def kernel_report(model_name: str, plan: str, batch: int = 64) -> str:
         others = ", ".join(f"{n} {t * 1e3:.2f}" for n, t in sorted(e["seconds"].items(),
                                                                     key=lambda i: i[1])
                            if n != e["method"])
-        lines.append(f"{e['family']:<15} {e['shape']:<58} {e['method']:<10} {e['fixed']:<10} "
+        name = e["method"] + (f"+{e['backward']}" if e.get("backward") else "")
+        lines.append(f"{e['family']:<15} {e['shape']:<58} {name:<16} {e['fixed']:<10} "
                      f"{ms:>8} {gf:8.1f} {100 * gf / rate:7.0f}%  {others}")
     if not layers:
         lines.append("(no convolution in this model)")

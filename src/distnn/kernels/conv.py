@@ -131,7 +131,10 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
         q = query(g, f, x.dtype)
         name = measure.choose("conv2d", q, _trial("conv2d", x, w, b, g, 1), conv_flops(g, f))
         y, cache = registry.method("conv2d", name).run(x, w, b, g, ws, keep_columns)
-        return y, _planned_backward(cache, q)
+        cache = _planned_backward(cache, q)
+        if cache.onednn_backward:
+            measure.note_backward("conv2d", q, "onednn")
+        return y, cache
     name = registry.ALIASES.get(method, method)
     if name == "direct" and compiled() is not None and planner.use_vector(g, f, x.dtype):
         name = "vector"  # the register-tiled kernels where they apply

@@ -194,6 +194,13 @@ def choose(family: str, q: registry.Query, trial: Callable[[str], float | None],
     return chosen
 
 
+def note_backward(family: str, q: registry.Query, name: str) -> None:
+    """Inside ``recording``, that the backward of the choice for ``q`` is ``name`` (a
+    method other than the forward's own: ``distnn info --kernels`` shows it)."""
+    if _state["record"] and (entry := RECORDS.get(key(family, q))) is not None:
+        entry["backward"] = name
+
+
 def _ordered(names: list[str], first: str) -> list[str]:
     """The fixed plan's method first (always timed within the budget), then the others."""
     return ([first] if first in names else []) + [n for n in names if n != first]
