@@ -1,6 +1,7 @@
 """The package's structure: no import cycles (imports inside functions included), the
-import rule of docs/design.md §The import rule, the kernel package's depth, ruff clean, a README layout section that
-matches the tree, and design citations that name a section of docs/design.md."""
+import rule of docs/design.md §The import rule, the kernel package's depth, ruff clean, a
+README layout section that matches the tree, and design citations that name a section of
+docs/design.md."""
 from __future__ import annotations
 
 import ast
