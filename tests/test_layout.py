@@ -1,6 +1,7 @@
 """The package's structure: no import cycles (imports inside functions included), the
-import rule of docs/design.md §The import rule, ruff clean, a README layout section that
-matches the tree, and design citations that name a section of docs/design.md."""
+import rule of docs/design.md §The import rule, the kernel package's depth, ruff clean, a
+README layout section that matches the tree, and design citations that name a section of
+docs/design.md."""
 from __future__ import annotations
 
 import ast
@@ -112,6 +113,36 @@ def test_the_graph_sees_lazy_imports():
 
 def test_no_import_cycles():
     assert _cycles(GRAPH) == []
+
+
+def _levels(graph: dict[str, set[str]], prefix: str) -> dict[str, list[str]]:
+    """Per module of package ``prefix`` (its __init__ included), its longest chain of
+    imports inside the package, itself first: the module's level is the chain's length
+    (a module that imports none of the others is on level 1). The graph has no cycles."""
+    inside = {m: {d for d in deps if d == prefix or d.startswith(prefix + ".")} - {m}
+              for m, deps in graph.items() if m == prefix or m.startswith(prefix + ".")}
+    chains: dict[str, list[str]] = {}
+
+    def chain(m: str) -> list[str]:
+        if m not in chains:
+            chains[m] = [m] + max((chain(d) for d in sorted(inside[m])), key=len, default=[])
+        return chains[m]
+    return {m: chain(m) for m in inside}
+
+
+KERNEL_LEVELS = 8  # issue 57: shared types on the ground floor, the registry above the methods
+
+
+def test_the_levels_are_the_longest_chains():
+    toy = {"p": {"p.a", "p.b"}, "p.a": {"p.b", "q"}, "p.b": set(), "q": {"p.b"}}
+    assert {m: len(c) for m, c in _levels(toy, "p").items()} == {"p": 3, "p.a": 2, "p.b": 1}
+    assert _levels(toy, "p")["p"] == ["p", "p.a", "p.b"]
+
+
+def test_the_kernel_package_is_at_most_8_import_levels_deep():
+    # imports inside functions count (GRAPH sees them), so a level is not hidden by one
+    deepest = max(_levels(GRAPH, "distnn.kernels").values(), key=len)
+    assert len(deepest) <= KERNEL_LEVELS, " -> ".join(deepest)
 
 
 def _imports_under(prefix: str) -> dict[str, set[str]]:

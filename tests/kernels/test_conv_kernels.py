@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distnn.kernels.conv import (col2im, conv2d_backward, conv2d_forward, conv_output_size,
-                                 im2col, same_padding)
+from distnn.kernels import (col2im, conv2d_backward, conv2d_forward, conv_output_size,
+                            im2col, same_padding)
 
 
 def ref_geometry(x_shape, k, stride, pads, dil):

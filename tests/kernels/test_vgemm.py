@@ -89,7 +89,7 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, drivers, kernel_ba
     takes an F(4x4) layer, else in the Python loop over blocks, on the tiles where
     ``plan.tile_products`` says (AVX-512), on BLAS otherwise. F(4x4)'s own error is 2-5e-6
     relative (winograd.py), so two summation orders may differ by twice that."""
-    from distnn.kernels import _winograd_blocks, planner as plan
+    from distnn.kernels import _winograd4, planner as plan
     from distnn.kernels import conv as K
     if kernel_backend != "numba":
         pytest.skip("the NumPy reference path does not use the tiles")
@@ -106,8 +106,8 @@ def test_conv_on_the_tiles_equals_conv_on_blas(shape, method, drivers, kernel_ba
         monkeypatch.setattr(_vgemm, name, lambda *a, _f=real, _n=name, **k: (
             calls.append((_n, plan.LIMITS.register_tiles)), _f(*a, **k))[1])
     for name in ("forward_blocks", "backward_blocks"):
-        real = getattr(_winograd_blocks, name)
-        monkeypatch.setattr(_winograd_blocks, name, lambda *a, _f=real, _n=name: (
+        real = getattr(_winograd4, name)
+        monkeypatch.setattr(_winograd4, name, lambda *a, _f=real, _n=name: (
             calls.append((_n, plan.LIMITS.register_tiles)), _f(*a))[1])
     outs = []
     for enabled in (True, False):

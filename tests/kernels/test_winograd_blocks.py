@@ -1,4 +1,4 @@
-"""The compiled drivers of the Winograd blocks (kernels/_winograd_blocks.py): the same
+"""The compiled drivers of the Winograd blocks (kernels/_winograd4.py): the same
 results as the Python loop over blocks (to float32 rounding) and as the float64 reference,
 at 1, 2 and 3 threads, ragged blocks, bias + ReLU, no dx; the same bits whichever thread
 takes a block; the shared counter hands out each block once."""
@@ -14,7 +14,7 @@ from test_conv_kernels import ref_conv
 pytest.importorskip("numba")
 from distnn import kernels  # noqa: E402
 from distnn.kernels import _threads, planner as plan  # noqa: E402
-from distnn.kernels import _winograd_blocks as B  # noqa: E402
+from distnn.kernels import _winograd4 as B  # noqa: E402
 from distnn.kernels import conv as K  # noqa: E402
 from distnn.kernels import winograd as W  # noqa: E402
 

@@ -172,10 +172,10 @@ def test_add_relu_kernel_matches_numpy(kernel_backend, dtype, threads):
 def test_the_block_after_a_fused_pair_masks_its_sum_for_it(kernel_backend, monkeypatch):
     if kernel_backend != "numba":
         pytest.skip("the fusion runs on the compiled backend")
-    from distnn.kernels import _numba_bnrelu
+    from distnn.kernels import _numba_bn
     fast, calls = compiled(), []
     for module, name in ((fast, "add_relu_backward"), (fast, "relu_backward"),
-                         (fast, "add_relu"), (_numba_bnrelu, "bn_add_relu_forward_train")):
+                         (fast, "add_relu"), (_numba_bn, "bn_add_relu_forward_train")):
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *a, k=kernel, n=name: calls.append(n) or k(*a))

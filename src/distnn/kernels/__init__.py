@@ -13,8 +13,9 @@ from .batchnorm import (bn_backward_dx, bn_backward_dx_inference, bn_batch_stats
                         bn_stats_from_sums, bn_sums, bn_xhat, channel_count, channel_dot,
                         channel_sum)
 from .node import loop_threads, node_cores
-from .conv import (ConvCache, ConvGeometry, col2im, conv2d_backward, conv2d_forward,
-                   conv_geometry, conv_output_size, im2col, same_padding)
+from .conv import (ConvCache, ConvGeometry, conv2d_backward, conv2d_forward, conv_geometry,
+                   conv_output_size, same_padding)
+from .im2col import col2im, im2col
 from .pooling import (PoolCache, avgpool2d_backward, avgpool2d_forward,
                       global_avgpool2d_backward, global_avgpool2d_forward, maxpool2d_backward,
                       maxpool2d_forward, pool_output_shape)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import planner
-from .geometry import ConvCache, ConvGeometry, buffer
-from .im2col import _im2col_args
+from .geometry import ConvCache, ConvGeometry, buffer, im2col_args
 
 
 def _chunks(n: int, per_sample: int, keep: bool):
@@ -47,7 +46,7 @@ def forward(x, w, b, g: ConvGeometry, ws):
             col = colbuf[ckk * n0 * p:ckk * n1 * p].reshape(ckk, m) if keep else \
                 fast.scratch("col", (ckk, m), x.dtype)
             yw = fast.scratch("yw", (f, m), x.dtype)
-            kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
+            kernel(fast.im2col, serial)(x, n0, n1, *im2col_args(g), col)
             _vgemm.product(w2[None], col[None], yw[None])
             kernel(fast.cols_to_nchw, serial)(yw, bias, b is not None, y3, n0)
 
@@ -88,12 +87,12 @@ def backward(dy, cache: ConvCache, w, dw_out, db_out, need_dx, need_db):
                 col = kept[ckk * n0 * p:ckk * n1 * p].reshape(ckk, m)
             else:
                 col = fast.scratch("col", (ckk, m), dy.dtype)
-                kernel(fast.im2col, serial)(x, n0, n1, *_im2col_args(g), col)
+                kernel(fast.im2col, serial)(x, n0, n1, *im2col_args(g), col)
             _vgemm.product_nt(dyw[None], col[None], dw2[None], j > 0,
                               None if part is None else part[None])
             if need_dx:
                 _vgemm.product(w2t[None], dyw[None], col[None])
-                kernel(fast.col2im, serial)(col, n0, n1, *_im2col_args(g), dx)
+                kernel(fast.col2im, serial)(col, n0, n1, *im2col_args(g), dx)
         return (dw2 if len(indices) else None), db64
 
     dw2, db64 = sum_shares(run(len(chunks), workers, body))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._numba_runtime import (_U, _dispatch, _jit, _jit_serial, _jit_sums, default_threads,
+from ._numba_runtime import (_U, _dispatch, _jit, _jit_sums, _valid_q, default_threads,
                              elements, get_num_threads, nb, scratch, set_num_threads)
 from ._threads import pieces
 
@@ -22,18 +22,6 @@ __all__ = ["default_threads", "get_num_threads", "scratch", "set_num_threads"]
 
 
 # -- convolution: compact columns (C*KH*KW, N*OH*OW) -------------------------------------
-@_jit_serial
-def _valid_q(ow, sw, off, w):
-    """[q0, q1): outputs q whose input column q*sw + off lies in [0, w)."""
-    q0 = 0
-    while q0 < ow and q0 * sw + off < 0:
-        q0 += 1
-    q1 = ow
-    while q1 > q0 and (q1 - 1) * sw + off >= w:
-        q1 -= 1
-    return q0, q1
-
-
 @_jit
 def im2col(x, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, col):
     """col (C*KH*KW, (n1-n0)*OH*OW) = the patches of samples n0..n1-1 of x (N, C, H, W)."""
@@ -336,7 +324,3 @@ for _name in ("maxpool_forward", "maxpool_backward"):
 for _name in ("maxpool2x2_forward", "maxpool2x2_backward"):
     globals()[_name] = _dispatch(globals()[_name], parallel_at_one=True,
                                  small_serial=True)
-
-# batch norm's loops are in ``_numba_bn``; the backend finds every loop here
-from ._numba_bn import (  # noqa: E402,F401
-    _jit_bn, bn_backward_dx, bn_forward_train, bn_grad_sums, channel_stats, scale_shift)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._numba import _valid_q
-from ._numba_runtime import _U, _dispatch, _jit, _jit_sums, nb
+from ._numba_runtime import _U, _dispatch, _jit, _jit_sums, _valid_q, nb
 
 
 @nb.njit(cache=True, nogil=True)

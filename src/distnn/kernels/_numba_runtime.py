@@ -32,6 +32,19 @@ _jit_serial = nb.njit(cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 
+# -- helpers of the loops (``_numba``, ``_numba_depthwise``) ----------------------------
+@_jit_serial
+def _valid_q(ow, sw, off, w):
+    """[q0, q1): outputs q whose input column q*sw + off lies in [0, w)."""
+    q0 = 0
+    while q0 < ow and q0 * sw + off < 0:
+        q0 += 1
+    q1 = ow
+    while q1 > q0 and (q1 - 1) * sw + off >= w:
+        q1 -= 1
+    return q0, q1
+
+
 def default_threads() -> int:
     """OMP_NUM_THREADS when set; else this process's cores shared among its node's ranks."""
     from .node import loop_threads

@@ -2,8 +2,8 @@
 the jobs it runs without returning to Python.
 
 A job is one thread's share of a compiled kernel, float32: the Winograd drivers' forward
-and backward blocks (``_winograd_blocks``), and batch norm's kernels split by channels
-(``_numba``, ``_numba_bnrelu``: pieces of channels taken from a shared counter), and the
+and backward blocks (``_winograd4``), and batch norm's kernels split by channels
+(``_numba_bn``: pieces of channels taken from a shared counter), and the
 elementwise ones (ReLU, a residual block's sum: pieces of elements). It is
 written to the helper's row of the team's board as int64 words: its kind, then per array
 its address and shape, then the scalars (floats as their float64 bits). The caller keeps
@@ -22,23 +22,23 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from . import _numba, _numba_bnrelu
+from . import _numba, _numba_bn
 from ._numba_runtime import get_num_threads
 from . import planner
 from ._atomics import _store_release, fetch_add
-from ._threads import PYTHON, _watch, run_jobs, use_jobs
-from ._winograd_blocks import backward_blocks, forward_blocks
+from ._threads import PYTHON, _watch, put, run_jobs, use_jobs
+from ._winograd4 import BACKWARD, FORWARD, backward_blocks, forward_blocks
 
-FORWARD, BACKWARD, BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD, ELEMENTWISE = range(PYTHON + 1,
-                                                                            PYTHON + 7)
+# (FORWARD and BACKWARD, the Winograd drivers' jobs, are ``_winograd4``'s: it encodes them)
+BN_FORWARD, BN_RELU_FORWARD, BN_BACKWARD, ELEMENTWISE = range(PYTHON + 3, PYTHON + 7)
 # the elementwise kernels' operations in an ELEMENTWISE job
 RELU_FORWARD, RELU_BACKWARD, ADD = range(3)
 # (a board row holds ``_threads.WORDS`` words: the longest job here, BACKWARD, takes 49)
 
 # the batch-norm kernels' serial twins: a thread runs them on the channels it takes
-_BNF = _numba.bn_forward_train.serial
-_BNRF = _numba_bnrelu.bn_relu_forward_train.serial
-_BNB = _numba_bnrelu.bn_backward.serial
+_BNF = _numba_bn.bn_forward_train.serial
+_BNRF = _numba_bn.bn_relu_forward_train.serial
+_BNB = _numba_bn.bn_backward.serial
 _RELUF, _RELUB, _ADD = (_numba.relu_forward.serial, _numba.relu_backward.serial,
                         _numba.add.serial)
 
@@ -63,68 +63,19 @@ _jit = nb.njit(cache=True, nogil=True)
 
 # -- the caller's side: a job's words -----------------------------------------------------
 @_jit
-def _put(row, k, a):
-    """Array a's address and shape into row[k:], returning the next free word."""
-    row[k] = a.ctypes.data
-    for d in range(a.ndim):
-        row[k + 1 + d] = a.shape[d]
-    return k + 1 + a.ndim
-
-
-@_jit
-def encode_forward(row, x, u, bias, use_b, relu, blocks, counter, first, step, pt, pl, th,
-                   tw, v2, m2, y):
-    """``forward_blocks``' arguments (float32 arrays) as a FORWARD job."""
-    row[0] = FORWARD
-    k = 1
-    k = _put(row, k, x)
-    k = _put(row, k, u)
-    k = _put(row, k, bias)
-    k = _put(row, k, blocks)
-    k = _put(row, k, counter)
-    k = _put(row, k, v2)
-    k = _put(row, k, m2)
-    k = _put(row, k, y)
-    row[k], row[k + 1], row[k + 2], row[k + 3] = use_b, relu, first, step
-    row[k + 4], row[k + 5], row[k + 6], row[k + 7] = pt, pl, th, tw
-
-
-@_jit
-def encode_backward(row, dy, x, u, blocks, counter, first, step, pt, pl, th, tw, v2, m2,
-                    dbp, du, db, slot, need_dx, dx):
-    """``backward_blocks``' arguments (float32 arrays; dbp and db float64) as a BACKWARD
-    job."""
-    row[0] = BACKWARD
-    k = 1
-    k = _put(row, k, dy)
-    k = _put(row, k, x)
-    k = _put(row, k, u)
-    k = _put(row, k, blocks)
-    k = _put(row, k, counter)
-    k = _put(row, k, v2)
-    k = _put(row, k, m2)
-    k = _put(row, k, dbp)
-    k = _put(row, k, du)
-    k = _put(row, k, db)
-    k = _put(row, k, dx)
-    row[k], row[k + 1], row[k + 2], row[k + 3] = first, step, pt, pl
-    row[k + 4], row[k + 5], row[k + 6], row[k + 7] = th, tw, slot, need_dx
-
-
-@_jit
 def encode_bn_forward(row, kind, counter, step, x, gamma, beta, eps, y, xhat, mean, var,
                       invstd):
     """A share of ``bn_forward_train`` or ``bn_relu_forward_train`` (kind) as a job."""
     row[0] = kind
-    k = _put(row, 1, counter)
-    k = _put(row, k, x)
-    k = _put(row, k, y)
-    k = _put(row, k, xhat)
-    k = _put(row, k, gamma)
-    k = _put(row, k, beta)
-    k = _put(row, k, mean)
-    k = _put(row, k, var)
-    k = _put(row, k, invstd)
+    k = put(row, 1, counter)
+    k = put(row, k, x)
+    k = put(row, k, y)
+    k = put(row, k, xhat)
+    k = put(row, k, gamma)
+    k = put(row, k, beta)
+    k = put(row, k, mean)
+    k = put(row, k, var)
+    k = put(row, k, invstd)
     row[k] = step
     row.view(np.float64)[k + 1] = eps
 
@@ -132,18 +83,18 @@ def encode_bn_forward(row, kind, counter, step, x, gamma, beta, eps, y, xhat, me
 @_jit
 def encode_bn_backward(row, kind, counter, step, dy, src, mean, gamma, beta, invstd, count,
                        relu, centre, sum_dy, sum_dy_xhat, dx):
-    """A share of ``_numba_bnrelu.bn_backward`` as a job."""
+    """A share of ``_numba_bn.bn_backward`` as a job."""
     row[0] = kind
-    k = _put(row, 1, counter)
-    k = _put(row, k, dy)
-    k = _put(row, k, src)
-    k = _put(row, k, dx)
-    k = _put(row, k, mean)
-    k = _put(row, k, gamma)
-    k = _put(row, k, beta)
-    k = _put(row, k, invstd)
-    k = _put(row, k, sum_dy)
-    k = _put(row, k, sum_dy_xhat)
+    k = put(row, 1, counter)
+    k = put(row, k, dy)
+    k = put(row, k, src)
+    k = put(row, k, dx)
+    k = put(row, k, mean)
+    k = put(row, k, gamma)
+    k = put(row, k, beta)
+    k = put(row, k, invstd)
+    k = put(row, k, sum_dy)
+    k = put(row, k, sum_dy_xhat)
     row[k], row[k + 1], row[k + 2] = step, relu, centre
     row.view(np.float64)[k + 3] = count
 
@@ -179,10 +130,10 @@ def take_bn_backward(counter, step, dy, src, mean, gamma, beta, invstd, count, r
 def encode_elementwise(row, op, counter, step, a, b, c):
     """A share of an elementwise kernel (op) over the flat float32 arrays a, b, c as a job."""
     row[0] = ELEMENTWISE
-    k = _put(row, 1, counter)
-    k = _put(row, k, a)
-    k = _put(row, k, b)
-    k = _put(row, k, c)
+    k = put(row, 1, counter)
+    k = put(row, k, a)
+    k = put(row, k, b)
+    k = put(row, k, c)
     row[k], row[k + 1] = op, step
 
 
@@ -354,9 +305,9 @@ def serve(flags, i, n, seq, yields, board):
 
 use_jobs(serve, _run)
 # batch norm's channel-split kernels (``_dispatch``'s ``team`` hook) run as jobs
-_numba.bn_forward_train.team = lambda args: split_job(BN_FORWARD, args)
-_numba_bnrelu.bn_relu_forward_train.team = lambda args: split_job(BN_RELU_FORWARD, args)
-_numba_bnrelu.bn_backward.team = lambda args: split_job(BN_BACKWARD, args)
+_numba_bn.bn_forward_train.team = lambda args: split_job(BN_FORWARD, args)
+_numba_bn.bn_relu_forward_train.team = lambda args: split_job(BN_RELU_FORWARD, args)
+_numba_bn.bn_backward.team = lambda args: split_job(BN_BACKWARD, args)
 # and the elementwise ones, pieces of their elements
 _numba.relu_forward.team = lambda args: elementwise_job(RELU_FORWARD, args)
 _numba.relu_backward.team = lambda args: elementwise_job(RELU_BACKWARD, args)

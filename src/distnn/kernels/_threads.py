@@ -107,6 +107,16 @@ WORDS = 64
 
 
 @nb.njit(cache=True, nogil=True)
+def put(row, k, a):
+    """Array a's address and shape into a job's words row[k:], returning the next free
+    word (the jobs' encoders: ``_team_jobs``, ``_winograd4``)."""
+    row[k] = a.ctypes.data
+    for d in range(a.ndim):
+        row[k + 1 + d] = a.shape[d]
+    return k + 1 + a.ndim
+
+
+@nb.njit(cache=True, nogil=True)
 def _watch(flags, i, n, seq, yields, board):
     """Helper i's watching (of a team of n), its awake flag set: returns (its posted count,
     True) when a task is handed to it (posted count flags[i] past seq), or (seq, False)

@@ -33,7 +33,6 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _vdirect_dw as _dw
 from ._numba_runtime import _U
 from ._vgemm import (_I32, _I64, _accumulators, _data, _outer_fma, _splat, _tap_channel_steps,
                      _store_tile, _tile_nt, _vptr)
@@ -338,21 +337,21 @@ def _dw_tiles(dyt, f_, xpf, base, roffs, cols, ll, s, dwf, nrow, d0, shifted):
                 _tile_dw2(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                 for r in range(min(3 * DW2, nrow - 3 * r0)):
                     d = (3 * r0 + r) * f_ + f0
-                    _dw._widen_add(s, r * 32, dwf, d)
-                    _dw._widen_add(s, r * 32 + 16, dwf, d + 16)
+                    _widen_add(s, r * 32, dwf, d)
+                    _widen_add(s, r * 32 + 16, dwf, d + 16)
     elif shifted:
         for f0 in range(0, f_, 16):
-            for r0 in range(0, roffs.shape[0], _dw.ROWS):
-                _dw._tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
+            for r0 in range(0, roffs.shape[0], SHIFT_ROWS):
+                _tile_dw_shift(dyt, d0 + f0, f_, xpf, base, roffs, r0, cols,
                                    ll + cols[2], s, 0)
-                for r in range(min(3 * _dw.ROWS, nrow - 3 * r0)):
-                    _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
+                for r in range(min(3 * SHIFT_ROWS, nrow - 3 * r0)):
+                    _widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
     else:
         for f0 in range(0, f_, 16):
             for r0 in range(0, roffs.shape[0], DW1):
                 _tile_dw1(dyt, f0, f_, xpf, base, roffs, r0, cols, ll, s, 0)
                 for r in range(min(3 * DW1, nrow - 3 * r0)):
-                    _dw._widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
+                    _widen_add(s, r * 16, dwf, (3 * r0 + r) * f_ + f0)
 
 
 @_jit_sums
@@ -360,7 +359,7 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64,
     """``weight_grad`` where ``lanes_apply``, filters in the vector lanes, dw transposed:
     dwt64 (C*taps, F) += the sums; dyt (F*(L + 2*cols[2])) and s (3*DW_ROWS*16) work;
     roffs from ``row_offsets``, cols: the 3 taps' offsets in a kernel row. ``shift``
-    (``plan.dw_shift``): 16 filters by ``_vdirect_dw``'s tiles (dy then has cols[2]
+    (``plan.dw_shift``): 16 filters by the shift tiles (below) (dy then has cols[2]
     positions of zeros before and after it in dyt)."""
     _, f_, oh, ow = dy.shape
     ll = (oh - 1) * wp + ow
@@ -382,3 +381,66 @@ def weight_grad_t(xpf, c_, cs, wp, dy, n0, n1, roffs, cols, dyt, s, dwt64, db64,
         _dy_by_position(df, src, f_, plane, oh, ow, wp, d0, dyt)
         _dw_tiles(dyt, f_, xpf, (n - n0) * c_ * cs, roffs, cols, ll, s, dwf, nrow, d0,
                   shifted)
+
+# -- dw of 16 filters with its taps by shifting dy (``Limits.dw_shift``) ------------------
+# The weight gradient of the register-tiled direct convolution (``_vdirect.weight_grad_t``)
+# for 16 filters (one vector) with its taps by shifting dy rather than the input.
+#
+# ``_vdirect``'s tile for 16 filters sums dw[(row r, tap q), f] over positions k of
+# x[r, k + cols[q]] * dy[k, f]: per position one vector of dy and a broadcast for each of
+# its rows x taps (12 of them for 12 multiply-adds), so that loads, not multiply-adds, bound
+# it. Here the same sum runs over k' = k + cols[q]: dw[(r, q), f] += x[r, k'] * dy[k' -
+# cols[q], f], so that per position each row's input is broadcast once for its 3 taps and dy
+# is read at 3 shifts (L1 hits): 6 rows x 3 taps = 18 multiply-adds for 6 broadcasts and 3
+# vector loads. Each accumulator gets the same products in the same order as before; the
+# positions where a tap's dy falls outside the sample read zeros from margins of cols[2]
+# positions around dyt, adding x * 0 (exact for finite x): the same bits.
+SHIFT_ROWS = 6  # input rows a tile (of ``DW_ROWS``, a multiple of it)
+SHIFT_TAPS = 3
+
+
+@intrinsic
+def _tile_dw_shift(typingctx, a, ao, aks, b, bo, roffs, ro, cols, nk, c, co):
+    """c[co + (p*3 + q)*16 + l] = sum over k < nk of a[ao + (k - cols[q])*aks + l] *
+    b[bo + roffs[ro + p] + k], p < 6, q < 3, l < 16 (a readable cols[2]*aks before ao)."""
+    sig = types.void(a, ao, aks, b, bo, roffs, ro, cols, nk, c, co)
+
+    def codegen(context, builder, sig, args):
+        _, ao_, aks_, _, bo_, _, ro_, _, nk_, _, co_ = args
+        ap, bp, rp, qp, cp = (_data(context, builder, sig, args, i) for i in (0, 3, 5, 7, 9))
+        shifts = [builder.mul(builder.load(builder.gep(qp, [ir.Constant(_I64, q)])), aks_)
+                  for q in range(SHIFT_TAPS)]
+        ptrs = [builder.gep(bp, [builder.add(bo_, builder.load(builder.gep(
+            rp, [builder.add(ro_, ir.Constant(_I64, r))])))]) for r in range(SHIFT_ROWS)]
+        acc = _accumulators(builder, SHIFT_ROWS, SHIFT_TAPS)
+        with cgutils.for_range(builder, nk_) as loop:
+            k = loop.index
+            ak = builder.add(ao_, builder.mul(k, aks_))
+            dv = [builder.load(_vptr(builder, ap, builder.sub(ak, s)), align=4) for s in shifts]
+            xv = [_splat(builder, builder.load(builder.gep(ptr, [k]))) for ptr in ptrs]
+            # acc[p][q] += x[p] * dy shifted by tap q: one row's taps side by side
+            _outer_fma(builder, acc, xv, dv)
+        for r in range(SHIFT_ROWS):
+            for q in range(SHIFT_TAPS):
+                builder.store(builder.load(acc[r][q]), _vptr(builder, cp, builder.add(
+                    co_, ir.Constant(_I64, (r * SHIFT_TAPS + q) * 16))), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _widen_add(typingctx, s, so, c, co):
+    """c[co + l] += float64(s[so + l]), l < 16: a tile's float32 sums added into the
+    float64 dw in two vectors (numba's loop stays scalar there: it cannot tell the
+    arrays apart). Each element the same conversion and addition: the same bits."""
+    sig = types.void(s, so, c, co)
+
+    def codegen(context, builder, sig, args):
+        _, so_, _, co_ = args
+        sp, cp = (_data(context, builder, sig, args, i) for i in (0, 2))
+        wide = ir.VectorType(ir.DoubleType(), 16)
+        v = builder.fpext(builder.load(_vptr(builder, sp, so_), align=4), wide)
+        dst = builder.bitcast(builder.gep(cp, [co_]), wide.as_pointer())
+        builder.store(builder.fadd(builder.load(dst, align=8), v), dst, align=8)
+        return context.get_dummy_value()
+    return sig, codegen

@@ -15,7 +15,7 @@ sums). Both take views whose last axis is contiguous (the driver's work arrays),
 strides. ``usable`` says when they apply (float32, row counts multiples of the tile's, a
 CPU kind with tiles, ``planner.tiles_on``); otherwise the caller keeps ``np.matmul``.
 ``product`` and ``product_nt`` (the Python loops' GEMMs) take them where
-``planner.tile_products`` says; compiled callers (``_winograd_blocks``) call ``matmul_flat``
+``planner.tile_products`` says; compiled callers (``_winograd4``) call ``matmul_flat``
 and ``matmul_nt_flat`` directly. Sums run in a different order than BLAS's, so results
 agree to float32 rounding, not bit for bit. The tiles are built for the CPU numba compiles
 for (``planner.TARGET``).

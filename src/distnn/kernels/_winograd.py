@@ -22,44 +22,10 @@ import numpy as np
 
 from ._numba_runtime import _U, _dispatch
 from ._threads import pieces
+from ._winograd4w import NARROW_PART, PLANES, stage_plane, write_plane
 
 _jit = nb.njit(parallel=True, cache=True, nogil=True)
 _jit_sums = nb.njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
-
-# Planes per parallel iteration of the tile-by-tile loops (here and in ``_winograd4``), which
-# make their plane buffer once per iteration: zero-filled ones keep their zero border from
-# plane to plane (every plane writes the same places), an accumulator is cleared for each.
-# One allocation a plane cost up to 44% of a small plane's transform (F(4x4) output
-# transform of 64 x 512 4x4 planes, 1 thread: 4.7 ms against 2.7; 64 x 64 8x8: 0.76 against
-# 0.61).
-NARROW_PART = 32
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def write_plane(out, wp, yf, yb, oh, ow, bias, relu):
-    """The (oh, ow) corner of ``out`` (row stride wp) + bias, then max(., 0) when relu, into
-    the plane of the flat y that starts at yb."""
-    z = out.dtype.type(0)  # float32 for float32 (``out[0] * 0`` is float64 in numba)
-    for r in range(oh):
-        for q in range(ow):
-            val = out[_U(r * wp + q)] + bias
-            if relu and val < z:
-                val = z
-            yf[_U(yb + r * ow + q)] = val
-
-
-@nb.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, inline="always")
-def stage_plane(df, yb, oh, ow, g, wp):
-    """The (oh, ow) plane of the flat dy at yb into g (row stride wp); returns its sum
-    (float64, for the bias gradient)."""
-    acc = 0.0
-    for r in range(oh):
-        for q in range(ow):
-            val = df[_U(yb + r * ow + q)]
-            g[_U(r * wp + q)] = val
-            acc += val
-    return acc
-
 
 @_jit
 def input_transform(x, n0, n1, pt, pl, th, tw, v, lo, hi):
@@ -281,12 +247,5 @@ def input_transform_adjoint(dv, n0, n1, pt, pl, th, tw, dx, lo, hi):
                     xf[_U(xb + r * w_ + q)] = d[_U(rr * wp + qq)] if inside else dv.dtype.type(0)
 
 
-# Each transform's planes, from its arguments (its range [lo, hi) left out).
-PLANES = {
-    "input_transform": lambda a: a[0].shape[1] * (a[2] - a[1]),  # x, n0, n1
-    "output_transform": lambda a: a[8].shape[1] * a[5],  # ..., nk, th, tw, y
-    "output_transform_adjoint": lambda a: a[0].shape[1] * (a[2] - a[1]),  # dy, n0, n1
-    "input_transform_adjoint": lambda a: a[7].shape[1] * (a[2] - a[1]),  # dv, n0, n1 .. dx
-}
 for _name, _planes in PLANES.items():
     globals()[_name] = _dispatch(globals()[_name], split=_planes, pieces=pieces)

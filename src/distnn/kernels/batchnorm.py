@@ -19,11 +19,12 @@ from .backend import compiled
 
 
 def _compiled_for(x: np.ndarray):
-    """The compiled module when it is selected and x is a C-contiguous float array."""
-    fast = compiled()
-    if fast is None or x.ndim < 2 or not x.flags.c_contiguous or x.dtype.kind != "f":
+    """The compiled batch-norm loops (``_numba_bn``) when the compiled backend is selected
+    and x is a C-contiguous float array."""
+    if compiled() is None or x.ndim < 2 or not x.flags.c_contiguous or x.dtype.kind != "f":
         return None
-    return fast
+    from . import _numba_bn
+    return _numba_bn
 
 
 def _by_channel(x: np.ndarray) -> np.ndarray:
@@ -224,11 +225,10 @@ def bn_backward_dx_inference(dy: np.ndarray, gamma: np.ndarray, var: np.ndarray,
 def _fused_for(x: np.ndarray, *others: np.ndarray):
     """The compiled fused kernels when selected and every array is C-contiguous of x's
     dtype and shape."""
-    if _compiled_for(x) is None or not all(
-            o.flags.c_contiguous and o.dtype == x.dtype and o.shape == x.shape for o in others):
+    if not all(o.flags.c_contiguous and o.dtype == x.dtype and o.shape == x.shape
+               for o in others):
         return None
-    from . import _numba_bnrelu
-    return _numba_bnrelu
+    return _compiled_for(x)
 
 
 def _out(out: np.ndarray | None, like: np.ndarray) -> np.ndarray:

@@ -3,9 +3,9 @@ chooses among the registry's (``registry``: Winograd, the direct and register-ti
 kernels, 1x1 kernels, compiled im2col + GEMM, and the NumPy reference of ``conv_numpy``;
 ``measure``: fixed, measured or from a plan file).
 
-The column layouts, im2col / col2im and the geometry are in ``distnn.kernels.im2col``
-(re-exported here). Both layouts have rows ordered (c, kh, kw) so that
-``w.reshape(F, -1) @ col`` is the convolution:
+The public im2col / col2im are in ``im2col``, the NumPy column layouts in ``conv_numpy``
+and the geometry in ``geometry`` (re-exported here). Both layouts have rows ordered
+(c, kh, kw) so that ``w.reshape(F, -1) @ col`` is the convolution:
 
 * compact: ``col`` is (C*KH*KW, N*OH*OW), columns ordered (n, oh, ow). Strided
   convolutions use it.
@@ -28,11 +28,11 @@ import numpy as np
 
 from . import grouped, measure, planner, registry
 from .backend import compiled, get_num_threads
-from .geometry import ConvCache, ConvGeometry, GroupedCache, Pads, Pair
-from .im2col import col2im, conv_geometry, conv_output_size, im2col, same_padding
+from .geometry import (ConvCache, ConvGeometry, GroupedCache, Pads, Pair, conv_geometry,
+                       conv_output_size, same_padding)
 
-__all__ = ["ConvCache", "ConvGeometry", "col2im", "conv2d_backward", "conv2d_forward",
-           "conv_geometry", "conv_output_size", "im2col", "same_padding"]
+__all__ = ["ConvCache", "ConvGeometry", "conv2d_backward", "conv2d_forward", "conv_geometry",
+           "conv_output_size", "same_padding"]
 
 
 def query(g: ConvGeometry, f: int, dtype, groups: int = 1) -> registry.Query:
@@ -57,6 +57,12 @@ def _planned_backward(cache: ConvCache, q: registry.Query) -> ConvCache:
     if cache.method in ("vector", "winograd") and registry.onednn_backward(q):
         cache = cache._replace(onednn_backward=True)
     return cache
+
+
+def _choose(family: str, q: registry.Query, trial, flops: float) -> str:
+    """``measure.choose`` among the registry's methods for ``q``."""
+    return measure.choose(family, q, registry.fixed(family, q),
+                          lambda: registry.eligible(family, q), trial, flops)
 
 
 def _trial(family: str, x, w, b, g: ConvGeometry, groups: int):
@@ -121,15 +127,15 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
     if groups != 1:
         if method is None:
             grouped.check_groups(groups, g.c, f)
-            method = measure.choose("conv2d_grouped", query(g, f, x.dtype, groups),
-                                    _trial("conv2d_grouped", x, w, b, g, groups),
-                                    conv_flops(g, f, groups))
+            method = _choose("conv2d_grouped", query(g, f, x.dtype, groups),
+                             _trial("conv2d_grouped", x, w, b, g, groups),
+                             conv_flops(g, f, groups))
         return grouped.forward(x, w, b, g, groups, method)
     if w.shape[1] != g.c:
         raise ValueError(f"weights have {w.shape[1]} input channels but x has {g.c}")
     if method is None:
         q = query(g, f, x.dtype)
-        name = measure.choose("conv2d", q, _trial("conv2d", x, w, b, g, 1), conv_flops(g, f))
+        name = _choose("conv2d", q, _trial("conv2d", x, w, b, g, 1), conv_flops(g, f))
         y, cache = registry.method("conv2d", name).run(x, w, b, g, ws, keep_columns)
         cache = _planned_backward(cache, q)
         if cache.onednn_backward:

@@ -1,15 +1,120 @@
 """The NumPy reference of 2-D convolution (groups 1): im2col + one GEMM over one of the two
-column layouts of ``im2col`` ("flat": stride 1, the padded input channel-major, every
-kernel offset one shift; "compact": any stride). The registry's "flat" and "compact"
-methods; ``layout`` is the reference's own choice between them.
+column layouts below ("flat": stride 1, the padded input channel-major, every kernel
+offset one shift; "compact": any stride; see ``im2col``). The registry's "flat" and
+"compact" methods; ``layout`` is the reference's own choice between them.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .geometry import ConvCache, ConvGeometry, buffer as _buffer
-from .im2col import (_col2im_compact, _col2im_flat, _flat_input, _im2col_compact,
-                     _im2col_flat, _shifts, _zero_outside)
+
+
+# -- the column layouts (``im2col``'s NumPy side) -------------------------------------------
+def _valid(out: int, size: int, offset: int, stride: int) -> tuple[int, int, int]:
+    """Outputs o in [lo, hi) whose input index o*stride + offset lies in [0, size), and the
+    input index of the first one."""
+    lo = min(out, max(0, -(offset // stride)))
+    hi = max(lo, min(out, -((offset - size) // stride)))
+    return lo, hi, lo * stride + offset
+
+
+def _offset_views(g: ConvGeometry, i: int, j: int):
+    """For kernel offset (i, j): the (oh, ow) slices of the output grid that see real input,
+    the matching strided (h, w) slices of the unpadded input, and how many outputs that is."""
+    oh0, oh1, ih0 = _valid(g.oh, g.h, i * g.dh - g.pt, g.sh)
+    ow0, ow1, iw0 = _valid(g.ow, g.w, j * g.dw - g.pl, g.sw)
+    out_sl = (slice(oh0, oh1), slice(ow0, ow1))
+    in_sl = (slice(ih0, ih0 + g.sh * (oh1 - oh0 - 1) + 1, g.sh),
+             slice(iw0, iw0 + g.sw * (ow1 - ow0 - 1) + 1, g.sw))
+    return out_sl, in_sl, (oh1 - oh0) * (ow1 - ow0)
+
+
+def _zero_outside(a: np.ndarray, rows: slice, cols: slice) -> None:
+    """Zero a[..., h, w] outside the window [rows, cols] (the padding border only)."""
+    h, w = a.shape[-2:]
+    r0, r1 = rows.start, rows.stop
+    c0, c1 = cols.start, cols.stop
+    a[..., :r0, :].fill(0)
+    a[..., r1:, :].fill(0)
+    a[..., r0:r1, :c0].fill(0)
+    a[..., r0:r1, c1:].fill(0)
+
+
+# -- compact layout -----------------------------------------------------------------------
+def _im2col_compact(x: np.ndarray, g: ConvGeometry, out: np.ndarray) -> np.ndarray:
+    col = out.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
+    xt = x.transpose(1, 0, 2, 3)
+    for i in range(g.kh):
+        for j in range(g.kw):
+            dst = col[:, i, j]
+            (osh, osw), (ish, isw), count = _offset_views(g, i, j)
+            if count < g.oh * g.ow:
+                _zero_outside(dst, osh, osw)
+            if count:
+                dst[:, :, osh, osw] = xt[:, :, ish, isw]
+    return out
+
+
+def _col2im_compact(col: np.ndarray, g: ConvGeometry, dx: np.ndarray) -> np.ndarray:
+    c6 = col.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
+    dxt = dx.transpose(1, 0, 2, 3)
+    dx.fill(0)
+    for i in range(g.kh):
+        for j in range(g.kw):
+            (osh, osw), (ish, isw), count = _offset_views(g, i, j)
+            if count:
+                view = dxt[:, :, ish, isw]
+                np.add(view, c6[:, i, j][:, :, osh, osw], out=view)
+    return dx
+
+
+
+# -- flat layout (stride 1) ---------------------------------------------------------------
+def _flat_input(x: np.ndarray, g: ConvGeometry, ws) -> np.ndarray:
+    """x padded and channel-major as (C, N*Hp*Wp)."""
+    if g.c == 1 and not any((g.pt, g.pb, g.pl, g.pr)) and x.flags.c_contiguous:
+        return x.reshape(1, -1)
+    xp = _buffer(ws, "xp", (g.c, g.n, g.hp, g.wp), x.dtype)
+    if g.pt:
+        xp[:, :, :g.pt].fill(0)
+    if g.pb:
+        xp[:, :, g.hp - g.pb:].fill(0)
+    if g.pl:
+        xp[:, :, g.pt:g.pt + g.h, :g.pl].fill(0)
+    if g.pr:
+        xp[:, :, g.pt:g.pt + g.h, g.wp - g.pr:].fill(0)
+    xp[:, :, g.pt:g.pt + g.h, g.pl:g.pl + g.w] = x.transpose(1, 0, 2, 3)
+    return xp.reshape(g.c, -1)
+
+
+def _shifts(g: ConvGeometry):
+    for i in range(g.kh):
+        for j in range(g.kw):
+            yield i, j, i * g.dh * g.wp + j * g.dw
+
+
+def _im2col_flat(xf: np.ndarray, g: ConvGeometry, out: np.ndarray) -> np.ndarray:
+    m = xf.shape[1]
+    col = out.reshape(g.c, g.kh, g.kw, m)
+    for i, j, o in _shifts(g):
+        col[:, i, j, :m - o] = xf[:, o:]
+        if o:
+            col[:, i, j, m - o:].fill(0)  # read only against zeroed dy columns; keep finite
+    return out
+
+
+def _col2im_flat(col: np.ndarray, g: ConvGeometry, dxf: np.ndarray) -> np.ndarray:
+    m = dxf.shape[1]
+    c4 = col.reshape(g.c, g.kh, g.kw, m)
+    for i, j, o in _shifts(g):
+        if o == 0:
+            dxf[...] = c4[:, i, j]
+        else:
+            view = dxf[:, o:]
+            np.add(view, c4[:, i, j, :m - o], out=view)
+    return dxf
+
 
 
 def layout(g: ConvGeometry, f: int) -> str:

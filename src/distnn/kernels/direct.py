@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import planner
-from .im2col import ConvGeometry, _buffer
+from .geometry import ConvGeometry, _buffer
 from .planner import (direct_applies, pointwise_applies, use_direct,  # noqa: F401
                    use_pointwise, use_vector, vector_applies)
 
@@ -41,7 +41,7 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, g: ConvGeometry,
     """(y, what backward needs) for a stride-1 convolution of NCHW x: the padded input;
     or, on the register-tiled kernels (``vector``, where ``planner.use_vector`` says so; stride 2
     too), x itself."""
-    from ._numba import scratch
+    from ._numba_runtime import scratch
     from ._threads import block_workers, run
     k = _module()
     x = np.ascontiguousarray(x)
@@ -71,7 +71,7 @@ def backward(dy: np.ndarray, xp: np.ndarray, w: np.ndarray, g: ConvGeometry,
     """(dx or None, dw, db or None) of ``forward`` (``vector`` as it was given); dw and db
     are written into the given arrays. dx is the forward kernel over dy padded for a full
     correlation with the flipped, transposed weights."""
-    from ._numba import scratch
+    from ._numba_runtime import scratch
     from ._threads import block_workers, run
     k = _module()
     dy = np.ascontiguousarray(dy)
@@ -177,11 +177,10 @@ VECTOR_BLOCK_BYTES = 256 << 10
 def _vector_forward(x, w, b, g: ConvGeometry):
     """(y, x) on the register-tiled kernels: each block of samples is padded into the
     thread's scratch; backward pads x again (as Winograd transforms it again)."""
-    from ._numba import scratch
+    from ._numba_runtime import scratch
     from ._threads import run
     from . import _vdirect as v
     from . import _vdirect_cols as vc
-    from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
     lp = v.tiles_of(g.oh, g.ow, lay.rows)
@@ -199,7 +198,7 @@ def _vector_forward(x, w, b, g: ConvGeometry):
             if lay.cols:
                 vc.forward(xpf, g.c, lay.cs, w, bias, n0, n1, lay.offs, y)
             elif rows:
-                vr.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh,
+                vc.rows_forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh,
                            g.ow, y)
             else:
                 v.forward(xpf, g.c, lay.cs, lay.rows, w, bias, n0, n1, lay.offs, g.oh, g.ow,
@@ -242,11 +241,10 @@ def _dx_parts(w, g: ConvGeometry):
 
 
 def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
-    from ._numba import scratch
+    from ._numba_runtime import scratch
     from ._threads import run
     from . import _vdirect as v
     from . import _vdirect_cols as vc
-    from . import _vdirect_rows as vr
     f = w.shape[0]
     lay = _Layout(g)
     l16 = -(-((g.oh - 1) * lay.rows + g.ow) // 16) * 16
@@ -299,7 +297,7 @@ def _vector_backward(dy, x, w, g: ConvGeometry, dw_out, db_out, need_dx):
                 _pad_block(dy, n0, n1, et, el, hq, wq, dypf)
                 for wt, offs, ph, pw, oy0, ox0, step in parts:
                     if step == 1 and planner.vector_rows(ph, pw):  # whole dx planes
-                        vr.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, dx)
+                        vc.rows_forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw, dx)
                     else:
                         v.forward(dypf, f, hq * wq, wq, wt, nobias, n0, n1, offs, ph, pw,
                                   acc, dx, oy0, ox0, step, step)

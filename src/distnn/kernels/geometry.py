@@ -84,6 +84,11 @@ def buffer(ws: dict | None, name: str, shape: tuple, dtype) -> np.ndarray:
 _buffer = buffer
 
 
+def im2col_args(g: ConvGeometry) -> tuple:
+    """The geometry as the compiled im2col / col2im kernels take it."""
+    return g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, g.oh, g.ow
+
+
 class ConvCache(NamedTuple):
     """What ``conv2d_backward`` needs from the forward pass, tagged by the method that ran.
 

@@ -3,7 +3,8 @@ or read from a plan file.
 
 Modes (``set_mode``, env ``DISTNN_KERNEL_PLAN``, ``distnn train --kernels``):
 
-* "fixed" (the default): the planner's thresholds (``registry.FIXED``); the same choice on
+* "fixed" (the default): the planner's thresholds (``registry.FIXED``, handed in by the
+  caller with the eligible methods: this module knows no method); the same choice on
   every run and every rank, so N-rank runs equal 1-rank runs bit for bit.
 * "measure": at a layer's first use, each eligible method runs on the layer's real
   arrays and thread count (forward and backward, once to compile and warm, then timed),
@@ -29,7 +30,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import registry
 
 BUDGET_S = 2.0
 TOLERANCE = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-9}
@@ -86,8 +86,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def key(family: str, q: registry.Query) -> str:
-    """The cache's key of a choice: CPU model and kind, threads, backend, dtype, shape."""
+def key(family: str, q) -> str:
+    """The cache's key of a choice of ``q`` (a ``registry.Query``): CPU model and kind,
+    threads, backend, dtype, shape."""
     g = q.geometry
     shape = (f"{g.n}x{g.c}x{g.h}x{g.w}>{q.filters} k{g.kh}x{g.kw} s{g.sh}x{g.sw} "
              f"p{g.pt},{g.pb},{g.pl},{g.pr} d{g.dh}x{g.dw} g{q.groups}")
@@ -157,28 +158,29 @@ def time_methods(names: list[str], trial: Callable[[str], float | None],
     return out
 
 
-def choose(family: str, q: registry.Query, trial: Callable[[str], float | None],
-           flops: float = 0.0) -> str:
-    """The method of ``family`` for ``q`` under the mode in effect (see the module)."""
-    fixed = registry.fixed(family, q)
+def choose(family: str, q, fixed: str, eligible: Callable[[], list[str]],
+           trial: Callable[[str], float | None], flops: float = 0.0) -> str:
+    """The method of ``family`` for ``q`` under the mode in effect (see the module):
+    ``fixed`` is the fixed plan's (``registry.fixed``), ``eligible()`` the methods that
+    may run (``registry.eligible``, asked only when the mode needs them)."""
     current = mode()
     k = key(family, q)
     if current == "fixed" and not _state["record"]:
         return fixed
     known = RECORDS.get(k)
-    if known is not None and known["method"] in registry.METHODS.get(family, {}):
+    if known is not None and known["method"] in (fixed, *eligible()):
         return known["method"]
     if current.startswith("plan:"):
         named = (_state["plans"] or {}).get(k, {}).get("method")
-        chosen = named if named in registry.eligible(family, q) else fixed
+        chosen = named if named in eligible() else fixed
     else:
         chosen = fixed
     if current == "measure":
         stored = _cached().get(k)
-        if stored and stored.get("method") in registry.eligible(family, q):
+        if stored and stored.get("method") in eligible():
             RECORDS[k] = stored
             return stored["method"]
-        seconds = time_methods(_ordered(registry.eligible(family, q), fixed), trial)
+        seconds = time_methods(_ordered(eligible(), fixed), trial)
         if seconds:
             chosen = min(seconds, key=seconds.__getitem__)
     elif _state["record"]:  # a fixed or planned choice: time that one only
@@ -194,7 +196,7 @@ def choose(family: str, q: registry.Query, trial: Callable[[str], float | None],
     return chosen
 
 
-def note_backward(family: str, q: registry.Query, name: str) -> None:
+def note_backward(family: str, q, name: str) -> None:
     """Inside ``recording``, that the backward of the choice for ``q`` is ``name`` (a
     method other than the forward's own: ``distnn info --kernels`` shows it)."""
     if _state["record"] and (entry := RECORDS.get(key(family, q))) is not None:

@@ -171,7 +171,7 @@ class Limits:
     Switches:
         register_tiles: the register-tiled GEMMs and direct kernels (env
             DISTNN_REGISTER_TILES=0 turns them off: the engine on BLAS alone).
-        block_drivers: Winograd's blocks in the compiled drivers (``_winograd_blocks``)
+        block_drivers: Winograd's blocks in the compiled drivers (``_winograd4``)
             where they apply; False keeps the Python loop over blocks.
         tile_products: the Python loops' GEMMs on the register tiles; None: by CPU kind
             (AVX-512 only: on AVX2 they tied or lost against BLAS there).
@@ -403,8 +403,8 @@ def use_vector(g, f: int, dtype, cpu: CPU | None = None, limits: Limits | None =
 
 def vector_rows(oh: int, ow: int, limits: Limits | None = None) -> bool:
     """Whether a register-tiled direct kernel writing oh x ow outputs at step 1 tiles
-    whole output rows (``_vdirect_rows``): rows of a multiple of 32 outputs (a tile 32 of
-    one row) or of 16 in an even number of rows (a tile two rows), the switch on. Its
+    whole output rows (``_vdirect_cols.rows_forward``): rows of a multiple of 32 outputs (a
+    tile 32 of one row) or of 16 in an even number of rows (a tile two rows), the switch on. Its
     tiles then skip the padding columns between rows and store into the output directly,
     with the same sums (the flat tiles compute Wp - OW wasted columns a row and copy)."""
     return _limits(limits).vector_rows and (ow % 32 == 0 or (ow == 16 and oh % 2 == 0))
@@ -451,7 +451,7 @@ def dw_shift(g, limits: Limits | None = None) -> bool:
     """Whether the register-tiled direct kernels sum the weight gradient of 16 filters
     (filters in the vector lanes, rows of 3 taps) with the taps by shifting dy: each input
     value is broadcast once for its 3 taps rather than once a tap, so that the
-    multiply-adds rather than the loads bound the tile (``_vdirect_dw``); the same sums.
+    multiply-adds rather than the loads bound the tile (``_vdirect``'s shift tiles); the same sums.
     Stride 1 only (at stride 2 a row's taps lie in different input phases)."""
     return _limits(limits).dw_shift and (g.sh, g.sw) == (1, 1)
 

@@ -246,8 +246,9 @@ def _onednn_ok(q: Query) -> bool:
 
 
 def _onednn_run(x, w, b, g, ws, keep_columns=None):
+    # a compiled method: its primitives take the compiled loops' threads
     from . import _onednn
-    from .backend import get_num_threads
+    from ._numba_runtime import get_num_threads
     return _onednn.forward(x, w, b, g, get_num_threads())
 
 
@@ -335,7 +336,7 @@ register(Method("conv2d_backward", "pointwise", _reads("pointwise"), _pointwise_
 register(Method("conv2d_backward", "im2col", _reads("im2col"), _im2col_back))
 def _onednn_back(dy, cache, w, dw_out, db_out, need_dx, need_db, ws=None):
     from . import _onednn
-    from .backend import get_num_threads
+    from ._numba_runtime import get_num_threads
     return _onednn.backward(dy, cache, w, dw_out, db_out, need_dx, need_db, get_num_threads())
 
 

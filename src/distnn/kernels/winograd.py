@@ -22,7 +22,7 @@ hold to rounding.
 The tile loops are compiled (``_winograd`` for F(2x2), ``_winograd4`` and ``_winograd4w``
 for F(4x4), the same four kernels with the same signatures); the GEMMs run in BLAS, or, in
 float32 F(4x4) layers of up to 64x64 filter pairs on AVX2/AVX-512 CPUs, the whole loop over
-a thread's blocks runs compiled with the GEMMs on register tiles (``_winograd_blocks``;
+a thread's blocks runs compiled with the GEMMs on register tiles (``_winograd4``;
 F(2x2) has no drivers: the planner gives it only to layers they do not take, the 2x2 and
 3x3 planes of 512x512 filters and, off the zoo, small planes with few channels).
 With more than one thread, small GEMMs (m*n*k <= 2^18, one BLAS thread anyway) let each
@@ -39,11 +39,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._numba import get_num_threads, scratch
+from ._numba_runtime import get_num_threads, scratch
 from . import _vgemm, _winograd, _winograd4
 from . import planner
-from . import _team_jobs as _jobs
-from . import _winograd_blocks as _blocks
 from ._threads import blas_for, kernel, pieces, run, run_jobs, sum_shares
 
 # G (4x3): U = G g G^T
@@ -184,7 +182,7 @@ def _plan(n: int, c: int, f: int, th: int, tw: int, itemsize: int, p: int = 16,
 
 
 def _compiled(dtype, c: int, f: int, workers: int, tiling: Tiling = F4) -> bool:
-    """Whether the blocks run in ``_winograd_blocks``' compiled drivers: F(4x4) where
+    """Whether the blocks run in ``_winograd4``' compiled drivers: F(4x4) where
     ``planner.winograd_drivers`` says."""
     return tiling.m == 4 and planner.winograd_drivers(dtype, c, f, workers,
                                                       get_num_threads())
@@ -229,14 +227,14 @@ def _backward_compiled(dy, x, u, blocks, k, workers, pt, pl, th, tw, tiling, dw_
 
     def share(indices, serial):
         i = indices[0]
-        _blocks.backward_blocks(dy, x, u, bl, counter, i, step, pt, pl, th, tw,
+        _winograd4.backward_blocks(dy, x, u, bl, counter, i, step, pt, pl, th, tw,
                                 _work("wino_v", c, t, x.dtype, p)[0],
                                 _work("wino_m", f, t, x.dtype, p)[0],
                                 np.empty(dbp_size, np.float64), du, db, -1 if per_block else i,
                                 dx is not None, dxa)
 
     def job(row, i, team):
-        _jobs.encode_backward(row, dy, x, u, bl, counter, i, step, pt, pl, th, tw,
+        _winograd4.encode_backward(row, dy, x, u, bl, counter, i, step, pt, pl, th, tw,
                               _team_work(team, i, "wino_v", c, t, x.dtype, p),
                               _team_work(team, i, "wino_m", f, t, x.dtype, p),
                               team.scratch(i, "wino_dbp", (dbp_size,), np.float64), du, db,
@@ -274,12 +272,12 @@ def forward(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pt: int, pb: int
         t = k * th * tw
 
         def share(indices, serial):
-            _blocks.forward_blocks(x, u, bias, b is not None, relu, bl, counter, indices[0],
+            _winograd4.forward_blocks(x, u, bias, b is not None, relu, bl, counter, indices[0],
                                    step, pt, pl, th, tw, _work("wino_v", c, t, x.dtype, p)[0],
                                    _work("wino_m", f, t, x.dtype, p)[0], y)
 
         def job(row, i, team):
-            _jobs.encode_forward(row, x, u, bias, b is not None, relu, bl, counter, i, step,
+            _winograd4.encode_forward(row, x, u, bias, b is not None, relu, bl, counter, i, step,
                                  pt, pl, th, tw, _team_work(team, i, "wino_v", c, t, x.dtype, p),
                                  _team_work(team, i, "wino_m", f, t, x.dtype, p), y)
 
