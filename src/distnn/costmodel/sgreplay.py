@@ -88,6 +88,19 @@ def _torus_offsets(dims, k):
     return out
 
 
+_MAILBOXES = {}
+
+
+def mailbox(name):
+    """SimGrid's mailbox ``name``, looked up once: ``Mailbox.by_name`` is a simcall (from an
+    actor, a hand-over to SimGrid's maestro thread and back), which a rank's every message
+    would otherwise pay on each end."""
+    box = _MAILBOXES.get(name)
+    if box is None:
+        box = _MAILBOXES[name] = Mailbox.by_name(name)
+    return box
+
+
 class Asymmetric(Exception):
     """A collective whose rounds are not the same for every rank at the same instant:
     the rounds replay cannot stand for it (the ranks replay then runs it)."""
@@ -115,7 +128,7 @@ class Rank:
 
     @staticmethod
     def box(src, dst):
-        return Mailbox.by_name(f"{src}>{dst}")
+        return mailbox(f"{src}>{dst}")
 
     def round(self, sends, recvs):
         """One round: ``sends`` [(peer, bytes)] and ``recvs`` [peer] posted at once, waited
@@ -317,7 +330,7 @@ def _behind(rank, steps, compute_s, nbytes, algorithm):
 def _master(rank, job, marks):
     """The master receives one request at a time (it probes, then receives that one) and
     answers each with a send it does not wait for (rules/_p2p.py ``serve_clients``)."""
-    n, box = job["bytes"], Mailbox.by_name("to-master")
+    n, box = job["bytes"], mailbox("to-master")
     if rank.me == 0:
         replies = []
         for _ in range(job["rounds"] * (rank.size - 1)):
@@ -348,7 +361,7 @@ def _push(rank, job, draws, marks):
         peer = (rank.me + 1 + int(draws[step] / job["p"] * (rank.size - 1))) % rank.size
         this_actor.sleep_for(rank.alpha)
         # the peer's inbox has it as permanent receiver: the push moves without a get
-        pending = Mailbox.by_name(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
+        pending = mailbox(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
     if pending is not None:
         pending.wait()
 
@@ -518,7 +531,7 @@ def main():
 
     def actor(me):
         rank = Rank(me, hosts, spec["software_latency_s"], dims)
-        Mailbox.by_name(f"push>{me}").set_receiver(Actor.self())
+        mailbox(f"push>{me}").set_receiver(Actor.self())
         for j, job in enumerate(jobs):
             barrier.wait()
             t0 = Engine.clock
