@@ -3,7 +3,9 @@ bindings (Debian's ``python3-simgrid``, often not the venv's), reading one JSON 
 stdin and writing the simulated seconds of each job on stdout. It imports nothing but
 SimGrid and the standard library, so that it runs under that other Python.
 
-Input: ``{"platform": {...}, "software_latency_s": a, "jobs": [...]}``. The platform is a
+Input: ``{"platform": {...}, "software_latency_s": a, "jobs": [...]}``; output:
+``{"jobs": [{"name", "seconds", "mean_s", ...}], "simgrid": version, "cpus": [the CPUs
+it ran on]}``. The platform is a
 SimGrid cluster (``flat``: a crossbar of private links; ``fat_tree``; ``torus``) of
 ``hosts`` hosts, one rank each, every link ``gbits`` Gbit/s each way and ``hop_latency_s``
 per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
@@ -24,6 +26,9 @@ per link crossed. A job is ``{"name", "kind", ...}``; the kinds:
   draw), a rank sends ``bytes`` to a random peer without waiting for it (it waits for its
   previous push first); ``steady_s`` as for ``master``, over the steps after ``skip``.
 
+``"cpu"`` (optional): the CPU every thread of the replay is held on (SimGrid's Python
+actors are OS threads, one running at a time).
+
 Every round of messages a rank starts costs it ``software_latency_s`` first (the per
 message work of the host's stack: the alpha of the analytic model less the wire's), then
 the messages go as SimGrid flows (mailbox put/get: a message moves once both ends posted
@@ -31,6 +36,7 @@ it). Jobs run one after the other, separated by a barrier of every rank; a job's
 are the last rank's end less the common start.
 """
 import json
+import os
 import random
 import sys
 
@@ -82,6 +88,19 @@ def _torus_offsets(dims, k):
     return out
 
 
+_MAILBOXES = {}
+
+
+def mailbox(name):
+    """SimGrid's mailbox ``name``, looked up once: ``Mailbox.by_name`` is a simcall (from an
+    actor, a hand-over to SimGrid's maestro thread and back), which a rank's every message
+    would otherwise pay on each end."""
+    box = _MAILBOXES.get(name)
+    if box is None:
+        box = _MAILBOXES[name] = Mailbox.by_name(name)
+    return box
+
+
 class Asymmetric(Exception):
     """A collective whose rounds are not the same for every rank at the same instant:
     the rounds replay cannot stand for it (the ranks replay then runs it)."""
@@ -109,7 +128,7 @@ class Rank:
 
     @staticmethod
     def box(src, dst):
-        return Mailbox.by_name(f"{src}>{dst}")
+        return mailbox(f"{src}>{dst}")
 
     def round(self, sends, recvs):
         """One round: ``sends`` [(peer, bytes)] and ``recvs`` [peer] posted at once, waited
@@ -311,7 +330,7 @@ def _behind(rank, steps, compute_s, nbytes, algorithm):
 def _master(rank, job, marks):
     """The master receives one request at a time (it probes, then receives that one) and
     answers each with a send it does not wait for (rules/_p2p.py ``serve_clients``)."""
-    n, box = job["bytes"], Mailbox.by_name("to-master")
+    n, box = job["bytes"], mailbox("to-master")
     if rank.me == 0:
         replies = []
         for _ in range(job["rounds"] * (rank.size - 1)):
@@ -342,7 +361,7 @@ def _push(rank, job, draws, marks):
         peer = (rank.me + 1 + int(draws[step] / job["p"] * (rank.size - 1))) % rank.size
         this_actor.sleep_for(rank.alpha)
         # the peer's inbox has it as permanent receiver: the push moves without a get
-        pending = Mailbox.by_name(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
+        pending = mailbox(f"push>{peer}").put_async(None, max(1, int(job["bytes"])))
     if pending is not None:
         pending.wait()
 
@@ -468,8 +487,21 @@ def _rounds_main(spec, e, all_hosts, dims):
     return out, {"rounds_played": replay.played, "rounds_reused": replay.reused}
 
 
+def _hold_on(cpu):
+    """Keep this process's threads (one an actor, created after this) on ``cpu``: SimGrid's
+    thread contexts run one actor at a time and pass control by a futex, which costs
+    several times more when the next thread wakes on another core."""
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        os.sched_setaffinity(0, {int(cpu)})
+    except OSError:  # a CPU this process may not use: left where the OS puts it
+        pass
+
+
 def main():
     spec = json.load(sys.stdin)
+    _hold_on(spec.get("cpu"))
     p = spec["platform"]
     hosts = int(p["hosts"])
     path = spec["platform_file"]
@@ -481,10 +513,12 @@ def main():
     e.load_platform(path)
     all_hosts = sorted(e.all_hosts, key=lambda h: int(h.name[1:]))
     dims = tuple(p["torus_dims"]) if p["topology"] == "torus" else None
-    version = getattr(simgrid, "simgrid_version", None)
+    about = {"simgrid": getattr(simgrid, "simgrid_version", None),
+               "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else None}
     if spec.get("replay", "ranks") == "rounds":
         out, counts = _rounds_main(spec, e, all_hosts, dims)
-        json.dump({"jobs": out, "simgrid": version, **counts}, sys.stdout)
+        json.dump({"jobs": out, **about, **counts}, sys.stdout)
         return
     jobs, barrier = spec["jobs"], Barrier(hosts)
     ends = [[0.0] * hosts for _ in jobs]
@@ -497,7 +531,7 @@ def main():
 
     def actor(me):
         rank = Rank(me, hosts, spec["software_latency_s"], dims)
-        Mailbox.by_name(f"push>{me}").set_receiver(Actor.self())
+        mailbox(f"push>{me}").set_receiver(Actor.self())
         for j, job in enumerate(jobs):
             barrier.wait()
             t0 = Engine.clock
@@ -527,7 +561,7 @@ def main():
         if steady:  # after the first rounds, in which every rank starts at once
             res["steady_s"] = sum(steady) / len(steady)
         out.append(res)
-    json.dump({"jobs": out, "simgrid": version}, sys.stdout)
+    json.dump({"jobs": out, **about}, sys.stdout)
 
 
 if __name__ == "__main__":
