@@ -142,11 +142,28 @@ def test_rules_hand_computed():
     chunk = (N // 4 + 1) * 4
     assert predict(Config("partial"), ONE, 2, LINK).step_s == pytest.approx(
         0.010 + 2 * 100e-6 + chunk / 125e6)
-    # downpour, 4 hosts: 3 workers, each 10 ms + 2 messages of 1 MB; the master's link
-    # carries 3 MB a round (24 ms) > 10 + 16.2 ms
+    # downpour, 4 hosts: 3 workers, each 10 ms + 2 messages of 1 MB + the master's late
+    # pickup (its messages 10/3 ms apart, 8.1 ms after its reply: 11.43 ms since its last
+    # message, its 2 ms sleeps wake at ..., 11.1, 13.1, 15.1 ms: the second wake after
+    # the arrival, 3.67 ms later) > the master's link's 3 MB a round (24 ms)
     d = predict(Config("downpour"), ONE, 4, LINK)
     assert d.ranks_computing == 3
-    assert d.step_s == pytest.approx(max(0.010 + 2 * (100e-6 + 8e-3), 3 * 8e-3))
+    t = 2 * (100e-6 + 8e-3)
+    assert d.step_s == pytest.approx(max(0.010 + t + (0.0151 - (0.010 / 3 + t / 2)),
+                                         3 * 8e-3))
+
+
+def test_master_pickup_is_the_second_wake_after_the_arrival():
+    from distnn.costmodel.collectives import master_pickup_s
+    # sleeps of 0.1, 0.2, 0.4, 0.8, 1.6, then 2 ms: wakes at 0.1, 0.3, 0.7, 1.5, 3.1, 5.1,
+    # 7.1 ms; a message 4 ms after the last one is seen at 7.1 ms
+    assert master_pickup_s(0.004, 2e-3) == pytest.approx(0.0031)
+    assert master_pickup_s(0.0, 2e-3) == pytest.approx(0.0003)  # back to back
+    # each sleep 80 us longer than asked (measured on the emulated cluster's host): wakes
+    # at ..., 3.50, 5.58, 7.66 ms
+    assert master_pickup_s(0.004, 2e-3, overshoot_s=80e-6) == pytest.approx(0.00366)
+    # polls that sleep 10 us: the message waits about two of them
+    assert master_pickup_s(0.004, 1e-5, min_sleep=1e-5) < 3e-5
 
 
 def test_faster_links_never_slow_a_step():

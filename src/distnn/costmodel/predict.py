@@ -20,8 +20,10 @@ from ..distributed.powersgd import matrix_dims
 from ..distributed.reducer import make_buckets
 from ..distributed.sparse import payload_bytes, sparse_is_cheaper
 from ..rules import RULES, rule_name
+from ..distributed.coordination import MIN_SLEEP
 from .collectives import (Link, allgather_time, allreduce_sends, allreduce_time,
-                          alltoall_time, direct_sends, direct_time, reduce_scatter_time)
+                          alltoall_time, direct_sends, direct_time, master_pickup_s,
+                          reduce_scatter_time)
 
 __all__ = ["Link", "allreduce_time", "allgather_time", "alltoall_time", "ModelCost",
            "Config", "Prediction", "HalfBucket", "half_bucket", "half_buckets",
@@ -48,6 +50,9 @@ class ModelCost:
             (not counted: the model's predictions before that term).
         slowdown: how many ways the rank's core is shared (``compute_s`` is already that
             much slower); the ``cpu`` seconds are multiplied by it.
+        sleep_overshoot_s: how much longer than asked a short ``time.sleep`` takes on
+            the machine (measured: ``benchmarks/simgrid_scale.py --emulated`` does; 0:
+            none), for the sleeps of a master rule's polls (``master_pickup_s``).
     """
     compute_s: float
     tensors: list
@@ -57,6 +62,7 @@ class ModelCost:
     itemsize: int = 4
     cpu: object = None
     slowdown: float = 1.0
+    sleep_overshoot_s: float = 0.0
 
     def __post_init__(self):
         if not self.compute_s > 0:
@@ -303,6 +309,14 @@ def _overlapped_step(msgs: list, model: ModelCost, compression: str, hosts: int)
     return max(c + pre, end) + sum(m[2] for m in msgs if m[4] is None) + post
 
 
+def _max_sleep(config: Config) -> float:
+    """The longest sleep between a master's polls (the rule's ``max_sleep``, default)."""
+    try:
+        return float(getattr(config.rule_class(), "max_sleep", 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Prediction:
     """The step of ``config`` on ``hosts`` hosts x 1 rank joined by ``link``s."""
     if hosts < 1:
@@ -349,7 +363,13 @@ def predict(config: Config, model: ModelCost, hosts: int, link: Link) -> Predict
                 # each way's token bucket (a shaped link) refills while the worker computes
                 used = min(link.burst_credit(c / m.per_step), m.nbytes)
                 there_and_back = 2 * (link.send(m.nbytes) - used / link.bytes_per_s)
-                worker = step + there_and_back * m.per_step
+                # an idle master notices a message late (its polls sleep between them:
+                # collectives.master_pickup_s); the workers' messages reach it a period's
+                # compute apart, spread over the workers, after its reply went out
+                gap = c / m.per_step / computing + there_and_back / 2
+                pickup = master_pickup_s(gap, _max_sleep(config), MIN_SLEEP,
+                                         model.sleep_overshoot_s)
+                worker = step + (there_and_back + pickup) * m.per_step
                 step = max(worker, computing * m.nbytes * m.per_step / link.bytes_per_s)
                 msgs.append((m.what, 2 * m.nbytes * m.per_step, there_and_back,
                              "point to point", None))
