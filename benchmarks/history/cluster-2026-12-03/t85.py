@@ -22,8 +22,8 @@ shm = st.median(v["time_to_target_steps"] / v["step_to_target"] for v in runs["d
 over = shm - SHM_THROUGHPUT_MS
 print(f"shared-memory accuracy runs: {shm:.2f} ms a step against {SHM_THROUGHPUT_MS} in the "
       f"throughput runs: {over:.2f} ms a step more")
-print("| configuration | link | steps to 85% (runs) | measured s (median) | steps x analytic step s "
-      "(error) | steps x (analytic + overhead) s (error) |")
+print("| configuration | link | steps to 85% (runs) | measured s (median) | "
+      "steps x analytic step s (error) | steps x (analytic + overhead) s (error) |")
 print("|---|---|---|---|---|---|")
 for conf, steps_ms in ANALYTIC_MS.items():
     for rate, a in zip(("1gbit", "10gbit"), steps_ms):
