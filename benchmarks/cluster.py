@@ -36,6 +36,14 @@ every table starts with the network-free rows (the same ranks on one host, share
 to rate x C/N (8 hosts on 2 cores: "1gbit as 250mbit"), the compute-to-communication ratio
 of one-core nodes; ``--hosts 2 4 8`` sets the throughput part's host counts.
 
+``--ranks-per-host R`` (throughput part, default 1): R ranks on every emulated host (the
+cores of a host are shared by its R ranks; 2 hosts x 2 ranks on 2 cores: 2 ranks a core), the
+1-host row is 1 host x R ranks and the network-free row the same N x R ranks on one host.
+Link scaling (``--scale-links``) still counts hosts, not ranks. The JSON file's
+``meta["ranks_per_host"]`` (and every throughput record's ``"ranks_per_host"``) is R; the
+keys stay ``model/hosts/rate``, so a row of key ``simplecnn/2/1gbit`` in a file with
+``ranks_per_host`` 2 is 2 hosts x 2 ranks = 4 ranks. Files without the key are R = 1.
+
 Every measurement checks that its data crossed the links (bytes sent >= what the
 gradients alone need); a run that did not is reported as failed, never as a number.
 """
@@ -77,14 +85,16 @@ def steal_share(a: dict, b: dict) -> float:
 
 
 def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
+    rph = getattr(args, "ranks_per_host", 1)
     if rate == opts.NETWORK_FREE:
-        return opts.run_throughput_local(model, hosts, args)
+        rec = opts.run_throughput_local(model, hosts * rph, args)
+        return rec if "error" in rec else dict(rec, ranks_per_host=rph)
     with opts.cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
         cmd = opts.throughput_worker(model, args, master=c.hosts[0].address)
         before = c.link_bytes()
         t0 = host_load()
-        proc = subprocess.run(c.mpiexec(cmd), env=c.env(), capture_output=True, text=True,
-                              timeout=1800, cwd=ROOT)
+        proc = subprocess.run(c.mpiexec(cmd, ranks_per_host=rph), env=c.env(),
+                              capture_output=True, text=True, timeout=1800, cwd=ROOT)
         t1 = host_load()
         from distnn.cluster import total_sent
         sent = total_sent(before, c.link_bytes())
@@ -97,6 +107,7 @@ def run_throughput(model: str, hosts: int, rate: str | None, args) -> dict:
     rec["bytes_per_step"] = sent / steps
     rec["steal"] = steal_share(t0, t1)
     rec["load"] = t1["loadavg"]
+    rec["ranks_per_host"] = rph
     # bytes a parameter needs on the wire a step, at least (compressions: far fewer)
     if hosts > 1 and sent < steps * opts.PARAMS[model] * opts.least_bytes(
             args.compression, getattr(args, "parallel", None)):
@@ -134,7 +145,7 @@ def throughput_part(args) -> dict:
         for conf in [c for c in configs if c[0] == model]:
             ok = [r for r in runs[conf] if "error" not in r]
             if not ok:
-                print(f"| {model} | {conf[1]} x 1 | {conf[2] or '-'} | failed: "
+                print(f"| {model} | {conf[1]} x {args.ranks_per_host} | {conf[2] or '-'} | failed: "
                       f"{runs[conf][0]['error']} | | | | | |")
                 continue
             sps = [med(r["samples_per_s"]) for r in ok]
@@ -147,7 +158,7 @@ def throughput_part(args) -> dict:
             mb = med([r["bytes_per_step"] for r in ok]) / 1e6
             steal = max(r["steal"] for r in ok)
             link = opts.rate_label(conf[2], conf[1], args.scale_links)
-            print(f"| {model} | {conf[1]} x 1 | {link} | {m:.0f} | "
+            print(f"| {model} | {conf[1]} x {args.ranks_per_host} | {link} | {m:.0f} | "
                   f"{q[2] - q[0]:.0f} | {scale} | {wait:.1f} | {mb:.2f} | {steal:.1%} |")
     return {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in runs.items()}
 
@@ -189,6 +200,9 @@ def main() -> None:
                     "198.18.NET.0/24")
     ap.add_argument("--hosts", nargs="+", type=int, default=None, help="throughput part: "
                     "host counts (default 2, and 4 for simplecnn)")
+    ap.add_argument("--ranks-per-host", type=int, default=1, metavar="R", help="throughput "
+                    "part: R ranks on every emulated host (the network-free row: N x R "
+                    "ranks on one host); recorded as meta['ranks_per_host']")
     ap.add_argument("--acc-hosts", type=int, default=2, help="accuracy part: hosts x 1 rank")
     ap.add_argument("--compression", default="none", help="throughput part: the workers' "
                     "--gradient_compression (none, fp16, topk:R, powersgd:R), or ddp: "
@@ -215,6 +229,8 @@ def main() -> None:
     if args.no_ddp:
         args.rules = [r for r in args.rules if r not in dict(DDP_RUNS)]
     args.rates = [w for v in args.rates for w in v.split(",") if w]
+    if args.ranks_per_host < 1:
+        sys.exit("benchmarks/cluster.py: --ranks-per-host: at least 1")
     if args.smoke:
         args.epochs, args.steps_per_epoch = 1, args.steps_per_epoch or 30
         args.reps, args.warmup, args.windows, args.steps = 1, 1, 2, 3
@@ -229,7 +245,7 @@ def main() -> None:
         print(f"links scaled: N hosts on {opts.cores()} cores are shaped to rate x "
               f"{opts.cores()}/N (issue 43 item 2): 'RATE as SHAPED' in the tables")
     raw = {"meta": {"cores": opts.cores(), "scale_links": args.scale_links,
-                    "acc_hosts": args.acc_hosts,
+                    "acc_hosts": args.acc_hosts, "ranks_per_host": args.ranks_per_host,
                     "compression": args.compression, "bucket_mb": args.bucket_mb,
                     "parallel": args.parallel, "rule_options": args.rule_options}}
     if args.part in ("all", "throughput"):

@@ -19,6 +19,14 @@ copies of the one-process step (benchmarks/workers/distnn_worker.py, one thread)
 once, each pinned to the cores its emulated host would get (``cores=split``), every step
 timed; per N the mean step of a copy and the mean over steps of the slowest copy's step
 (a synchronous step waits for the slowest rank: the straggler's share).
+
+``--ranks-per-host R`` (default 1): N hosts x R ranks. The exchanges run R ranks on every
+emulated host (the network-free rows: N x R ranks on one host), and the "model" column is
+the flat all-reduce of N x R ranks on the link (it knows no hosts); the ping-pong is rank 0 with
+rank R (host 2's first rank: it crosses the link); ``--compute`` runs R
+copies on each host's cores (N x R copies at once). The JSON file's ``meta`` holds
+``ranks_per_host`` (all options are there); row keys stay ``N/rate`` and ``compute/N``
+with N the hosts; files without the key are R = 1.
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ MARKER = "PROBE_JSON "
 SIZES = [4, 1912, 10528, 65536, 596840]
 
 
-def worker(sizes: list[int], seconds: float) -> None:
+def worker(sizes: list[int], seconds: float, peer: int = 1) -> None:
     """One rank: time every size's all-reduce (and the ping-pong), rank 0 prints."""
     import numpy as np
 
@@ -66,6 +74,7 @@ def worker(sizes: list[int], seconds: float) -> None:
             if stop:
                 break
         out["allreduce_s"][str(nbytes)] = comm.allgather_obj(statistics.median(times))
+    peer = peer if peer < comm.size else 1  # rank 0's partner: host 2's first rank
     if comm.size >= 2:
         one = np.zeros(1, np.float32)
         times = []
@@ -73,9 +82,9 @@ def worker(sizes: list[int], seconds: float) -> None:
             comm.barrier()
             t0 = time.perf_counter()
             if comm.rank == 0:
-                comm.send_(one, 1)
-                comm.recv_(one, 1)
-            elif comm.rank == 1:
+                comm.send_(one, peer)
+                comm.recv_(one, peer)
+            elif comm.rank == peer:
                 comm.recv_(one, 0)
                 comm.send_(one, 0)
             if i >= 5:
@@ -87,15 +96,17 @@ def worker(sizes: list[int], seconds: float) -> None:
 
 def probe(hosts: int, rate: str, args) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--sizes",
-           *map(str, args.sizes), "--seconds", str(args.seconds)]
+           *map(str, args.sizes), "--seconds", str(args.seconds),
+           "--ranks-per-host", str(args.ranks_per_host)]
     if rate == opts.NETWORK_FREE:
-        proc = subprocess.run([str(opts.MPIEXEC), "-n", str(hosts), *cmd],
+        proc = subprocess.run([str(opts.MPIEXEC), "-n", str(hosts * args.ranks_per_host), *cmd],
                               env=opts.local_env(), capture_output=True, text=True,
                               timeout=600, cwd=ROOT)
     else:
         with opts.cluster(hosts, opts.link_rate(rate, hosts, args.scale_links)) as c:
             before = c.link_bytes()
-            proc = subprocess.run(c.mpiexec(cmd), env=c.env(opts.local_env()),
+            proc = subprocess.run(c.mpiexec(cmd, ranks_per_host=args.ranks_per_host),
+                                  env=c.env(opts.local_env()),
                                   capture_output=True, text=True, timeout=600, cwd=ROOT)
             from distnn.cluster import total_sent
             sent = total_sent(before, c.link_bytes())
@@ -108,7 +119,8 @@ def probe(hosts: int, rate: str, args) -> dict:
 
 
 def compute_copies(n: int, args) -> dict:
-    """N uncoupled copies of the one-process step at once, pinned as N emulated hosts."""
+    """N x R uncoupled copies of the one-process step at once, pinned as N emulated hosts
+    (R = ``args.ranks_per_host`` copies share each host's cores)."""
     import os
     cpus = sorted(os.sched_getaffinity(0))
     if n >= len(cpus):
@@ -116,6 +128,8 @@ def compute_copies(n: int, args) -> dict:
     else:
         share = len(cpus) // n
         sets = [cpus[i * share:(i + 1) * share] for i in range(n)]
+    rph = getattr(args, "ranks_per_host", 1)
+    sets = [cores for cores in sets for _ in range(rph)]
     cmd = [sys.executable, str(HERE / "workers" / "distnn_worker.py"), "--model",
            args.model, "--threads", "1", "--warmup", "20", "--windows", str(args.steps),
            "--steps", "1", "--compression", "none"]
@@ -130,7 +144,8 @@ def compute_copies(n: int, args) -> dict:
             return {"error": f"a copy exited {proc.returncode}"}
         steps.append(json.loads(line[len("BENCH_JSON "):])["step_s"])
     k = min(map(len, steps))
-    return {"copies": n, "mean_s": statistics.mean(t for one in steps for t in one[:k]),
+    return {"copies": len(sets), "hosts": n, "ranks_per_host": rph,
+            "mean_s": statistics.mean(t for one in steps for t in one[:k]),
             "median_s": statistics.median(t for one in steps for t in one[:k]),
             "max_mean_s": statistics.mean(max(one[i] for one in steps) for i in range(k))}
 
@@ -142,6 +157,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes")
     ap.add_argument("--seconds", type=float, default=1.5, help="per size")
     ap.add_argument("--scale-links", action="store_true")
+    ap.add_argument("--ranks-per-host", type=int, default=1, metavar="R",
+                    help="R ranks on every emulated host (--compute: R copies a host)")
     ap.add_argument("--latency-us", type=float, default=50.0,
                     help="the model's α for the 'model' column")
     ap.add_argument("--compute", action="store_true", help="the compute of N hosts "
@@ -152,7 +169,7 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.sizes, args.seconds)
+        worker(args.sizes, args.seconds, peer=args.ranks_per_host)
         return
     from distnn.cluster import unavailable_reason
     from distnn.costmodel.collectives import Link, allreduce_time
@@ -161,8 +178,8 @@ def main() -> None:
         sys.exit(f"benchmarks/cluster_probe.py: {why}")
     rows = {}
     if args.compute:
-        print("| copies (hosts) | mean step ms | median step ms | slowest copy's step, "
-              "mean ms |")
+        print(f"| copies (hosts x {args.ranks_per_host}) | mean step ms | median step ms | "
+              "slowest copy's step, mean ms |")
         print("|---|---|---|---|")
         for h in sorted({1, *args.hosts}):
             rec = rows[f"compute/{h}"] = compute_copies(h, args)
@@ -188,7 +205,8 @@ def main() -> None:
             link = (None if rate == opts.NETWORK_FREE else
                     Link(opts.parse_rate(shaped) / 1e9, args.latency_us * 1e-6))
             for nbytes, per_rank in rec["allreduce_s"].items():
-                model = (f"{allreduce_time(int(nbytes), h, link)[0] * 1e6:.0f}"
+                ranks = h * args.ranks_per_host
+                model = (f"{allreduce_time(int(nbytes), ranks, link)[0] * 1e6:.0f}"
                          if link else "-")
                 print(f"| {h} | {label} | all-reduce | {nbytes} | "
                       f"{max(per_rank) * 1e6:.0f} | {model} |")

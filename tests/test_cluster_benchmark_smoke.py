@@ -158,3 +158,16 @@ def test_emulated_table_pooled_parsed_and_checked(tmp_path):
         (2, "data+powersgd:2", 2)]
     assert back[0]["compute_s"] == pytest.approx(r["compute_s"], abs=5e-6)
     assert back[0]["alpha_s"] == pytest.approx(9e-6)
+
+
+@pytest.mark.slow
+def test_network_free_row_runs_hosts_times_ranks_per_host():
+    """benchmarks/cluster.py --ranks-per-host 2: the network-free row of 2 hosts is 4 ranks
+    on one host, and every record says its ranks per host (the JSON files' format)."""
+    _needs_mpiexec()
+    from benchmarks.cluster import run_throughput
+    rec = run_throughput("simplecnn", 2, opts.NETWORK_FREE, argparse.Namespace(
+        warmup=1, windows=2, steps=2, ranks_per_host=2, scale_links=False))
+    assert "error" not in rec, rec
+    assert rec["ranks"] == 4 and rec["ranks_per_host"] == 2
+    assert len(rec["samples_per_s"]) == 2 and min(rec["samples_per_s"]) > 0
